@@ -1,0 +1,64 @@
+"""broker-jobs: a RabbitMQ job system that does not lose, duplicate or silently hold work."""
+
+from broker_jobs.app import App, TaskSpec
+from broker_jobs.async_publisher import AsyncPublisher
+from broker_jobs.envelope import Job, WireMessage, decode, encode
+from broker_jobs.errors import (
+    BrokerConnectionError,
+    BrokerJobsError,
+    ConfigurationError,
+    ConfirmTimeoutError,
+    DecodeError,
+    JobError,
+    NackedError,
+    PayloadEncodingError,
+    PayloadValidationError,
+    PublishBatchError,
+    PublishError,
+    TopologyConflictError,
+    TopologyError,
+    UnknownTaskError,
+    UnroutableError,
+)
+from broker_jobs.publisher import Publisher
+from broker_jobs.publishing import JobRequest
+from broker_jobs.urls import mask_url
+from topology import QueueOptions, QueueType
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # declaring tasks
+    "App",
+    "QueueOptions",
+    "QueueType",
+    "TaskSpec",
+    # publishing
+    "AsyncPublisher",
+    "JobRequest",
+    "Publisher",
+    # the envelope and its wire form
+    "Job",
+    "WireMessage",
+    "decode",
+    "encode",
+    # errors
+    "BrokerConnectionError",
+    "BrokerJobsError",
+    "ConfigurationError",
+    "ConfirmTimeoutError",
+    "DecodeError",
+    "JobError",
+    "NackedError",
+    "PayloadEncodingError",
+    "PayloadValidationError",
+    "PublishBatchError",
+    "PublishError",
+    "TopologyConflictError",
+    "TopologyError",
+    "UnknownTaskError",
+    "UnroutableError",
+    # utilities
+    "__version__",
+    "mask_url",
+]

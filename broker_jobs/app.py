@@ -1,0 +1,146 @@
+"""The task registry: an :class:`App` names task types and their payload models.
+
+There is no global app. A publishing service creates one (or none, to publish plain
+dicts by task name); a worker imports the module that defines it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar, get_type_hints
+
+from pydantic import BaseModel, ValidationError
+
+from broker_jobs.errors import (
+    ConfigurationError,
+    PayloadValidationError,
+    UnknownTaskError,
+    describe_validation_error,
+)
+from topology import InvalidNameError, Names, QueueOptions, Topology, namespace_topology
+from topology.names import DEFAULT_NAMESPACE, check_task_name
+
+Handler = Callable[..., Any]
+HandlerT = TypeVar("HandlerT", bound=Handler)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A declared task type: its name, payload model, queue options and handler.
+
+    ``handler`` is ``None`` in services that only publish.
+    """
+
+    name: str
+    payload_model: type[BaseModel]
+    queue: QueueOptions
+    handler: Handler | None = None
+
+    def validate(self, payload: BaseModel | Mapping[str, Any]) -> BaseModel:
+        """The payload as an instance of the task's model, or ``PayloadValidationError``."""
+        if isinstance(payload, self.payload_model):
+            return payload
+        if isinstance(payload, BaseModel):
+            raise PayloadValidationError(
+                self.name,
+                f"expected {self.payload_model.__name__}, got {type(payload).__name__}",
+            )
+        try:
+            return self.payload_model.model_validate(payload)
+        except ValidationError as error:
+            raise PayloadValidationError(self.name, describe_validation_error(error)) from None
+
+
+class App:
+    """A namespace of task types. Pass it to publishers and workers explicitly.
+
+    >>> class Resize(BaseModel):
+    ...     url: str
+    ...     width: int
+    >>> app = App(namespace="jobs")
+    >>> app.declare("image.resize", Resize)  # publisher side: model only
+    """
+
+    def __init__(self, namespace: str = DEFAULT_NAMESPACE) -> None:
+        try:
+            self.names = Names(namespace)
+        except InvalidNameError as error:
+            raise ConfigurationError(str(error)) from None
+        self._tasks: dict[str, TaskSpec] = {}
+
+    @property
+    def namespace(self) -> str:
+        return self.names.namespace
+
+    def declare(
+        self,
+        name: str,
+        payload_model: type[BaseModel],
+        *,
+        queue: QueueOptions | None = None,
+    ) -> TaskSpec:
+        """Declare a task type without a handler (for services that only publish)."""
+        return self._add(TaskSpec(_task_name(name), payload_model, queue or QueueOptions()))
+
+    def task(
+        self, name: str, *, queue: QueueOptions | None = None
+    ) -> Callable[[HandlerT], HandlerT]:
+        """Decorator declaring a task whose handler takes the payload model as its
+        first parameter (annotated): ``@app.task("image.resize") def resize(p: Resize)``.
+        """
+
+        def register(handler: HandlerT) -> HandlerT:
+            model = _payload_model_of(name, handler)
+            self._add(TaskSpec(_task_name(name), model, queue or QueueOptions(), handler))
+            return handler
+
+        return register
+
+    def get(self, name: str) -> TaskSpec:
+        try:
+            return self._tasks[name]
+        except KeyError:
+            raise UnknownTaskError(name, list(self._tasks)) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def __iter__(self) -> Iterator[TaskSpec]:
+        return iter(self._tasks.values())
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def topology(self) -> Topology:
+        """The broker objects this app's tasks need."""
+        return namespace_topology(self.names, ((spec.name, spec.queue) for spec in self))
+
+    def _add(self, spec: TaskSpec) -> TaskSpec:
+        if spec.name in self._tasks:
+            raise ConfigurationError(f"task {spec.name!r} is declared twice in this app")
+        self._tasks[spec.name] = spec
+        return spec
+
+    def __repr__(self) -> str:
+        return f"App(namespace={self.namespace!r}, tasks={sorted(self._tasks)})"
+
+
+def _task_name(name: str) -> str:
+    try:
+        return check_task_name(name)
+    except InvalidNameError as error:
+        raise ConfigurationError(str(error)) from None
+
+
+def _payload_model_of(task: str, handler: Handler) -> type[BaseModel]:
+    parameters = list(inspect.signature(handler).parameters.values())
+    hints = get_type_hints(handler)
+    model = hints.get(parameters[0].name) if parameters else None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise ConfigurationError(
+            f"handler of task {task!r} must take its payload as a first parameter annotated"
+            " with a pydantic model, e.g. def handle(payload: MyPayload) -> None"
+        )
+    return model

@@ -1,0 +1,231 @@
+"""The async publisher, for FastAPI and other asyncio code (aio-pika)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable
+from types import TracebackType
+
+import aio_pika
+import aio_pika.abc
+import aio_pika.exceptions
+
+from broker_jobs.app import App
+from broker_jobs.declaring import declare_topology
+from broker_jobs.envelope import Job, WireMessage
+from broker_jobs.errors import (
+    BrokerConnectionError,
+    BrokerJobsError,
+    ConfirmTimeoutError,
+    NackedError,
+    UnroutableError,
+)
+from broker_jobs.publishing import (
+    DEFAULT_CONFIRM_TIMEOUT,
+    DEFAULT_CONNECT_TIMEOUT,
+    BatchOutcome,
+    JobFactory,
+    JobRequest,
+    Payload,
+    PublisherSettings,
+    check_unique_ids,
+)
+from broker_jobs.urls import BrokerURL, mask_text
+
+#: Publishes in flight at once in ``publish_many`` (see the sync publisher's window).
+CONFIRM_WINDOW = 1000
+
+
+class AsyncPublisher:
+    """The asyncio twin of :class:`~broker_jobs.publisher.Publisher`, same semantics:
+    persistent, confirmed within ``confirm_timeout``, ``mandatory``, reconnect on the
+    next publish after the connection broke. Use it from one event loop; concurrent
+    publishes from tasks of that loop are safe and share the connection.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        app: App | None = None,
+        *,
+        namespace: str | None = None,
+        confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        declare: bool = True,
+        connection_name: str = "broker-jobs async publisher",
+    ) -> None:
+        self._url = BrokerURL(url)
+        self._factory = JobFactory(app, namespace)
+        self._settings = PublisherSettings(
+            confirm_timeout, connect_timeout, declare, connection_name
+        )
+        self._connection: aio_pika.abc.AbstractConnection | None = None
+        self._exchange: aio_pika.abc.AbstractExchange | None = None
+        self._connecting = asyncio.Lock()
+
+    async def publish(
+        self,
+        task: str,
+        payload: Payload,
+        *,
+        job_id: str | None = None,
+        idempotency_key: str | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
+    ) -> Job:
+        """Publish one job and wait for its confirm; return the job (``job.id``)."""
+        job, message = self._factory.build(
+            task,
+            payload,
+            job_id=job_id,
+            idempotency_key=idempotency_key,
+            traceparent=traceparent,
+            tracestate=tracestate,
+        )
+        error = await self._send_one(job, message)
+        if isinstance(error, BrokerConnectionError):
+            # Found dead mid-publish: send again on a fresh connection; a copy that
+            # did arrive carries the same id and key, so it runs once.
+            error = await self._send_one(job, message)
+        if error is not None:
+            raise error
+        return job
+
+    async def publish_many(
+        self,
+        requests: Iterable[JobRequest],
+        *,
+        on_confirmed: Callable[[Job], None] | None = None,
+    ) -> list[Job]:
+        """Publish a batch with pipelined confirms (see ``Publisher.publish_many``)."""
+        built = [self._factory.build_request(request) for request in requests]
+        check_unique_ids([job for job, _ in built])
+        outcome = BatchOutcome([job for job, _ in built])
+        window = asyncio.Semaphore(CONFIRM_WINDOW)
+        broken: list[BrokerConnectionError] = []
+
+        async def send(job: Job, message: WireMessage) -> None:
+            async with window:
+                if broken:  # do not reconnect once per remaining job
+                    error: BrokerJobsError | None = BrokerConnectionError(
+                        f"the connection to {self._url.masked} broke earlier in this batch;"
+                        f" job {job.id} was not sent"
+                    )
+                else:
+                    error = await self._send_one(job, message)
+                    if isinstance(error, BrokerConnectionError):
+                        broken.append(error)
+            if error is None:
+                outcome.confirmed.add(job.id)
+                if on_confirmed is not None:
+                    on_confirmed(job)
+            else:
+                outcome.failed[job.id] = error
+
+        await asyncio.gather(*(send(job, message) for job, message in built))
+        return outcome.settle()
+
+    async def close(self) -> None:
+        connection, self._connection, self._exchange = self._connection, None, None
+        if connection is not None and not connection.is_closed:
+            await connection.close()
+
+    async def __aenter__(self) -> AsyncPublisher:
+        return self
+
+    async def __aexit__(
+        self,
+        _type: type[BaseException] | None,
+        _value: BaseException | None,
+        _traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncPublisher({self._url.masked!r}, namespace={self._factory.names.namespace!r})"
+
+    # -- sending --------------------------------------------------------------------
+
+    async def _send_one(self, job: Job, message: WireMessage) -> BrokerJobsError | None:
+        try:
+            exchange = await self._connected_exchange()
+        except BrokerConnectionError as error:
+            return error
+        amqp_message = aio_pika.Message(
+            message.body,
+            content_type=message.content_type,
+            content_encoding=message.content_encoding,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            message_id=message.message_id,
+            type=message.type,
+            timestamp=message.timestamp,
+            headers=dict(message.headers),
+        )
+        names = self._factory.names
+        try:
+            await exchange.publish(
+                amqp_message,
+                routing_key=job.task,
+                mandatory=True,
+                timeout=self._settings.confirm_timeout,
+            )
+        except aio_pika.exceptions.PublishError:  # returned: a subclass of DeliveryError
+            return UnroutableError(job.task, names.work_exchange, names.task_queue(job.task))
+        except aio_pika.exceptions.DeliveryError:
+            return NackedError(job.task, job.id)
+        except TimeoutError:
+            await self._drop_connection()
+            return ConfirmTimeoutError(job.task, job.id, self._settings.confirm_timeout)
+        except aio_pika.exceptions.CONNECTION_EXCEPTIONS as error:
+            await self._drop_connection()
+            return BrokerConnectionError(
+                f"the connection to {self._url.masked} broke before job {job.id} was"
+                f" confirmed ({type(error).__name__}: {mask_text(str(error))}): its outcome"
+                " is unknown; publishing it again with the same id and key is safe"
+            )
+        return None
+
+    async def _connected_exchange(self) -> aio_pika.abc.AbstractExchange:
+        async with self._connecting:
+            if self._connection is not None and self._connection.is_closed:
+                self._connection, self._exchange = None, None
+            if self._exchange is None:
+                self._exchange = await self._connect()
+            return self._exchange
+
+    async def _connect(self) -> aio_pika.abc.AbstractExchange:
+        settings = self._settings
+        if settings.declare:
+            await asyncio.to_thread(
+                declare_topology,
+                self._url,
+                self._factory.topology(),
+                timeout=settings.connect_timeout,
+                connection_name=f"{settings.connection_name} (declare)",
+            )
+        try:
+            self._connection = await asyncio.wait_for(
+                aio_pika.connect(
+                    self._url.url, client_properties={"connection_name": settings.connection_name}
+                ),
+                settings.connect_timeout,
+            )
+            channel = await self._connection.channel(
+                publisher_confirms=True, on_return_raises=True
+            )
+            return await channel.get_exchange(self._factory.names.work_exchange, ensure=False)
+        except (TimeoutError, *aio_pika.exceptions.CONNECTION_EXCEPTIONS) as error:
+            await self._drop_connection()
+            raise BrokerConnectionError(
+                f"cannot connect to the broker at {self._url.host}:{self._url.port}"
+                f" ({self._url.masked}): {type(error).__name__}: {mask_text(str(error))}."
+                " Check that RabbitMQ runs there and that the credentials and vhost are right"
+            ) from None
+
+    async def _drop_connection(self) -> None:
+        connection, self._connection, self._exchange = self._connection, None, None
+        if connection is not None and not connection.is_closed:
+            # Already broken: the next publish opens a new one.
+            with contextlib.suppress(*aio_pika.exceptions.CONNECTION_EXCEPTIONS):
+                await connection.close()

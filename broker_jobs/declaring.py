@@ -1,0 +1,61 @@
+"""Declare a topology on the broker from broker_jobs, translating errors.
+
+Both publishers use this (the async one in a thread): declaration happens once per
+connection, so a short-lived blocking connection costs little and keeps one
+implementation of the conflict report.
+"""
+
+from __future__ import annotations
+
+import pika
+import pika.exceptions
+
+from broker_jobs.errors import BrokerConnectionError, TopologyConflictError, TopologyError
+from broker_jobs.urls import BrokerURL, mask_text
+from topology import DeclareReport, Topology, declare
+from topology import TopologyConflictError as _TopologyConflict
+
+
+def blocking_connection(
+    url: BrokerURL, *, timeout: float, connection_name: str
+) -> pika.BlockingConnection:
+    """A pika blocking connection, or :class:`BrokerConnectionError` naming the host."""
+    parameters = pika.URLParameters(url.url)
+    parameters.connection_attempts = 1
+    parameters.socket_timeout = timeout
+    parameters.stack_timeout = timeout
+    parameters.blocked_connection_timeout = timeout
+    parameters.client_properties = {"connection_name": connection_name}
+    try:
+        return pika.BlockingConnection(parameters)
+    except pika.exceptions.AMQPError as error:
+        raise BrokerConnectionError(
+            f"cannot connect to the broker at {url.host}:{url.port} ({url.masked}):"
+            f" {type(error).__name__} {mask_text(str(error))}."
+            " Check that RabbitMQ runs there and that the"
+            " credentials and vhost are right"
+        ) from None
+
+
+def declare_topology(
+    url: BrokerURL, topology: Topology, *, timeout: float, connection_name: str
+) -> DeclareReport:
+    connection = blocking_connection(url, timeout=timeout, connection_name=connection_name)
+    try:
+        return declare(connection, topology)
+    except _TopologyConflict as error:
+        raise TopologyConflictError(str(error), error.conflicts) from None
+    except pika.exceptions.AMQPChannelError as error:
+        raise TopologyError(
+            "the broker refused to declare the topology:"
+            f" {mask_text(str(error))}. The user may lack configure permission: declare it"
+            " as an operator and pass declare=False"
+        ) from None
+    except pika.exceptions.AMQPConnectionError as error:
+        raise BrokerConnectionError(
+            f"the connection to {url.masked} broke while declaring the topology:"
+            f" {mask_text(str(error))}"
+        ) from None
+    finally:
+        if connection.is_open:
+            connection.close()

@@ -1,0 +1,190 @@
+"""The job envelope and its wire form (``docs/wire-format.md``).
+
+A :class:`Job` is immutable; :meth:`Job.copy` makes a changed one (the next attempt
+of a retry, say). :func:`encode` turns a job into a :class:`WireMessage` (AMQP
+properties plus a JSON body) and :func:`decode` turns one back, raising
+:class:`~broker_jobs.errors.DecodeError` with the reason when the message is not a
+valid job. The driver adapters (pika, aio-pika) only copy fields in and out.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from broker_jobs.errors import DecodeError, describe_validation_error
+from topology import names as n
+
+#: AMQP delivery mode 2: the broker writes the message to disk.
+PERSISTENT = 2
+
+
+def new_job_id() -> str:
+    return str(uuid.uuid4())
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Job(BaseModel):
+    """One unit of work: a task name, its JSON payload and delivery metadata."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(default_factory=new_job_id, min_length=1, max_length=255)
+    task: str
+    payload: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: str = Field(default="", max_length=255)
+    attempt: int = Field(default=1, ge=1)
+    created_at: datetime = Field(default_factory=utc_now)
+    due_at: datetime | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+    @field_validator("task")
+    @classmethod
+    def _task_name(cls, task: str) -> str:
+        return n.check_task_name(task)
+
+    @field_validator("created_at", "due_at")
+    @classmethod
+    def _aware_utc(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("must be timezone-aware (for example datetime.now(UTC))")
+        return value.astimezone(UTC)
+
+    def model_post_init(self, context: Any, /) -> None:
+        # The key defaults to the id: a job published once runs once.
+        if not self.idempotency_key:
+            object.__setattr__(self, "idempotency_key", self.id)
+
+    def copy(self, **changes: Any) -> Job:  # type: ignore[override,unused-ignore]
+        """A new job with ``changes`` applied and validated."""
+        return Job.model_validate({**self.model_dump(), **changes})
+
+
+@dataclass(frozen=True)
+class WireMessage:
+    """The AMQP view of a job: the properties we set and the body."""
+
+    body: bytes
+    message_id: str | None
+    type: str | None
+    content_type: str | None
+    content_encoding: str | None = n.CONTENT_ENCODING
+    timestamp: int | None = None
+    delivery_mode: int = PERSISTENT
+    headers: Mapping[str, Any] = field(default_factory=dict)
+
+
+def encode(job: Job) -> WireMessage:
+    """Serialise ``job``. Raises ``TypeError``/``ValueError`` only for a payload that
+    is not JSON; callers turn that into a ``PayloadEncodingError``."""
+    body = json.dumps(job.payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    headers: dict[str, Any] = {
+        n.HEADER_WIRE_VERSION: n.WIRE_VERSION,
+        n.HEADER_IDEMPOTENCY_KEY: job.idempotency_key,
+        n.HEADER_ATTEMPT: job.attempt,
+        n.HEADER_CREATED_AT: _iso(job.created_at),
+    }
+    if job.due_at is not None:
+        headers[n.HEADER_DUE_AT] = _iso(job.due_at)
+    if job.traceparent:
+        headers[n.HEADER_TRACEPARENT] = job.traceparent
+    if job.tracestate:
+        headers[n.HEADER_TRACESTATE] = job.tracestate
+    return WireMessage(
+        body=body.encode("utf-8"),
+        message_id=job.id,
+        type=job.task,
+        content_type=n.CONTENT_TYPE,
+        timestamp=int(job.created_at.timestamp()),
+        headers=headers,
+    )
+
+
+def decode(message: WireMessage) -> Job:
+    """Parse a wire message into a :class:`Job`, or raise :class:`DecodeError`.
+
+    Only ``message_id``, ``type`` and the JSON body are required, so a minimal
+    publisher in any language works; missing optional headers take their defaults.
+    """
+    if message.content_type != n.CONTENT_TYPE:
+        raise DecodeError(
+            "content-type",
+            f"content_type is {message.content_type!r}, expected {n.CONTENT_TYPE!r}",
+        )
+    if message.content_encoding not in (None, "", n.CONTENT_ENCODING):
+        raise DecodeError(
+            "content-encoding",
+            f"content_encoding is {message.content_encoding!r}, expected 'utf-8' or none",
+        )
+    payload = _parse_body(message.body)
+    headers = dict(message.headers or {})
+    version = headers.get(n.HEADER_WIRE_VERSION, n.WIRE_VERSION)
+    if version != n.WIRE_VERSION:
+        raise DecodeError(
+            "wire-version", f"{n.HEADER_WIRE_VERSION} is {version!r}, expected {n.WIRE_VERSION}"
+        )
+    if not message.message_id:
+        raise DecodeError("message-id", "message_id is missing; it carries the job id")
+    if not message.type:
+        raise DecodeError("type", "the type property is missing; it carries the task name")
+    fields: dict[str, Any] = {
+        "id": message.message_id,
+        "task": message.type,
+        "payload": payload,
+        "idempotency_key": _text_header(headers, n.HEADER_IDEMPOTENCY_KEY) or "",
+        "attempt": headers.get(n.HEADER_ATTEMPT, 1),
+        "due_at": _text_header(headers, n.HEADER_DUE_AT),
+        "traceparent": _text_header(headers, n.HEADER_TRACEPARENT),
+        "tracestate": _text_header(headers, n.HEADER_TRACESTATE),
+    }
+    created = _text_header(headers, n.HEADER_CREATED_AT)
+    if created is not None:
+        fields["created_at"] = created
+    elif message.timestamp is not None:
+        fields["created_at"] = datetime.fromtimestamp(message.timestamp, UTC)
+    try:
+        return Job.model_validate(fields)
+    except ValidationError as error:
+        raise DecodeError("envelope", describe_validation_error(error)) from None
+
+
+def _parse_body(body: bytes) -> dict[str, Any]:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DecodeError("encoding", f"body is not UTF-8: {error}") from None
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DecodeError("json", f"body is not JSON: {error}") from None
+    if not isinstance(payload, dict):
+        raise DecodeError("json", f"body must be a JSON object, got {type(payload).__name__}")
+    return payload
+
+
+def _text_header(headers: Mapping[str, Any], name: str) -> str | None:
+    value = headers.get(name)
+    if isinstance(value, bytes):  # AMQP long strings may arrive as bytes
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DecodeError("header", f"header {name!r} is not UTF-8") from None
+    if value is not None and not isinstance(value, str):
+        raise DecodeError("header", f"header {name!r} must be a string, got {value!r}")
+    return value
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")

@@ -1,0 +1,158 @@
+"""Errors raised by broker-jobs. Driver exceptions (pika, aiormq, aio-pika) are
+translated at the boundary into these, so callers catch one tree:
+
+    BrokerJobsError
+    ├── ConfigurationError        bad settings or an invalid URL
+    ├── JobError                  the job itself is wrong; fix the call
+    │   ├── UnknownTaskError      the app does not declare this task
+    │   ├── PayloadValidationError  the payload fails the task's model
+    │   ├── PayloadEncodingError  the payload is not JSON-serialisable
+    │   └── DecodeError           a message is not a valid job (bad JSON, headers...)
+    ├── PublishError              the broker did not take a job
+    │   ├── UnroutableError       no queue is bound for the task (mandatory flag)
+    │   ├── NackedError           the broker refused the job (e.g. queue full)
+    │   ├── ConfirmTimeoutError   no confirm within the timeout: outcome unknown
+    │   └── PublishBatchError     part of a batch failed; says which jobs were confirmed
+    ├── BrokerConnectionError     the broker cannot be reached or the connection broke
+    └── TopologyError             the broker's objects conflict with the wanted ones
+        └── TopologyConflictError
+
+Messages never contain passwords: URLs are masked before they reach an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from topology.errors import Conflict
+
+
+class BrokerJobsError(Exception):
+    """Base of every error broker-jobs raises."""
+
+
+class ConfigurationError(BrokerJobsError):
+    """Settings that cannot work; the message says which and what to use instead."""
+
+
+class JobError(BrokerJobsError):
+    """The job cannot be published or run as given."""
+
+
+class UnknownTaskError(JobError):
+    def __init__(self, task: str, known: Sequence[str]) -> None:
+        self.task = task
+        listing = ", ".join(sorted(known)) or "none"
+        super().__init__(
+            f"unknown task {task!r}: this app declares {listing}. Declare it with"
+            " app.declare(name, PayloadModel) or @app.task(name), or publish through an"
+            " untyped publisher (app=None) to send a plain dict"
+        )
+
+
+class PayloadValidationError(JobError):
+    def __init__(self, task: str, details: str) -> None:
+        self.task = task
+        super().__init__(f"payload for task {task!r} is invalid: {details}")
+
+
+class PayloadEncodingError(JobError):
+    def __init__(self, task: str, details: str) -> None:
+        self.task = task
+        super().__init__(
+            f"payload for task {task!r} cannot be encoded as JSON: {details}."
+            " Send JSON types only (str, int, float, bool, None, list, dict with str keys),"
+            " or declare a pydantic model that serialises the value"
+        )
+
+
+class DecodeError(JobError):
+    """A message that is not a valid job; ``reason`` is a short machine-usable cause."""
+
+    def __init__(self, reason: str, details: str) -> None:
+        self.reason = reason
+        super().__init__(f"not a valid job ({reason}): {details}")
+
+
+class PublishError(BrokerJobsError):
+    """The broker did not confirm a job."""
+
+
+class UnroutableError(PublishError):
+    def __init__(self, task: str, exchange: str, queue: str) -> None:
+        self.task = task
+        self.exchange = exchange
+        self.queue = queue
+        super().__init__(
+            f"job for task {task!r} is unroutable: exchange {exchange!r} has no queue bound"
+            f" for it (expected queue {queue!r}). Declare the topology (publish with an app"
+            " that declares the task, or run the topology apply command) before publishing"
+        )
+
+
+class NackedError(PublishError):
+    def __init__(self, task: str, job_id: str) -> None:
+        self.task = task
+        self.job_id = job_id
+        super().__init__(
+            f"the broker refused job {job_id} of task {task!r} (basic.nack): the queue may"
+            " be full (x-overflow=reject-publish) or the broker has an internal error;"
+            " the job was not stored, publish it again later"
+        )
+
+
+class ConfirmTimeoutError(PublishError):
+    def __init__(self, task: str, job_id: str, timeout: float, hint: str = "") -> None:
+        self.task = task
+        self.job_id = job_id
+        super().__init__(
+            f"no confirm for job {job_id} of task {task!r} within {timeout:g} s: the"
+            " outcome is unknown. Publishing it again with the same idempotency key is"
+            " safe (it runs once)." + (f" {hint}" if hint else "")
+        )
+
+
+class PublishBatchError(PublishError):
+    """Raised by ``publish_many`` when not every job was confirmed.
+
+    ``confirmed`` holds the ids the broker confirmed: they are stored. ``failed`` maps
+    the other ids to their error; for a connection loss the outcome of those is
+    unknown, and publishing them again (same ids and keys) is safe.
+    """
+
+    def __init__(self, confirmed: list[str], failed: dict[str, BrokerJobsError]) -> None:
+        self.confirmed = confirmed
+        self.failed = failed
+        first = next(iter(failed.values()))
+        super().__init__(
+            f"{len(confirmed)} of {len(confirmed) + len(failed)} jobs confirmed,"
+            f" {len(failed)} not; first error: {first}"
+        )
+
+
+class BrokerConnectionError(BrokerJobsError):
+    """The broker cannot be reached, or the connection broke mid-operation."""
+
+
+class TopologyError(BrokerJobsError):
+    """The broker's objects cannot be declared as wanted."""
+
+
+class TopologyConflictError(TopologyError):
+    """Existing exchanges or queues differ from the wanted ones; see ``conflicts``."""
+
+    def __init__(self, message: str, conflicts: tuple[Conflict, ...]) -> None:
+        self.conflicts = conflicts
+        super().__init__(message)
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One line per failing field: ``width: Input should be a valid integer``."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in item['loc']) or 'value'}: {item['msg']}"
+        for item in error.errors()
+    )

@@ -1,0 +1,273 @@
+"""A confirm-mode pika channel driven by the calling thread, with deadlines.
+
+pika's ``BlockingConnection`` waits for each confirm in turn and without a time
+limit: a broker that stops confirming (a quorum queue without its majority, a
+memory alarm) hangs the caller forever, and one confirm per round trip caps a batch
+at about 1,400 jobs/s. :class:`PikaLink` instead runs a ``SelectConnection`` whose
+I/O loop it turns only while a caller waits, so it can pipeline many publishes and
+stop waiting at a deadline. It is not thread-safe; the publisher serialises calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pika
+import pika.channel
+import pika.frame
+import pika.spec
+from pika.adapters.select_connection import SelectConnection
+
+from broker_jobs.envelope import WireMessage
+from broker_jobs.errors import BrokerConnectionError
+from broker_jobs.urls import BrokerURL, mask_text
+
+
+@dataclass
+class Delivery:
+    """Progress of one published message, by delivery tag."""
+
+    message_id: str
+    acked: bool = False
+    nacked: bool = False
+    returned: bool = False
+
+    @property
+    def settled(self) -> bool:
+        return self.acked or self.nacked
+
+
+@dataclass
+class _State:
+    deliveries: dict[int, Delivery] = field(default_factory=dict)
+    returned_ids: set[str] = field(default_factory=set)
+    next_tag: int = 1
+    settled: int = 0
+    lowest_unsettled: int = 1
+    closed: BaseException | None = None
+    blocked_reason: str | None = None
+
+
+class PikaLink:
+    """One connection and one confirm-mode channel; dead once closed."""
+
+    def __init__(self, url: BrokerURL, *, connect_timeout: float, connection_name: str) -> None:
+        self._url = url
+        self._state = _State()
+        self._channel: pika.channel.Channel | None = None
+        self._open_error: BaseException | None = None
+        parameters = pika.URLParameters(url.url)
+        parameters.connection_attempts = 1
+        parameters.socket_timeout = connect_timeout
+        parameters.stack_timeout = connect_timeout
+        parameters.client_properties = {"connection_name": connection_name}
+        self._connection = SelectConnection(
+            parameters,
+            on_open_callback=self._on_connection_open,
+            on_open_error_callback=self._on_open_error,
+            on_close_callback=self._on_connection_closed,
+        )
+        self._wait_until(lambda: self._channel is not None or self._open_error is not None,
+                         time.monotonic() + connect_timeout)
+        if self._channel is None:
+            self._abort()
+            reason = self._open_error or "timed out"
+            raise BrokerConnectionError(
+                f"cannot connect to the broker at {url.host}:{url.port} ({url.masked}):"
+                f" {_describe(reason)}. Check that RabbitMQ runs there and the credentials"
+                " and vhost are right"
+            )
+
+    @property
+    def is_open(self) -> bool:
+        return self._state.closed is None
+
+    @property
+    def closed_reason(self) -> BaseException | None:
+        return self._state.closed
+
+    @property
+    def blocked_reason(self) -> str | None:
+        return self._state.blocked_reason
+
+    def refresh(self) -> None:
+        """Handle events already waiting (a close by the broker) without blocking."""
+        self._turn(0.0)
+
+    def publish(self, exchange: str, routing_key: str, message: WireMessage) -> Delivery:
+        """Queue one mandatory, persistent publish; its :class:`Delivery` fills in
+        as the broker answers while a caller waits."""
+        if self._channel is None or self._state.closed is not None:
+            raise BrokerConnectionError(self.describe_closed())
+        properties = pika.BasicProperties(
+            content_type=message.content_type,
+            content_encoding=message.content_encoding,
+            delivery_mode=message.delivery_mode,
+            message_id=message.message_id,
+            type=message.type,
+            timestamp=message.timestamp,
+            headers=dict(message.headers),
+        )
+        self._channel.basic_publish(
+            exchange, routing_key, message.body, properties, mandatory=True
+        )
+        delivery = Delivery(message.message_id or "")
+        self._state.deliveries[self._state.next_tag] = delivery
+        self._state.next_tag += 1
+        return delivery
+
+    def wait(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Turn the I/O loop until ``done()``, the link closes, or ``timeout`` passes
+        without any settled delivery. True when ``done()``."""
+        return self._wait_until(done, time.monotonic() + timeout, extend_on_progress=timeout)
+
+    def forget_settled(self) -> None:
+        """Drop settled deliveries once the caller has read them."""
+        self._state.deliveries = {
+            tag: delivery
+            for tag, delivery in self._state.deliveries.items()
+            if not delivery.settled
+        }
+        self._state.returned_ids.clear()
+
+    def close(self) -> None:
+        if self._state.closed is None:
+            try:
+                self._connection.close()
+                self._wait_until(lambda: False, time.monotonic() + 2.0)
+            except pika.exceptions.ConnectionWrongStateError:
+                pass
+        self._abort()
+
+    def describe_closed(self) -> str:
+        reason = self._state.closed
+        return (
+            f"the connection to {self._url.masked} closed: {_describe(reason)}"
+            if reason
+            else f"the connection to {self._url.masked} is not open"
+        )
+
+    # -- the loop ---------------------------------------------------------------
+
+    def _wait_until(
+        self, done: Callable[[], bool], deadline: float, extend_on_progress: float = 0.0
+    ) -> bool:
+        settled = self._settled_count()
+        while not done():
+            if self._state.closed is not None and self._channel is not None:
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._turn(remaining)
+            if extend_on_progress and self._settled_count() != settled:
+                settled = self._settled_count()
+                deadline = time.monotonic() + extend_on_progress
+        return True
+
+    def _turn(self, timeout: float) -> None:
+        """One pass of the I/O loop, sleeping at most ``timeout`` seconds."""
+        loop = self._connection.ioloop
+        # A timer bounds the poll: without one pika sleeps up to 5 s per pass.
+        wake = loop.call_later(max(timeout, 0.0), _nothing)
+        try:
+            loop.poll()
+            loop.process_timeouts()
+        finally:
+            loop.remove_timeout(wake)
+
+    def _settled_count(self) -> int:
+        return self._state.settled
+
+    def _abort(self) -> None:
+        if self._state.closed is None:
+            self._state.closed = BrokerConnectionError("closed by the client")
+        # Closing a dead loop must not mask the error that killed it.
+        with contextlib.suppress(Exception):
+            self._connection.ioloop.close()
+
+    # -- pika callbacks ---------------------------------------------------------------
+
+    def _on_connection_open(self, connection: Any) -> None:
+        connection.add_on_connection_blocked_callback(self._on_blocked)
+        connection.add_on_connection_unblocked_callback(self._on_unblocked)
+        connection.channel(on_open_callback=self._on_channel_open)
+
+    def _on_channel_open(self, channel: pika.channel.Channel) -> None:
+        channel.add_on_close_callback(self._on_channel_closed)
+        channel.add_on_return_callback(self._on_return)
+        channel.confirm_delivery(
+            self._on_confirm, callback=lambda _frame: self._set_channel(channel)
+        )
+
+    def _set_channel(self, channel: pika.channel.Channel) -> None:
+        self._channel = channel
+
+    def _on_open_error(self, _connection: Any, error: BaseException | str) -> None:
+        self._open_error = error if isinstance(error, BaseException) else Exception(error)
+        self._state.closed = self._open_error
+
+    def _on_connection_closed(self, _connection: Any, reason: BaseException) -> None:
+        self._state.closed = reason
+        if self._channel is None and self._open_error is None:
+            self._open_error = reason
+
+    def _on_channel_closed(self, _channel: Any, reason: BaseException) -> None:
+        # A closed channel (a missing exchange, say) leaves this link useless: close
+        # the connection too, and let the publisher open a fresh one next time.
+        if self._state.closed is None:
+            self._state.closed = reason
+            if self._connection.is_open:
+                self._connection.close()
+
+    def _on_blocked(self, _connection: Any, frame: pika.frame.Method[Any]) -> None:
+        self._state.blocked_reason = getattr(frame.method, "reason", "") or "unknown"
+
+    def _on_unblocked(self, _connection: Any, _frame: Any) -> None:
+        self._state.blocked_reason = None
+
+    def _on_return(
+        self,
+        _channel: Any,
+        _method: pika.spec.Basic.Return,
+        properties: pika.BasicProperties,
+        _body: bytes,
+    ) -> None:
+        # The broker sends basic.return before the basic.ack of the same message.
+        self._state.returned_ids.add(properties.message_id or "")
+
+    def _on_confirm(self, frame: pika.frame.Method[Any]) -> None:
+        method = frame.method
+        acked = isinstance(method, pika.spec.Basic.Ack)
+        # Tags are consecutive from 1, so a multiple ack settles every tag from the
+        # lowest unsettled one up to its own.
+        first = self._state.lowest_unsettled if method.multiple else method.delivery_tag
+        tags = range(first, method.delivery_tag + 1)
+        for tag in tags:
+            delivery = self._state.deliveries.get(tag)
+            if delivery is None or delivery.settled:
+                continue
+            self._state.settled += 1
+            if acked:
+                delivery.acked = True
+                delivery.returned = delivery.message_id in self._state.returned_ids
+            else:
+                delivery.nacked = True
+        deliveries = self._state.deliveries
+        while self._state.lowest_unsettled < self._state.next_tag:
+            delivery = deliveries.get(self._state.lowest_unsettled)
+            if delivery is not None and not delivery.settled:
+                break
+            self._state.lowest_unsettled += 1
+
+
+def _nothing() -> None:
+    return None
+
+
+def _describe(reason: object) -> str:
+    return mask_text(str(reason) or type(reason).__name__)

@@ -1,0 +1,256 @@
+"""The sync publisher, for Flask, Django, scripts and threads (pika)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from types import TracebackType
+
+from broker_jobs.app import App
+from broker_jobs.declaring import declare_topology
+from broker_jobs.envelope import Job, WireMessage
+from broker_jobs.errors import (
+    BrokerConnectionError,
+    BrokerJobsError,
+    ConfirmTimeoutError,
+    NackedError,
+    UnroutableError,
+)
+from broker_jobs.pika_link import Delivery, PikaLink
+from broker_jobs.publishing import (
+    DEFAULT_CONFIRM_TIMEOUT,
+    DEFAULT_CONNECT_TIMEOUT,
+    BatchOutcome,
+    JobFactory,
+    JobRequest,
+    Payload,
+    PublisherSettings,
+    check_unique_ids,
+)
+from broker_jobs.urls import BrokerURL
+
+#: Publishes in flight before ``publish_many`` waits for confirms: enough to keep the
+#: pipe full, few enough that a lost connection leaves a bounded unknown outcome.
+CONFIRM_WINDOW = 1000
+
+
+class Publisher:
+    """Publishes jobs and returns them only once the broker confirmed them.
+
+    Every job is persistent, published with ``mandatory`` (a task without a queue is
+    an :class:`UnroutableError`, never a silent drop) and confirmed within
+    ``confirm_timeout`` seconds or a :class:`ConfirmTimeoutError` is raised. The
+    connection opens on first use and reopens on the next publish after it broke
+    (a broker restart, say); ``publish`` retries once on a fresh connection then.
+
+    Threads: a pika connection must not be used from two threads at once, so every
+    call takes an internal lock. Sharing one publisher between threads is safe, and
+    serialises their publishes; give each thread its own publisher for parallelism.
+    Not safe across ``fork()``: create publishers in the child.
+
+    >>> with Publisher("amqp://guest:guest@localhost/", app) as publisher:
+    ...     job = publisher.publish("image.resize", Resize(url="...", width=128))
+    """
+
+    def __init__(
+        self,
+        url: str,
+        app: App | None = None,
+        *,
+        namespace: str | None = None,
+        confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        declare: bool = True,
+        connection_name: str = "broker-jobs publisher",
+    ) -> None:
+        self._url = BrokerURL(url)
+        self._factory = JobFactory(app, namespace)
+        self._settings = PublisherSettings(
+            confirm_timeout, connect_timeout, declare, connection_name
+        )
+        self._lock = threading.Lock()
+        self._link: PikaLink | None = None
+
+    def publish(
+        self,
+        task: str,
+        payload: Payload,
+        *,
+        job_id: str | None = None,
+        idempotency_key: str | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
+    ) -> Job:
+        """Publish one job and wait for its confirm; return the job (``job.id``)."""
+        built = self._factory.build(
+            task,
+            payload,
+            job_id=job_id,
+            idempotency_key=idempotency_key,
+            traceparent=traceparent,
+            tracestate=tracestate,
+        )
+        with self._lock:
+            outcome = self._send([built], None)
+            error = outcome.failed.get(built[0].id)
+            if isinstance(error, BrokerConnectionError):
+                # The connection was found dead mid-publish (a restart between two
+                # calls): the job may or may not be stored; sending it again with the
+                # same id and key is harmless, since it runs once.
+                outcome = self._send([built], None)
+                error = outcome.failed.get(built[0].id)
+        if error is not None:
+            raise error
+        return built[0]
+
+    def publish_many(
+        self,
+        requests: Iterable[JobRequest],
+        *,
+        on_confirmed: Callable[[Job], None] | None = None,
+    ) -> list[Job]:
+        """Publish a batch with pipelined confirms; return the jobs, all confirmed.
+
+        Every job is validated before the first is sent. If any is not confirmed, a
+        :class:`PublishBatchError` lists the confirmed ids and each failed id's
+        error; ``on_confirmed`` is called for each job as its confirm arrives.
+        """
+        built = [self._factory.build_request(request) for request in requests]
+        check_unique_ids([job for job, _ in built])
+        with self._lock:
+            return self._send(built, on_confirmed).settle()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._link is not None:
+                self._link.close()
+                self._link = None
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(
+        self,
+        _type: type[BaseException] | None,
+        _value: BaseException | None,
+        _traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Publisher({self._url.masked!r}, namespace={self._factory.names.namespace!r})"
+
+    # -- sending --------------------------------------------------------------------
+
+    def _send(
+        self,
+        built: list[tuple[Job, WireMessage]],
+        on_confirmed: Callable[[Job], None] | None,
+    ) -> BatchOutcome:
+        outcome = BatchOutcome([job for job, _ in built])
+        try:
+            link = self._connected_link()
+        except BrokerConnectionError as error:
+            outcome.failed = {job.id: error for job, _ in built}
+            return outcome
+        in_flight: deque[tuple[Job, Delivery]] = deque()
+        exchange = self._factory.names.work_exchange
+        timeout = self._settings.confirm_timeout
+        sent = 0
+        for job, message in built:
+            if not link.is_open:
+                break
+            in_flight.append((job, link.publish(exchange, job.task, message)))
+            sent += 1
+            if len(in_flight) >= CONFIRM_WINDOW:
+                link.wait(lambda: in_flight[0][1].settled, timeout)
+                self._record_settled(in_flight, outcome, on_confirmed)
+                if in_flight and not in_flight[0][1].settled:
+                    break  # timed out or the connection broke
+        link.wait(lambda: all(delivery.settled for _, delivery in in_flight), timeout)
+        self._record_settled(in_flight, outcome, on_confirmed)
+        link.forget_settled()
+        if in_flight or sent < len(built):
+            self._fail_unsettled(link, in_flight, built[sent:], outcome)
+        return outcome
+
+    def _connected_link(self) -> PikaLink:
+        if self._link is not None:
+            self._link.refresh()
+            if not self._link.is_open:
+                self._link.close()
+                self._link = None
+        if self._link is None:
+            if self._settings.declare:
+                declare_topology(
+                    self._url,
+                    self._factory.topology(),
+                    timeout=self._settings.connect_timeout,
+                    connection_name=f"{self._settings.connection_name} (declare)",
+                )
+            self._link = PikaLink(
+                self._url,
+                connect_timeout=self._settings.connect_timeout,
+                connection_name=self._settings.connection_name,
+            )
+        return self._link
+
+    def _record_settled(
+        self,
+        in_flight: deque[tuple[Job, Delivery]],
+        outcome: BatchOutcome,
+        on_confirmed: Callable[[Job], None] | None,
+    ) -> None:
+        while in_flight and in_flight[0][1].settled:
+            job, delivery = in_flight.popleft()
+            error = self._settled_error(job, delivery)
+            if error is None:
+                outcome.confirmed.add(job.id)
+                if on_confirmed is not None:
+                    on_confirmed(job)
+            else:
+                outcome.failed[job.id] = error
+
+    def _settled_error(self, job: Job, delivery: Delivery) -> BrokerJobsError | None:
+        names = self._factory.names
+        if delivery.nacked:
+            return NackedError(job.task, job.id)
+        if delivery.returned:
+            return UnroutableError(job.task, names.work_exchange, names.task_queue(job.task))
+        return None
+
+    def _fail_unsettled(
+        self,
+        link: PikaLink,
+        in_flight: deque[tuple[Job, Delivery]],
+        unsent: list[tuple[Job, WireMessage]],
+        outcome: BatchOutcome,
+    ) -> None:
+        """Give every job without a confirm its error, and drop the link: after a
+        timeout its state is unknown, after a close it is dead."""
+        if link.is_open:
+            hint = (
+                f"The broker reports the connection blocked ({link.blocked_reason}):"
+                " a memory or disk alarm stops publishing until it clears."
+                if link.blocked_reason
+                else "A quorum queue without a majority of its replicas cannot confirm."
+            )
+            for job, _ in in_flight:
+                outcome.failed[job.id] = ConfirmTimeoutError(
+                    job.task, job.id, self._settings.confirm_timeout, hint
+                )
+            lost = "earlier jobs of the batch got no confirm in time"
+        else:
+            lost = link.describe_closed()
+            for job, _ in in_flight:
+                outcome.failed[job.id] = BrokerConnectionError(
+                    f"{lost} before job {job.id} was confirmed: its outcome is unknown;"
+                    " publishing it again with the same id and key is safe"
+                )
+        for job, _ in unsent:
+            outcome.failed[job.id] = BrokerConnectionError(
+                f"{lost}; job {job.id} was not sent"
+            )
+        link.close()
+        self._link = None

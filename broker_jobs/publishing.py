@@ -1,0 +1,164 @@
+"""What both publishers share: turning a call into a job, and settling a batch.
+
+The sync (pika) and async (aio-pika) publishers differ only in how they talk to the
+broker; validation, encoding and the confirmed/failed bookkeeping live here so that
+the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from broker_jobs.app import App
+from broker_jobs.envelope import Job, WireMessage, encode
+from broker_jobs.errors import (
+    BrokerJobsError,
+    ConfigurationError,
+    JobError,
+    PayloadEncodingError,
+    PayloadValidationError,
+    PublishBatchError,
+)
+from topology import DEFAULT_NAMESPACE, InvalidNameError, Names, Topology, namespace_topology
+
+Payload = BaseModel | Mapping[str, Any]
+
+#: Seconds to wait for a publisher confirm. A quorum queue that lost its majority
+#: never confirms; without a bound the caller would hang forever.
+DEFAULT_CONFIRM_TIMEOUT = 10.0
+#: Seconds to wait for the TCP and AMQP handshake.
+DEFAULT_CONNECT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class PublisherSettings:
+    """Options shared by both publishers, validated once."""
+
+    confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    declare: bool = True
+    connection_name: str = "broker-jobs publisher"
+
+    def __post_init__(self) -> None:
+        for name in ("confirm_timeout", "connect_timeout"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ConfigurationError(f"{name} must be a positive number of seconds")
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One job of a ``publish_many`` batch; the fields mean what ``publish`` takes."""
+
+    task: str
+    payload: Payload
+    job_id: str | None = None
+    idempotency_key: str | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+
+class JobFactory:
+    """Builds validated, encoded jobs for one app, or for plain task names."""
+
+    def __init__(self, app: App | None, namespace: str | None) -> None:
+        if app is not None and namespace not in (None, app.namespace):
+            raise ConfigurationError(
+                f"namespace {namespace!r} differs from the app's {app.namespace!r}:"
+                " pass one or the other"
+            )
+        self.app = app
+        try:
+            self.names = app.names if app else Names(namespace or DEFAULT_NAMESPACE)
+        except InvalidNameError as error:
+            raise ConfigurationError(str(error)) from None
+
+    def topology(self) -> Topology:
+        """What the publisher declares: the app's tasks, or just the exchanges."""
+        return self.app.topology() if self.app else namespace_topology(self.names, ())
+
+    def build(
+        self,
+        task: str,
+        payload: Payload,
+        *,
+        job_id: str | None = None,
+        idempotency_key: str | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
+    ) -> tuple[Job, WireMessage]:
+        """Validate and encode one job; raises a :class:`JobError` subclass."""
+        data = self._payload_data(task, payload)
+        fields: dict[str, Any] = {"task": task, "payload": data}
+        if job_id:
+            fields["id"] = job_id
+        if idempotency_key:
+            fields["idempotency_key"] = idempotency_key
+        if traceparent:
+            fields["traceparent"] = traceparent
+        if tracestate:
+            fields["tracestate"] = tracestate
+        try:
+            job = Job.model_validate(fields)
+        except ValueError as error:
+            raise PayloadValidationError(task, str(error)) from None
+        try:
+            return job, encode(job)
+        except (TypeError, ValueError) as error:
+            raise PayloadEncodingError(task, str(error)) from None
+
+    def build_request(self, request: JobRequest) -> tuple[Job, WireMessage]:
+        return self.build(
+            request.task,
+            request.payload,
+            job_id=request.job_id,
+            idempotency_key=request.idempotency_key,
+            traceparent=request.traceparent,
+            tracestate=request.tracestate,
+        )
+
+    def _payload_data(self, task: str, payload: Payload) -> dict[str, Any]:
+        if self.app is not None:
+            model = self.app.get(task).validate(payload)
+            return model.model_dump(mode="json")
+        if isinstance(payload, BaseModel):
+            return payload.model_dump(mode="json")
+        if not isinstance(payload, Mapping):
+            raise PayloadValidationError(
+                task, f"payload must be a dict or a pydantic model, got {type(payload).__name__}"
+            )
+        data = dict(payload)
+        try:
+            # Checked here, not at encode time, so the error names the real cause
+            # rather than pydantic's copy of the value.
+            json.dumps(data, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise PayloadEncodingError(task, str(error)) from None
+        return data
+
+
+@dataclass
+class BatchOutcome:
+    """Confirmed and failed jobs of one batch, in publish order."""
+
+    jobs: Sequence[Job]
+    confirmed: set[str] = field(default_factory=set)
+    failed: dict[str, BrokerJobsError] = field(default_factory=dict)
+
+    def settle(self) -> list[Job]:
+        """Return the jobs if all were confirmed, else raise :class:`PublishBatchError`."""
+        if not self.failed:
+            return list(self.jobs)
+        confirmed = [job.id for job in self.jobs if job.id in self.confirmed]
+        raise PublishBatchError(confirmed, self.failed)
+
+
+def check_unique_ids(jobs: Sequence[Job]) -> None:
+    """Confirms and returns are matched to jobs by id, so a batch repeats none."""
+    if len({job.id for job in jobs}) != len(jobs):
+        raise JobError("a batch holds two jobs with the same id; give each job its own id")

@@ -1,0 +1,1 @@
+"""Test helpers for broker_jobs (e.g. throwaway RabbitMQ nodes)."""

@@ -1,0 +1,358 @@
+"""A throwaway RabbitMQ node started from the locally installed rabbitmq-server.
+
+Fault tests need a real broker they can kill and restart at will without touching the
+system node (its cookie, data dir or the ``rabbitmq`` user).  So we run the lib-dir
+``rabbitmq-server`` script directly (the ``/usr/sbin`` wrapper switches user and uses the
+system cookie) with a private HOME/cookie, ports and data dir, all under ``base_dir``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+SBIN_ENV = "BROKER_JOBS_RABBITMQ_SBIN"
+_LIB_GLOB = "usr/lib/rabbitmq/lib/rabbitmq_server-*/sbin"
+
+
+class RabbitNodeError(Exception):
+    """The throwaway node could not be found, started, stopped or queried."""
+
+
+def _find_sbin() -> Path | None:
+    """The lib-dir sbin: ``$BROKER_JOBS_RABBITMQ_SBIN`` if set, else the highest version."""
+    if override := os.environ.get(SBIN_ENV):
+        return Path(override) if (Path(override) / "rabbitmq-server").is_file() else None
+    found = [p for p in Path("/").glob(_LIB_GLOB) if (p / "rabbitmq-server").is_file()]
+    return max(
+        found, key=lambda p: [int(n) for n in re.findall(r"\d+", p.parent.name)], default=None
+    )
+
+
+def _free_port() -> int:
+    """Let the kernel pick: if the AMQP port is taken the node boots, then dies ~8 s later."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    """Nobody listens on ``port`` (SO_REUSEADDR, like Erlang, so TIME_WAIT does not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+        return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _children(ppid: int) -> set[int]:
+    """Child pids of ``ppid`` (Linux /proc); finds beam before it wrote its pid file."""
+    kids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == ppid:
+                kids.add(int(stat.parent.name))
+    return kids
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        text = f"<unreadable: {exc}>"
+    return f"--- tail of {path} ---\n{text}"
+
+
+@dataclass
+class RabbitNode:
+    """One private RabbitMQ node; mnesia, logs, HOME and config all live under ``base_dir``."""
+
+    base_dir: Path
+    amqp_port: int
+    dist_port: int
+    nodename: str
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def create(cls, base_dir: Path | None = None) -> RabbitNode:
+        """Pick free ports and a unique node name; does not start anything."""
+        base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="bjtest-rabbit-"))
+        amqp = _free_port()
+        dist = _free_port()
+        while dist == amqp:
+            dist = _free_port()
+        name = f"bjtest-{os.getpid()}-{secrets.token_hex(4)}@localhost"
+        return cls(base_dir=base, amqp_port=amqp, dist_port=dist, nodename=name)
+
+    @staticmethod
+    def available() -> bool:
+        """Is a lib-dir rabbitmq-server installed? Lets tests skip instead of fail."""
+        return _find_sbin() is not None
+
+    @property
+    def url(self) -> str:
+        """AMQP URL for the default guest user (allowed: we set ``loopback_users = none``)."""
+        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.base_dir / "node.pid"
+
+    @property
+    def stdout_log(self) -> Path:
+        return self.base_dir / "node-stdout.log"
+
+    @property
+    def rabbit_log(self) -> Path:
+        return self.base_dir / "log" / f"{self.nodename}.log"
+
+    @property
+    def running(self) -> bool:
+        """The node's OS process exists (a booting node counts as running)."""
+        if self._proc is not None:
+            return self._proc.poll() is None
+        pid = self._read_pid()  # e.g. a node started by another RabbitNode on this base_dir
+        return pid is not None and _alive(pid)
+
+    def _sbin(self) -> Path:
+        if (sbin := _find_sbin()) is None:
+            raise RabbitNodeError(
+                f"no rabbitmq-server under /{_LIB_GLOB} (or ${SBIN_ENV}); "
+                "install rabbitmq-server: apt-get install rabbitmq-server"
+            )
+        return sbin
+
+    def _env(self) -> dict[str, str]:
+        """Env for server and CLI alike; the shared HOME gives both the same cookie."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RABBITMQ_")}
+        b = self.base_dir
+        env.update(
+            HOME=str(b / "home"),
+            RABBITMQ_NODENAME=self.nodename,
+            RABBITMQ_NODE_PORT=str(self.amqp_port),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RABBITMQ_MNESIA_BASE=str(b / "mnesia"),
+            RABBITMQ_LOG_BASE=str(b / "log"),
+            RABBITMQ_PID_FILE=str(self.pid_file),
+            RABBITMQ_CONFIG_FILE=str(b / "rabbitmq.conf"),
+            RABBITMQ_ADVANCED_CONFIG_FILE=str(b / "advanced.config"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(b / "enabled_plugins"),  # none: faster boot
+            RABBITMQ_CONF_ENV_FILE=str(b / "rabbitmq-env.conf"),  # not /etc/rabbitmq's
+        )
+        return env
+
+    def _prepare(self) -> None:
+        """Write the config files; the cookie only once (it is 0400, and must not change)."""
+        for sub in ("home", "mnesia", "log"):
+            (self.base_dir / sub).mkdir(parents=True, exist_ok=True)
+        cookie = self.base_dir / "home" / ".erlang.cookie"
+        if not cookie.exists():
+            cookie.write_text(secrets.token_hex(16).upper())
+            cookie.chmod(0o400)
+        conf = f"loopback_users = none\nlisteners.tcp.1 = 127.0.0.1:{self.amqp_port}\n"
+        (self.base_dir / "rabbitmq.conf").write_text(conf)
+        (self.base_dir / "advanced.config").write_text("[].\n")
+        (self.base_dir / "enabled_plugins").write_text("[].\n")
+        (self.base_dir / "rabbitmq-env.conf").write_text("")
+
+    def _read_pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _in_epmd(self) -> bool:
+        short = self.nodename.split("@", 1)[0]
+        epmd = shutil.which("epmd") or "epmd"
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            out = subprocess.run(
+                [epmd, "-names"], check=False, capture_output=True, text=True, timeout=10
+            ).stdout
+            return any(line.split()[1:2] == [short] for line in out.splitlines())
+        return False
+
+    def _error(self, what: str) -> RabbitNodeError:
+        tails = f"{_tail(self.stdout_log)}\n{_tail(self.rabbit_log)}"
+        return RabbitNodeError(f"{what} (node {self.nodename})\n{tails}")
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Boot (same data dir and ports as before) and wait until AMQP accepts connections."""
+        if self.running:
+            raise RabbitNodeError(f"{self.nodename} is already running; stop() it first")
+        sbin = self._sbin()
+        busy = [p for p in (self.amqp_port, self.dist_port) if not _port_free(p)]
+        if busy:  # else the node boots, then dies ~8 s later (and a TCP probe would lie)
+            raise RabbitNodeError(f"port(s) {busy} of {self.nodename} in use; create() anew")
+        self._prepare()
+        self.pid_file.unlink(missing_ok=True)
+        # Output goes to a file, not a pipe: nobody reads a pipe, and a full one blocks the node.
+        with self.stdout_log.open("ab") as log:
+            self._proc = subprocess.Popen(
+                [str(sbin / "rabbitmq-server")],
+                env=self._env(),
+                cwd=self.base_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C in the test run must not hit the node first
+            )
+        try:
+            self._await_boot(self._proc, time.monotonic() + timeout)
+        except BaseException:
+            self.kill()  # never leave a half-booted node behind
+            raise
+
+    def _await_boot(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
+        # await_startup fails at once for a node epmd does not know yet, so poll epmd first.
+        while not self._in_epmd():
+            if proc.poll() is not None:
+                raise self._error(f"rabbitmq-server exited with {proc.returncode} during boot")
+            if time.monotonic() > deadline:
+                raise self._error("node did not register with epmd in time")
+            time.sleep(0.1)
+        left = max(1.0, deadline - time.monotonic())
+        try:
+            self.ctl("await_startup", "--timeout", str(int(left) + 1), timeout=left + 10)
+        except RabbitNodeError as exc:
+            raise self._error(f"await_startup failed: {exc}") from exc
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", self.amqp_port), timeout=1).close()
+                return
+            time.sleep(0.1)
+        raise self._error(f"AMQP port {self.amqp_port} never accepted connections")
+
+    def _beam_pids(self) -> set[int]:
+        """beam's pid from the pid file or, early in boot, as the wrapper shell's child."""
+        pids = {p for p in [self._read_pid()] if p}
+        if self._proc is not None and self._proc.poll() is None:
+            pids |= _children(self._proc.pid)
+        return pids
+
+    def _wait_gone(self, pids: set[int], deadline: float) -> bool:
+        """Wait until beam and our wrapper shell exited (the shell reaps beam: no zombie)."""
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not self.running and not any(_alive(p) for p in pids)
+
+    def _forget(self) -> None:
+        self._proc = None
+        self.pid_file.unlink(missing_ok=True)  # a stale pid may later belong to someone else
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop gracefully (else the dist port clashes on restart); waits for the process.
+
+        Falls back to kill() (and raises) if the graceful stop fails, so a teardown never
+        leaves a node behind.
+        """
+        if not self.running:
+            return
+        pids, deadline = self._beam_pids(), time.monotonic() + timeout
+        try:
+            self.ctl("stop", str(self.pid_file), timeout=timeout)  # returns once beam exited
+        except RabbitNodeError:
+            self.kill()
+            raise
+        if not self._wait_gone(pids, deadline):
+            self.kill()
+            raise self._error(f"node still alive {timeout}s after rabbitmqctl stop; killed it")
+        self._forget()
+
+    def kill(self, timeout: float = 30.0) -> None:
+        """SIGKILL beam (a crash: nothing graceful) and wait until start() can reuse the ports.
+
+        Gotcha on RabbitMQ 3.10 (Ra < 2.11, without rabbitmq/ra#443): Ra saves its name
+        registry (names.dets) only every 500 ms, so a quorum queue declared less than
+        ~0.5 s before kill() comes back *empty* (recreated) after start(). Let a second
+        pass between declaring a quorum queue and killing the node.
+        """
+        pids, deadline = self._beam_pids(), time.monotonic() + timeout
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if not self._wait_gone(pids, min(deadline, time.monotonic() + 5)) and self._proc:
+            self._proc.kill()  # the wrapper shell should have exited with beam; make sure
+            self._wait_gone(pids, deadline)
+        if self.running:
+            raise RabbitNodeError(f"{self.nodename} survived SIGKILL for {timeout}s")
+        self._forget()
+        while self._in_epmd() or not (_port_free(self.dist_port) and _port_free(self.amqp_port)):
+            if time.monotonic() > deadline:
+                raise RabbitNodeError(f"{self.nodename}: epmd name/ports not released after kill")
+            time.sleep(0.05)
+
+    def restart(self) -> None:
+        """Graceful stop() then start(), keeping data dir and ports.
+
+        Right after start() returns, quorum-queue message counts (e.g. a passive
+        queue.declare) can read low for ~0.1-2 s while the Raft log replays: poll for
+        the expected count instead of asserting it once.
+        """
+        self.stop()
+        self.start()
+
+    def _run(self, tool: str, *args: str, timeout: float) -> str:
+        cmd = [str(self._sbin() / tool), "-n", self.nodename, *args]
+        try:
+            res = subprocess.run(
+                cmd, check=False, env=self._env(), capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise RabbitNodeError(f"{' '.join(cmd)} timed out after {timeout}s") from exc
+        if res.returncode != 0:
+            raise RabbitNodeError(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stderr}")
+        return res.stdout
+
+    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        """Run rabbitmqctl against this node (with its cookie) and return its stdout."""
+        return self._run("rabbitmqctl", *args, timeout=timeout)
+
+    def server_version(self) -> str:
+        """The running server's version (``rabbitmqctl version`` is the CLI's own)."""
+        return self._run("rabbitmq-diagnostics", "-q", "server_version", timeout=60.0).strip()
+
+    def cleanup(self) -> None:
+        """Stop the node if needed and delete base_dir."""
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> RabbitNode:
+        try:
+            self.start()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.cleanup()

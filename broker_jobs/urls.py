@@ -1,0 +1,81 @@
+"""AMQP URLs: validation and masking.
+
+Every URL that reaches a log line or an error message goes through :func:`mask_url`
+first, so a password never leaves the process.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from broker_jobs.errors import ConfigurationError
+
+_SCHEMES = {"amqp": 5672, "amqps": 5671}
+
+
+@dataclass(frozen=True)
+class BrokerURL:
+    """A validated AMQP URL. ``str()`` and ``repr()`` show it masked."""
+
+    url: str
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in _SCHEMES:
+            raise ConfigurationError(
+                f"unsupported broker URL {mask_url(self.url)!r}: use amqp://user:password@"
+                "host:5672/vhost, or amqps:// for TLS"
+            )
+        if not parts.hostname:
+            raise ConfigurationError(f"broker URL {mask_url(self.url)!r} names no host")
+        try:
+            _ = parts.port
+        except ValueError as error:
+            raise ConfigurationError(f"broker URL {mask_url(self.url)!r}: {error}") from None
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        parts = urlsplit(self.url)
+        return parts.port or _SCHEMES[parts.scheme]
+
+    @property
+    def vhost(self) -> str:
+        path = urlsplit(self.url).path
+        return unquote(path[1:]) if len(path) > 1 else "/"
+
+    @property
+    def masked(self) -> str:
+        return mask_url(self.url)
+
+    def __str__(self) -> str:
+        return self.masked
+
+    def __repr__(self) -> str:
+        return f"BrokerURL({self.masked!r})"
+
+
+def mask_url(url: str) -> str:
+    """``amqp://user:secret@host/`` -> ``amqp://user:***@host/``; other text unchanged."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    if parts.password is None:
+        return url
+    userinfo, _, hostinfo = parts.netloc.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostinfo}"))
+
+
+_URL_PASSWORD = re.compile(r"(amqps?://[^:/@\s]*):[^@\s]*@")
+
+
+def mask_text(text: str) -> str:
+    """Mask the password of every AMQP URL inside ``text`` (driver messages, reprs)."""
+    return _URL_PASSWORD.sub(r"\1:***@", text)

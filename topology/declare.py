@@ -1,0 +1,161 @@
+"""Put a :class:`~topology.model.Topology` on a broker, idempotently, deleting nothing.
+
+RabbitMQ answers a declaration that differs from an existing object with a bare
+``406 PRECONDITION_FAILED`` naming one argument, and closes the channel. To tell the
+operator every difference at once, :func:`declare` probes: it adopts the broker's
+value of the named argument and declares again (which changes nothing, since the
+object exists), until the broker agrees. The collected differences form the error.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pika
+from pika.adapters.blocking_connection import BlockingChannel
+from pika.exceptions import ChannelClosedByBroker
+from pika.exchange_type import ExchangeType
+
+from topology.errors import Conflict, Difference, TopologyConflictError
+from topology.model import ExchangeSpec, QueueSpec, Topology
+
+PRECONDITION_FAILED = 406
+# More arguments than any queue of ours carries; the bound stops a broker that
+# keeps objecting from looping us forever.
+_MAX_PROBES = 16
+
+_INEQUIVALENT = re.compile(
+    r"inequivalent arg '(?P<argument>[^']+)' for (?P<kind>queue|exchange) '[^']*'"
+    r" in vhost '[^']*': received (?P<received>.+?) but current is (?P<current>.+)$"
+)
+_TYPED_VALUE = re.compile(r"^the value '(?P<value>.*)' of type '(?P<type>[a-z]+)'$")
+_INTEGER_TYPES = {"signedint", "long", "short", "byte", "unsignedint", "unsignedshort"}
+
+
+@dataclass
+class DeclareReport:
+    """What :func:`declare` did; conflicts are raised, not reported."""
+
+    exchanges: list[str] = field(default_factory=list)
+    queues: list[str] = field(default_factory=list)
+    bindings: int = 0
+
+
+def declare(connection: pika.BlockingConnection, topology: Topology) -> DeclareReport:
+    """Declare every object of ``topology``; raise :class:`TopologyConflictError` after
+    declaring all that does not conflict, listing every conflicting object."""
+    report = DeclareReport()
+    conflicts: list[Conflict] = []
+    channel = connection.channel()
+    for exchange in topology.exchanges:
+        channel, conflict = _declare_exchange(connection, channel, exchange)
+        if conflict:
+            conflicts.append(conflict)
+        else:
+            report.exchanges.append(exchange.name)
+    conflicted = {conflict.name for conflict in conflicts}
+    for queue in topology.queues:
+        channel, conflict = _declare_queue(connection, channel, queue)
+        if conflict:
+            conflicts.append(conflict)
+        else:
+            report.queues.append(queue.name)
+    conflicted |= {conflict.name for conflict in conflicts}
+    for binding in topology.bindings:
+        if binding.exchange in conflicted or binding.queue in conflicted:
+            continue
+        channel.queue_bind(binding.queue, binding.exchange, binding.routing_key)
+        report.bindings += 1
+    channel.close()
+    if conflicts:
+        raise TopologyConflictError(tuple(conflicts))
+    return report
+
+
+def _declare_exchange(
+    connection: pika.BlockingConnection, channel: BlockingChannel, exchange: ExchangeSpec
+) -> tuple[BlockingChannel, Conflict | None]:
+    try:
+        channel.exchange_declare(
+            exchange.name,
+            exchange_type=ExchangeType(exchange.type),
+            durable=exchange.durable,
+        )
+    except ChannelClosedByBroker as error:
+        if error.reply_code != PRECONDITION_FAILED:
+            raise
+        difference = _parse_difference(error.reply_text)
+        differences = (difference,) if difference else ()
+        return connection.channel(), Conflict(
+            "exchange", exchange.name, differences, error.reply_text
+        )
+    return channel, None
+
+
+def _declare_queue(
+    connection: pika.BlockingConnection, channel: BlockingChannel, queue: QueueSpec
+) -> tuple[BlockingChannel, Conflict | None]:
+    arguments = dict(queue.arguments)
+    durable = queue.durable
+    differences: list[Difference] = []
+    first_message = ""
+    for _ in range(_MAX_PROBES):
+        try:
+            channel.queue_declare(queue.name, durable=durable, arguments=arguments)
+        except ChannelClosedByBroker as error:
+            if error.reply_code != PRECONDITION_FAILED:
+                raise
+            channel = connection.channel()
+            first_message = first_message or error.reply_text
+            difference = _parse_difference(error.reply_text)
+            if difference is None or any(
+                known.argument == difference.argument for known in differences
+            ):
+                break  # cannot learn more: report what we have and the broker's words
+            differences.append(difference)
+            if difference.argument == "durable":
+                durable = bool(difference.existing)
+            elif difference.existing is None:
+                arguments.pop(difference.argument, None)
+            else:
+                arguments[difference.argument] = difference.existing
+        else:
+            if not differences:
+                return channel, None
+            break
+    return channel, Conflict("queue", queue.name, tuple(differences), first_message)
+
+
+def _parse_difference(reply_text: str) -> Difference | None:
+    match = _INEQUIVALENT.search(reply_text)
+    if not match:
+        return None
+    return Difference(
+        argument=match["argument"],
+        wanted=_parse_value(match["received"]),
+        existing=_parse_value(match["current"]),
+    )
+
+
+def _parse_value(text: str) -> Any:  # noqa: PLR0911 - one return per printed form
+    """Read a value as RabbitMQ prints it in an ``inequivalent arg`` message."""
+    text = text.strip()
+    if text == "none":
+        return None
+    if text in {"true", "false"}:
+        return text == "true"
+    typed = _TYPED_VALUE.match(text)
+    if typed:
+        if typed["type"] in _INTEGER_TYPES:
+            return int(typed["value"])
+        if typed["type"] == "bool":
+            return typed["value"] == "true"
+        return typed["value"]
+    if len(text) >= 2 and text[0] == text[-1] == "'":
+        return text[1:-1]
+    try:
+        return int(text)
+    except ValueError:
+        return text
