@@ -17,6 +17,7 @@ from broker_jobs.errors import (
     PublishError,
     TopologyConflictError,
     TopologyError,
+    TopologyMissingError,
     UnknownTaskError,
     UnroutableError,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "PublishError",
     "TopologyConflictError",
     "TopologyError",
+    "TopologyMissingError",
     "UnknownTaskError",
     "UnroutableError",
     # utilities

@@ -19,6 +19,7 @@ from broker_jobs.errors import (
     BrokerJobsError,
     ConfirmTimeoutError,
     NackedError,
+    TopologyMissingError,
     UnroutableError,
 )
 from broker_jobs.publishing import (
@@ -162,7 +163,6 @@ class AsyncPublisher:
             timestamp=message.timestamp,
             headers=dict(message.headers),
         )
-        names = self._factory.names
         try:
             await exchange.publish(
                 amqp_message,
@@ -170,21 +170,31 @@ class AsyncPublisher:
                 mandatory=True,
                 timeout=self._settings.confirm_timeout,
             )
-        except aio_pika.exceptions.PublishError:  # returned: a subclass of DeliveryError
+        except Exception as error:  # translated below; unknown errors are re-raised
+            translated = self._translate(job, error)
+            if not isinstance(translated, UnroutableError | NackedError):
+                # The channel is closed or in an unknown state: start afresh next time.
+                await self._drop_connection()
+            return translated
+        return None
+
+    def _translate(self, job: Job, error: Exception) -> BrokerJobsError:
+        names = self._factory.names
+        if isinstance(error, aio_pika.exceptions.ChannelNotFoundEntity):
+            return TopologyMissingError(mask_text(str(error.args[-1] if error.args else error)))
+        if isinstance(error, aio_pika.exceptions.PublishError):  # returned; a DeliveryError
             return UnroutableError(job.task, names.work_exchange, names.task_queue(job.task))
-        except aio_pika.exceptions.DeliveryError:
+        if isinstance(error, aio_pika.exceptions.DeliveryError):
             return NackedError(job.task, job.id)
-        except TimeoutError:
-            await self._drop_connection()
+        if isinstance(error, TimeoutError):
             return ConfirmTimeoutError(job.task, job.id, self._settings.confirm_timeout)
-        except aio_pika.exceptions.CONNECTION_EXCEPTIONS as error:
-            await self._drop_connection()
+        if isinstance(error, aio_pika.exceptions.CONNECTION_EXCEPTIONS):
             return BrokerConnectionError(
                 f"the connection to {self._url.masked} broke before job {job.id} was"
                 f" confirmed ({type(error).__name__}: {mask_text(str(error))}): its outcome"
                 " is unknown; publishing it again with the same id and key is safe"
             )
-        return None
+        raise error
 
     async def _connected_exchange(self) -> aio_pika.abc.AbstractExchange:
         async with self._connecting:

@@ -14,7 +14,8 @@ translated at the boundary into these, so callers catch one tree:
     │   ├── ConfirmTimeoutError   no confirm within the timeout: outcome unknown
     │   └── PublishBatchError     part of a batch failed; says which jobs were confirmed
     ├── BrokerConnectionError     the broker cannot be reached or the connection broke
-    └── TopologyError             the broker's objects conflict with the wanted ones
+    └── TopologyError             the broker's objects are missing or conflict
+        ├── TopologyMissingError  an exchange or queue that must exist does not
         └── TopologyConflictError
 
 Messages never contain passwords: URLs are masked before they reach an error.
@@ -140,6 +141,15 @@ class BrokerConnectionError(BrokerJobsError):
 
 class TopologyError(BrokerJobsError):
     """The broker's objects cannot be declared as wanted."""
+
+
+class TopologyMissingError(TopologyError):
+    def __init__(self, broker_message: str) -> None:
+        super().__init__(
+            f"the broker says {broker_message!r}: the topology does not exist. Declare it"
+            " first: publish through a publisher with declare=True and an app that"
+            " declares the task, or have the operator declare it"
+        )
 
 
 class TopologyConflictError(TopologyError):

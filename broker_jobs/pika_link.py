@@ -71,8 +71,13 @@ class PikaLink:
             on_open_error_callback=self._on_open_error,
             on_close_callback=self._on_connection_closed,
         )
-        self._wait_until(lambda: self._channel is not None or self._open_error is not None,
-                         time.monotonic() + connect_timeout)
+        # We turn the loop ourselves (poll + process_timeouts) instead of start():
+        # that needs the poller activated by hand.
+        self._connection.ioloop.activate_poller()
+        self._wait_until(
+            lambda: self._channel is not None or self._open_error is not None,
+            time.monotonic() + connect_timeout,
+        )
         if self._channel is None:
             self._abort()
             reason = self._open_error or "timed out"
@@ -135,12 +140,13 @@ class PikaLink:
         self._state.returned_ids.clear()
 
     def close(self) -> None:
-        if self._state.closed is None:
-            try:
-                self._connection.close()
-                self._wait_until(lambda: False, time.monotonic() + 2.0)
-            except pika.exceptions.ConnectionWrongStateError:
-                pass
+        """Close the connection, waiting briefly for the broker's close-ok."""
+        connection = self._connection
+        if not (connection.is_closed or connection.is_closing):
+            connection.close()
+        deadline = time.monotonic() + 2.0
+        while not connection.is_closed and time.monotonic() < deadline:
+            self._turn(deadline - time.monotonic())
         self._abort()
 
     def describe_closed(self) -> str:

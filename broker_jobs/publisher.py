@@ -7,6 +7,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from types import TracebackType
 
+from pika.exceptions import ChannelClosedByBroker
+
 from broker_jobs.app import App
 from broker_jobs.declaring import declare_topology
 from broker_jobs.envelope import Job, WireMessage
@@ -15,6 +17,7 @@ from broker_jobs.errors import (
     BrokerJobsError,
     ConfirmTimeoutError,
     NackedError,
+    TopologyMissingError,
     UnroutableError,
 )
 from broker_jobs.pika_link import Delivery, PikaLink
@@ -33,6 +36,8 @@ from broker_jobs.urls import BrokerURL
 #: Publishes in flight before ``publish_many`` waits for confirms: enough to keep the
 #: pipe full, few enough that a lost connection leaves a bounded unknown outcome.
 CONFIRM_WINDOW = 1000
+#: AMQP reply code for a missing exchange or queue.
+NOT_FOUND = 404
 
 
 class Publisher:
@@ -164,10 +169,9 @@ class Publisher:
             in_flight.append((job, link.publish(exchange, job.task, message)))
             sent += 1
             if len(in_flight) >= CONFIRM_WINDOW:
-                link.wait(lambda: in_flight[0][1].settled, timeout)
-                self._record_settled(in_flight, outcome, on_confirmed)
-                if in_flight and not in_flight[0][1].settled:
+                if not link.wait(lambda: in_flight[0][1].settled, timeout):
                     break  # timed out or the connection broke
+                self._record_settled(in_flight, outcome, on_confirmed)
         link.wait(lambda: all(delivery.settled for _, delivery in in_flight), timeout)
         self._record_settled(in_flight, outcome, on_confirmed)
         link.forget_settled()
@@ -241,6 +245,12 @@ class Publisher:
                     job.task, job.id, self._settings.confirm_timeout, hint
                 )
             lost = "earlier jobs of the batch got no confirm in time"
+        elif _is_not_found(link.closed_reason):
+            # Publishing to a missing exchange: the broker drops the message and
+            # closes the channel. Nothing was stored.
+            lost = link.describe_closed()
+            for job, _ in in_flight:
+                outcome.failed[job.id] = TopologyMissingError(_reply_text(link.closed_reason))
         else:
             lost = link.describe_closed()
             for job, _ in in_flight:
@@ -254,3 +264,11 @@ class Publisher:
             )
         link.close()
         self._link = None
+
+
+def _is_not_found(reason: BaseException | None) -> bool:
+    return isinstance(reason, ChannelClosedByBroker) and reason.reply_code == NOT_FOUND
+
+
+def _reply_text(reason: BaseException | None) -> str:
+    return reason.reply_text if isinstance(reason, ChannelClosedByBroker) else str(reason)

@@ -40,11 +40,17 @@ def _find_sbin() -> Path | None:
     )
 
 
-def _free_port() -> int:
-    """Let the kernel pick: if the AMQP port is taken the node boots, then dies ~8 s later."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_port(taken: int = 0) -> int:
+    """Let the kernel pick: if the AMQP port is taken the node boots, then dies ~8 s later.
+
+    Skips 35672-35682, where every rabbitmqctl on the machine puts its own dist listener.
+    """
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port != taken and not 35672 <= port <= 35682:
+            return port
 
 
 def _port_free(port: int) -> bool:
@@ -59,6 +65,7 @@ def _port_free(port: int) -> bool:
 
 
 def _alive(pid: int) -> bool:
+    """Does ``pid`` exist? (A zombie counts, so reap our own children before asking.)"""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -101,9 +108,7 @@ class RabbitNode:
         """Pick free ports and a unique node name; does not start anything."""
         base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="bjtest-rabbit-"))
         amqp = _free_port()
-        dist = _free_port()
-        while dist == amqp:
-            dist = _free_port()
+        dist = _free_port(taken=amqp)
         name = f"bjtest-{os.getpid()}-{secrets.token_hex(4)}@localhost"
         return cls(base_dir=base, amqp_port=amqp, dist_port=dist, nodename=name)
 
@@ -287,10 +292,10 @@ class RabbitNode:
     def kill(self, timeout: float = 30.0) -> None:
         """SIGKILL beam (a crash: nothing graceful) and wait until start() can reuse the ports.
 
-        Gotcha on RabbitMQ 3.10 (Ra < 2.11, without rabbitmq/ra#443): Ra saves its name
-        registry (names.dets) only every 500 ms, so a quorum queue declared less than
-        ~0.5 s before kill() comes back *empty* (recreated) after start(). Let a second
-        pass between declaring a quorum queue and killing the node.
+        Gotcha on RabbitMQ 3.10 (Ra 2.2; fixed upstream by rabbitmq/ra#443, 2024): Ra saves
+        its name registry (names.dets) only every 500 ms, so a quorum queue declared less
+        than ~0.5 s before kill() comes back *empty* (recreated) after start(). Let a
+        second pass between declaring a quorum queue and killing the node.
         """
         pids, deadline = self._beam_pids(), time.monotonic() + timeout
         for pid in pids:
@@ -298,8 +303,7 @@ class RabbitNode:
                 os.kill(pid, signal.SIGKILL)
         if not self._wait_gone(pids, min(deadline, time.monotonic() + 5)) and self._proc:
             self._proc.kill()  # the wrapper shell should have exited with beam; make sure
-            self._wait_gone(pids, deadline)
-        if self.running:
+        if not self._wait_gone(pids, deadline):
             raise RabbitNodeError(f"{self.nodename} survived SIGKILL for {timeout}s")
         self._forget()
         while self._in_epmd() or not (_port_free(self.dist_port) and _port_free(self.amqp_port)):

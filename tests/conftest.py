@@ -1,0 +1,139 @@
+"""Fixtures: one real RabbitMQ per session, a fresh namespace per test.
+
+The broker is found in this order: an AMQP URL in ``BROKER_JOBS_TEST_AMQP_URL``; a
+RabbitMQ container through testcontainers when a Docker engine answers; otherwise a
+throwaway node started from the installed ``rabbitmq-server``. Without any of them,
+broker tests skip locally and fail in CI (``CI`` set), so CI cannot pass vacuously.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pika
+import pika.exceptions
+import pytest
+
+from broker_jobs import App, Publisher
+from broker_jobs.testing.rabbit_node import RabbitNode
+from tests.support import AnyPublisher, AsyncFacade, Broker, unavailable
+from topology import Topology
+
+URL_VARIABLE = "BROKER_JOBS_TEST_AMQP_URL"
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker  # noqa: PLC0415 - optional, only probed when no URL is given
+
+        docker.from_env(timeout=2).ping()
+    except Exception:  # any failure at all means "no engine answers here"
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    if url := os.environ.get(URL_VARIABLE):
+        yield Broker(url)
+        return
+    if _docker_answers():
+        from testcontainers.rabbitmq import RabbitMqContainer  # noqa: PLC0415
+
+        with RabbitMqContainer("rabbitmq:3.13") as container:
+            params = container.get_connection_params()
+            yield Broker(
+                f"amqp://guest:guest@{params.host}:{params.port}/", origin="testcontainers"
+            )
+        return
+    if not RabbitNode.available():
+        unavailable(
+            f"no RabbitMQ: set {URL_VARIABLE}, start Docker, or apt-get install rabbitmq-server"
+        )
+    node = RabbitNode.create(tmp_path_factory.mktemp("rabbit"))
+    try:
+        node.start()
+        yield Broker(node.url, node, origin="throwaway node")
+    finally:
+        node.cleanup()
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest) -> str:
+    """A namespace of its own for each test, so tests share the broker, not objects."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def connection(broker: Broker, request: pytest.FixtureRequest) -> Iterator[pika.BlockingConnection]:
+    """A blocking connection named after the test, for inspecting the broker."""
+    conn = broker.connection(f"test {request.node.name}")
+    yield conn
+    with contextlib.suppress(pika.exceptions.AMQPError):
+        conn.close()
+
+
+@pytest.fixture
+def cleanup_topology(broker: Broker) -> Iterator[Callable[[Topology], Topology]]:
+    """Register a topology to delete after the test; returns it unchanged."""
+    registered: list[Topology] = []
+    yield lambda topology: registered.append(topology) or topology  # type: ignore[func-returns-value]
+    if not registered:
+        return
+    try:
+        conn = broker.connection("test cleanup")
+    except pika.exceptions.AMQPError:
+        return  # the broker is down after a fault test; the node is thrown away anyway
+    with contextlib.closing(conn):
+        for topology in registered:
+            for queue in topology.queues:
+                with contextlib.suppress(pika.exceptions.AMQPError):
+                    conn.channel().queue_delete(queue.name)
+            for exchange in topology.exchanges:
+                with contextlib.suppress(pika.exceptions.AMQPError):
+                    conn.channel().exchange_delete(exchange.name)
+
+
+@pytest.fixture
+def make_app(
+    namespace: str, cleanup_topology: Callable[[Topology], Topology]
+) -> Iterator[Callable[[], App]]:
+    """A new app in the test's namespace whose broker objects are deleted afterwards."""
+    apps: list[App] = []
+
+    def make() -> App:
+        app = App(namespace=namespace)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        cleanup_topology(app.topology())
+
+
+@pytest.fixture(params=["sync", "async"])
+def make_publisher(
+    request: pytest.FixtureRequest, broker: Broker
+) -> Iterator[Callable[..., AnyPublisher]]:
+    """Build publishers of the parametrised kind; closed after the test."""
+    created: list[AnyPublisher] = []
+
+    def make(app: App | None = None, *, url: str | None = None, **options: Any) -> AnyPublisher:
+        kind = Publisher if request.param == "sync" else AsyncFacade
+        options.setdefault("connection_name", f"test {request.node.name}")
+        publisher = kind(url or broker.url, app, **options)
+        created.append(publisher)
+        return publisher
+
+    yield make
+    for publisher in created:
+        publisher.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Fault tests stop or kill the shared broker: run them after everything else."""
+    items.sort(key=lambda item: item.get_closest_marker("fault") is not None)

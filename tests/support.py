@@ -1,0 +1,88 @@
+"""Test helpers shared by the test modules (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pika
+import pytest
+
+from broker_jobs import AsyncPublisher, Job, JobRequest, Publisher, WireMessage, decode
+from broker_jobs.testing.rabbit_node import RabbitNode
+
+
+@dataclass
+class Broker:
+    """The session's broker. ``node`` is set when the tests own it and may kill it."""
+
+    url: str
+    node: RabbitNode | None = None
+    origin: str = "environment"
+
+    def controllable(self) -> RabbitNode:
+        """The node, for fault tests; skips (fails in CI) on a broker we do not own."""
+        if self.node is None:
+            unavailable(f"this test stops the broker; the {self.origin} broker is not ours")
+        assert self.node is not None
+        return self.node
+
+    def connection(self, name: str) -> pika.BlockingConnection:
+        parameters = pika.URLParameters(self.url)
+        parameters.client_properties = {"connection_name": name}
+        return pika.BlockingConnection(parameters)
+
+
+class AsyncFacade:
+    """An :class:`AsyncPublisher` on a private event loop, so that one test body
+    checks that both publishers behave the same."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.inner = AsyncPublisher(*args, **kwargs)
+
+    def publish(self, *args: Any, **kwargs: Any) -> Job:
+        return self.loop.run_until_complete(self.inner.publish(*args, **kwargs))
+
+    def publish_many(self, requests: list[JobRequest], **kwargs: Any) -> list[Job]:
+        return self.loop.run_until_complete(self.inner.publish_many(requests, **kwargs))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.inner.close())
+        self.loop.close()
+
+
+AnyPublisher = Publisher | AsyncFacade
+
+
+def unavailable(reason: str) -> None:
+    """Skip locally, fail in CI: a CI run must not pass by skipping its broker tests."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI must run every test)")
+    pytest.skip(reason)
+
+
+def wire_from_pika(properties: pika.BasicProperties, body: bytes) -> WireMessage:
+    return WireMessage(
+        body=body,
+        message_id=properties.message_id,
+        type=properties.type,
+        content_type=properties.content_type,
+        content_encoding=properties.content_encoding,
+        timestamp=properties.timestamp,
+        delivery_mode=properties.delivery_mode or 1,
+        headers=properties.headers or {},
+    )
+
+
+def drain(connection: pika.BlockingConnection, queue: str) -> list[Job]:
+    """Every job in ``queue``, removed from it (basic.get until empty)."""
+    channel = connection.channel()
+    jobs = []
+    while True:
+        method, properties, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            return jobs
+        jobs.append(decode(wire_from_pika(properties, body)))

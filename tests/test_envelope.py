@@ -1,0 +1,133 @@
+"""The job envelope: immutability, defaults, and the wire encoding both ways."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from pydantic import ValidationError
+
+from broker_jobs import DecodeError, Job, WireMessage, decode, encode
+from topology import names as n
+
+
+def make_job(**fields: object) -> Job:
+    return Job.model_validate({"task": "image.resize", "payload": {"width": 128}, **fields})
+
+
+def test_defaults_give_an_id_a_key_equal_to_it_and_a_first_attempt() -> None:
+    job = make_job()
+    assert job.id
+    assert job.idempotency_key == job.id
+    assert job.attempt == 1
+    assert job.created_at.tzinfo is not None
+    assert job.due_at is None
+
+
+def test_jobs_are_immutable_and_copy_validates_changes() -> None:
+    job = make_job(idempotency_key="invoice-42")
+    with pytest.raises(ValidationError):
+        job.attempt = 2  # type: ignore[misc]
+    retry = job.copy(attempt=2)
+    assert (retry.attempt, retry.id, retry.idempotency_key) == (2, job.id, "invoice-42")
+    with pytest.raises(ValidationError):
+        job.copy(attempt=0)
+
+
+def test_naive_times_are_refused_and_aware_ones_become_utc() -> None:
+    with pytest.raises(ValidationError, match="timezone-aware"):
+        make_job(due_at=datetime(2030, 1, 1))
+    paris = timezone(timedelta(hours=1))
+    job = make_job(due_at=datetime(2030, 1, 1, 12, tzinfo=paris))
+    assert job.due_at == datetime(2030, 1, 1, 11, tzinfo=UTC)
+    assert job.due_at.tzinfo == UTC
+
+
+def test_invalid_task_names_are_refused() -> None:
+    for bad in ["", "image.*", "image.#", "a..b", "with space", "x" * 300]:
+        with pytest.raises(ValidationError):
+            make_job(task=bad)
+
+
+def test_encode_sets_the_documented_properties_and_headers() -> None:
+    job = make_job(
+        idempotency_key="k-1",
+        attempt=3,
+        due_at=datetime(2030, 1, 1, tzinfo=UTC),
+        traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    )
+    wire = encode(job)
+    assert json.loads(wire.body) == {"width": 128}
+    assert (wire.message_id, wire.type) == (job.id, "image.resize")
+    assert wire.content_type == "application/json"
+    assert wire.delivery_mode == 2
+    assert wire.timestamp == int(job.created_at.timestamp())
+    assert wire.headers[n.HEADER_IDEMPOTENCY_KEY] == "k-1"
+    assert wire.headers[n.HEADER_ATTEMPT] == 3
+    assert wire.headers[n.HEADER_DUE_AT] == "2030-01-01T00:00:00.000000Z"
+    assert wire.headers[n.HEADER_TRACEPARENT] == job.traceparent
+    assert wire.headers[n.HEADER_WIRE_VERSION] == n.WIRE_VERSION
+
+
+def test_decode_inverts_encode() -> None:
+    job = make_job(idempotency_key="k", attempt=2, due_at=datetime.now(UTC), tracestate="a=b")
+    assert decode(encode(job)) == job
+
+
+def test_non_ascii_payloads_survive() -> None:
+    job = make_job(payload={"name": "Zoë 🚀"})
+    assert decode(encode(job)).payload == {"name": "Zoë 🚀"}
+
+
+def wire(body: bytes = b"{}", **changes: object) -> WireMessage:
+    fields: dict[str, object] = {
+        "body": body,
+        "message_id": "id-1",
+        "type": "image.resize",
+        "content_type": "application/json",
+        "headers": {},
+    }
+    fields.update(changes)
+    return WireMessage(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (wire(content_type="application/x-python-pickle"), "content-type"),
+        (wire(content_type=None), "content-type"),
+        (wire(content_encoding="gzip"), "content-encoding"),
+        (wire(body=b"\xff\xfe"), "encoding"),
+        (wire(body=b"{not json"), "json"),
+        (wire(body=b"[1, 2]"), "json"),
+        (wire(message_id=None), "message-id"),
+        (wire(type=None), "type"),
+        (wire(type="bad name"), "envelope"),
+        (wire(headers={n.HEADER_ATTEMPT: 0}), "envelope"),
+        (wire(headers={n.HEADER_ATTEMPT: "many"}), "envelope"),
+        (wire(headers={n.HEADER_IDEMPOTENCY_KEY: 42}), "header"),
+        (wire(headers={n.HEADER_DUE_AT: "tomorrow"}), "envelope"),
+        (wire(headers={n.HEADER_WIRE_VERSION: 99}), "wire-version"),
+    ],
+)
+def test_decode_failures_raise_decode_error_with_a_reason(
+    message: WireMessage, reason: str
+) -> None:
+    with pytest.raises(DecodeError) as caught:
+        decode(message)
+    assert caught.value.reason == reason
+    assert reason in str(caught.value)
+
+
+def test_minimal_message_decodes_with_defaults() -> None:
+    job = decode(wire(body=b'{"width": 1}', timestamp=1_700_000_000))
+    assert (job.id, job.task, job.payload) == ("id-1", "image.resize", {"width": 1})
+    assert job.idempotency_key == "id-1"
+    assert job.attempt == 1
+    assert job.created_at == datetime.fromtimestamp(1_700_000_000, UTC)
+
+
+def test_bytes_headers_are_read_as_utf8() -> None:
+    job = decode(wire(headers={n.HEADER_IDEMPOTENCY_KEY: b"invoice-42"}))
+    assert job.idempotency_key == "invoice-42"

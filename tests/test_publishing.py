@@ -1,0 +1,227 @@
+"""Both publishers against a real broker: confirmed, mandatory, validated, reported.
+
+Each test runs once with the sync (pika) and once with the async (aio-pika)
+publisher, through the ``make_publisher`` fixture: same calls, same outcomes.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import pika
+import pytest
+from pydantic import BaseModel
+
+from broker_jobs import (
+    App,
+    BrokerConnectionError,
+    JobError,
+    JobRequest,
+    PayloadEncodingError,
+    PayloadValidationError,
+    PublishBatchError,
+    Publisher,
+    TopologyMissingError,
+    UnknownTaskError,
+    UnroutableError,
+)
+from tests.support import AnyPublisher, Broker, drain
+from topology import declare
+
+pytestmark = pytest.mark.broker
+
+MakePublisher = Callable[..., AnyPublisher]
+
+
+class Resize(BaseModel):
+    url: str
+    width: int
+
+
+@pytest.fixture
+def app(make_app: Callable[[], App]) -> App:
+    app = make_app()
+    app.declare("image.resize", Resize)
+    return app
+
+
+def test_a_typed_job_reaches_its_queue_intact(
+    app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
+) -> None:
+    publisher = make_publisher(app)
+    job = publisher.publish(
+        "image.resize",
+        Resize(url="https://example.com/a.png", width=128),
+        idempotency_key="invoice-42-thumb",
+        traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    )
+    assert drain(connection, app.names.task_queue("image.resize")) == [job]
+    assert job.payload == {"url": "https://example.com/a.png", "width": 128}
+    assert job.idempotency_key == "invoice-42-thumb"
+
+
+def test_a_dict_payload_is_validated_and_coerced_by_the_model(
+    app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
+) -> None:
+    job = make_publisher(app).publish("image.resize", {"url": "u", "width": "64"})
+    assert job.payload == {"url": "u", "width": 64}
+    assert drain(connection, app.names.task_queue("image.resize")) == [job]
+
+
+def test_a_service_knowing_only_the_task_name_publishes_a_plain_dict(
+    app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
+) -> None:
+    declare(connection, app.topology())  # declared by the operator or the worker's side
+    untyped = make_publisher(namespace=app.namespace)
+    job = untyped.publish("image.resize", {"anything": ["goes", 1]}, job_id="my-id")
+    assert job.id == "my-id"
+    assert drain(connection, app.names.task_queue("image.resize")) == [job]
+
+
+def test_unknown_task_and_invalid_payloads_are_refused_before_sending(
+    app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
+) -> None:
+    declare(connection, app.topology())
+    publisher = make_publisher(app)
+    with pytest.raises(UnknownTaskError, match=r"'image\.crop'.*image\.resize"):
+        publisher.publish("image.crop", {"url": "u", "width": 1})
+    with pytest.raises(PayloadValidationError, match="width"):
+        publisher.publish("image.resize", {"url": "u", "width": "wide"})
+    with pytest.raises(PayloadValidationError, match="url"):
+        publisher.publish("image.resize", {"width": 3})
+    assert drain(connection, app.names.task_queue("image.resize")) == []
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{"when": datetime.now(UTC)}, {"tags": {"a", "b"}}, {"ratio": math.nan}, {"o": object()}],
+)
+def test_payloads_that_are_not_json_are_refused(
+    make_publisher: MakePublisher, namespace: str, payload: dict[object, object]
+) -> None:
+    publisher = make_publisher(namespace=namespace)
+    with pytest.raises(PayloadEncodingError, match="JSON"):
+        publisher.publish("image.resize", payload)
+
+
+def test_an_unroutable_task_is_an_error_naming_task_and_queue(
+    app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
+) -> None:
+    declare(connection, app.topology())
+    publisher = make_publisher(namespace=app.namespace)
+    with pytest.raises(UnroutableError) as caught:
+        publisher.publish("image.rotate", {"degrees": 90})
+    message = str(caught.value)
+    assert "'image.rotate'" in message
+    assert f"'{app.namespace}.task.image.rotate'" in message
+    # The connection stays usable: the next routable publish is confirmed.
+    job = publisher.publish("image.resize", {"url": "u", "width": 1})
+    assert drain(connection, app.names.task_queue("image.resize")) == [job]
+
+
+def test_a_missing_exchange_with_declare_off_says_to_declare_the_topology(
+    make_publisher: MakePublisher, namespace: str
+) -> None:
+    publisher = make_publisher(namespace=namespace, declare=False)
+    for _ in range(2):  # and the publisher recovers for the next call
+        with pytest.raises(TopologyMissingError, match=r"no exchange .*topology does not exist"):
+            publisher.publish("image.resize", {})
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_broker_down_at_connect_names_host_and_port_and_hides_the_password(
+    make_publisher: MakePublisher, namespace: str
+) -> None:
+    port = _closed_port()
+    publisher = make_publisher(
+        url=f"amqp://app:hunter2@127.0.0.1:{port}/", namespace=namespace, connect_timeout=3
+    )
+    with pytest.raises(BrokerConnectionError) as caught:
+        publisher.publish("image.resize", {})
+    message = str(caught.value)
+    assert f"127.0.0.1:{port}" in message
+    assert "hunter2" not in message
+    assert "app:***@" in message
+    assert "hunter2" not in repr(publisher.inner if hasattr(publisher, "inner") else publisher)
+
+
+def test_publish_many_confirms_every_job_and_reports_each(
+    app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
+) -> None:
+    seen: list[str] = []
+    requests = [
+        JobRequest("image.resize", {"url": f"u{i}", "width": i}, idempotency_key=f"k{i}")
+        for i in range(2500)
+    ]
+    jobs = make_publisher(app).publish_many(requests, on_confirmed=lambda job: seen.append(job.id))
+    assert len(jobs) == 2500
+    assert sorted(seen) == sorted(job.id for job in jobs)
+    stored = drain(connection, app.names.task_queue("image.resize"))
+    assert sorted(job.idempotency_key for job in stored) == sorted(f"k{i}" for i in range(2500))
+
+
+def test_publish_many_validates_everything_before_sending_anything(
+    app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
+) -> None:
+    declare(connection, app.topology())
+    publisher = make_publisher(app)
+    good = JobRequest("image.resize", {"url": "u", "width": 1})
+    with pytest.raises(PayloadValidationError):
+        publisher.publish_many([good, JobRequest("image.resize", {"url": "u"})])
+    with pytest.raises(JobError, match="same id"):
+        publisher.publish_many([
+            JobRequest("image.resize", {"url": "u", "width": 1}, job_id="dup"),
+            JobRequest("image.resize", {"url": "v", "width": 2}, job_id="dup"),
+        ])
+    assert drain(connection, app.names.task_queue("image.resize")) == []
+
+
+def test_publish_many_reports_unroutable_jobs_and_confirms_the_rest(
+    app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
+) -> None:
+    declare(connection, app.topology())
+    publisher = make_publisher(namespace=app.namespace)
+    routable = JobRequest("image.resize", {"url": "u", "width": 1}, job_id="routable")
+    lost = JobRequest("image.rotate", {"degrees": 90}, job_id="unroutable")
+    with pytest.raises(PublishBatchError) as caught:
+        publisher.publish_many([routable, lost])
+    assert caught.value.confirmed == ["routable"]
+    assert isinstance(caught.value.failed["unroutable"], UnroutableError)
+    assert [job.id for job in drain(connection, app.names.task_queue("image.resize"))] == [
+        "routable"
+    ]
+
+
+def test_one_sync_publisher_shared_by_threads(
+    app: App, broker: Broker, connection: pika.BlockingConnection
+) -> None:
+    errors: list[BaseException] = []
+    ids: list[str] = []
+    with Publisher(broker.url, app, connection_name="test shared publisher") as publisher:
+
+        def work(thread: int) -> None:
+            try:
+                for i in range(50):
+                    job = publisher.publish("image.resize", {"url": f"{thread}", "width": i})
+                    ids.append(job.id)
+            except BaseException as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    stored = drain(connection, app.names.task_queue("image.resize"))
+    assert sorted(job.id for job in stored) == sorted(ids)
+    assert len(set(ids)) == 400
