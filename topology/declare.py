@@ -144,8 +144,6 @@ def _parse_value(text: str) -> Any:  # noqa: PLR0911 - one return per printed fo
     text = text.strip()
     if text == "none":
         return None
-    if text in {"true", "false"}:
-        return text == "true"
     typed = _TYPED_VALUE.match(text)
     if typed:
         if typed["type"] in _INTEGER_TYPES:
@@ -154,7 +152,9 @@ def _parse_value(text: str) -> Any:  # noqa: PLR0911 - one return per printed fo
             return typed["value"] == "true"
         return typed["value"]
     if len(text) >= 2 and text[0] == text[-1] == "'":
-        return text[1:-1]
+        text = text[1:-1]  # RabbitMQ quotes numbers and booleans alike: '10', 'true'
+    if text in {"true", "false"}:
+        return text == "true"
     try:
         return int(text)
     except ValueError:
