@@ -27,6 +27,10 @@ from broker_jobs.errors import BrokerConnectionError
 from broker_jobs.urls import BrokerURL, mask_text
 
 
+#: Seconds to wait for the broker's close-ok before dropping the socket.
+CLOSE_TIMEOUT = 2.0
+
+
 @dataclass
 class Delivery:
     """Progress of one published message, by delivery tag."""
@@ -144,9 +148,16 @@ class PikaLink:
         connection = self._connection
         if not (connection.is_closed or connection.is_closing):
             connection.close()
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + CLOSE_TIMEOUT
         while not connection.is_closed and time.monotonic() < deadline:
             self._turn(deadline - time.monotonic())
+        if not connection.is_closed:
+            # The broker never answered (a blocked connection is not read from):
+            # drop the socket. pika exposes abort() only on its transport.
+            transport = getattr(connection, "_transport", None)
+            if transport is not None:
+                transport.abort()
+                self._turn(0.0)  # abort finishes (closes the socket) on the next pass
         self._abort()
 
     def describe_closed(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,13 +28,24 @@ URL_VARIABLE = "BROKER_JOBS_TEST_AMQP_URL"
 
 
 def _docker_answers() -> bool:
-    try:
-        import docker  # noqa: PLC0415 - optional, only probed when no URL is given
-
-        docker.from_env(timeout=2).ping()
-    except Exception:  # any failure at all means "no engine answers here"
+    """Whether a Docker engine answers ``/_ping`` (checked over its socket directly:
+    docker-py leaks the socket when the engine is absent)."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if host.startswith("unix://"):
+        family, address = socket.AF_UNIX, host.removeprefix("unix://")
+    elif host.startswith("tcp://"):
+        name, _, port = host.removeprefix("tcp://").partition(":")
+        family, address = socket.AF_INET, (name, int(port or 2375))  # type: ignore[assignment]
+    else:
         return False
-    return True
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2)
+        try:
+            probe.connect(address)
+            probe.sendall(b"GET /_ping HTTP/1.0\r\n\r\n")
+            return b" 200 " in probe.recv(256)
+        except OSError:
+            return False
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,125 @@
+"""Faults injected for real into the session's broker node: restart, kill -9 in the
+middle of a batch, and a broker that stops confirming (a memory alarm).
+
+These tests run last (see conftest) and leave the node running.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from pydantic import BaseModel
+
+from broker_jobs import App, ConfirmTimeoutError, Job, JobRequest, PublishBatchError
+from broker_jobs.testing.rabbit_node import RabbitNode
+from tests.support import AnyPublisher, Broker, drain
+from topology import declare
+
+pytestmark = [pytest.mark.broker, pytest.mark.fault]
+
+MakePublisher = Callable[..., AnyPublisher]
+
+
+class Order(BaseModel):
+    number: int
+
+
+@pytest.fixture
+def node(broker: Broker) -> Iterator[RabbitNode]:
+    node = broker.controllable()
+    yield node
+    if not node.running:  # a failed test must not take the broker from the next one
+        node.start()
+
+
+@pytest.fixture
+def app(make_app: Callable[[], App]) -> App:
+    app = make_app()
+    app.declare("order.ship", Order)
+    return app
+
+
+def stored_jobs(broker: Broker, app: App, at_least: int) -> list[Job]:
+    """The jobs in the task queue after a restart. A quorum queue reads short for up
+    to ~2 s while its log replays, so poll its depth (bounded) before draining."""
+    queue = app.names.task_queue("order.ship")
+    with broker.connection("test fault check") as connection:
+        channel = connection.channel()
+        for _ in range(100):
+            if channel.queue_declare(queue, passive=True).method.message_count >= at_least:
+                break
+            connection.sleep(0.05)
+        return drain(connection, queue)
+
+
+def test_the_next_publish_after_a_broker_restart_succeeds_and_nothing_is_lost(
+    broker: Broker, node: RabbitNode, app: App, make_publisher: MakePublisher
+) -> None:
+    publisher = make_publisher(app)
+    before = [publisher.publish("order.ship", {"number": n}) for n in range(50)]
+    node.restart()
+    after = publisher.publish("order.ship", {"number": 50})
+    stored = stored_jobs(broker, app, at_least=51)
+    assert sorted(job.id for job in stored) == sorted(job.id for job in [*before, after])
+
+
+def test_a_broker_killed_mid_batch_leaves_every_confirmed_job_stored(
+    broker: Broker, node: RabbitNode, app: App, make_publisher: MakePublisher
+) -> None:
+    with broker.connection("test fault setup") as connection:
+        declare(connection, app.topology())
+    # RabbitMQ 3.10 writes its registry of quorum queues to disk every 500 ms: a queue
+    # declared just before a kill -9 comes back empty (fixed upstream in ra#443). No
+    # event tells us the write happened, so wait it out once.
+    time.sleep(1.0)
+    confirmed_seen: list[str] = []
+
+    def kill_after_some(job: Job) -> None:
+        confirmed_seen.append(job.id)
+        if len(confirmed_seen) == 500:
+            node.kill()
+
+    requests = [JobRequest("order.ship", {"number": n}) for n in range(20_000)]
+    publisher = make_publisher(app, confirm_timeout=5)
+    with pytest.raises(PublishBatchError) as caught:
+        publisher.publish_many(requests, on_confirmed=kill_after_some)
+    confirmed = caught.value.confirmed
+    assert len(confirmed) >= 500
+    assert sorted(confirmed) == sorted(confirmed_seen)
+    assert len(confirmed) + len(caught.value.failed) == len(requests)
+
+    node.start()
+    stored = [job.id for job in stored_jobs(broker, app, at_least=len(confirmed))]
+    assert len(stored) == len(set(stored)), "a job was stored twice"
+    assert set(confirmed) <= set(stored), "a confirmed job was lost"
+    assert set(stored) <= set(caught.value.failed) | set(confirmed)
+
+
+def test_a_broker_that_stops_confirming_gives_a_timeout_not_a_hang(
+    broker: Broker, node: RabbitNode, app: App, make_publisher: MakePublisher
+) -> None:
+    publisher = make_publisher(app, confirm_timeout=1)
+    publisher.publish("order.ship", {"number": 1})  # connected and declared
+    # A memory alarm blocks every publishing connection: the broker reads nothing
+    # more from it, so no confirm can come, as with a quorum queue without majority.
+    node.ctl("set_vm_memory_high_watermark", "0")
+    try:
+        with pytest.raises(ConfirmTimeoutError, match="outcome is unknown"):
+            publisher.publish("order.ship", {"number": 2})
+    finally:
+        node.ctl("set_vm_memory_high_watermark", "0.4")
+    job = publisher.publish("order.ship", {"number": 3})
+    assert job.id in {stored.id for stored in stored_jobs(broker, app, at_least=2)}
+
+
+def test_a_connection_closed_by_the_broker_is_replaced_on_the_next_publish(
+    broker: Broker, node: RabbitNode, app: App, make_publisher: MakePublisher
+) -> None:
+    publisher = make_publisher(app, connection_name="victim publisher")
+    first = publisher.publish("order.ship", {"number": 1})
+    node.ctl("close_all_connections", "test: cut the connection")
+    second = publisher.publish("order.ship", {"number": 2})
+    stored = stored_jobs(broker, app, at_least=2)
+    assert sorted(job.id for job in stored) == sorted([first.id, second.id])
