@@ -413,9 +413,13 @@ def measure(variant: Variant, admin: Admin, target: Target, count: int) -> tuple
     return count / elapsed, depth
 
 
-def rotated(variants: Sequence[Variant], round_index: int) -> list[Variant]:
+def round_order(variants: Sequence[Variant], round_index: int) -> list[Variant]:
+    """Rotate the order each round, and reverse it every other round: rotation alone
+    keeps every variant behind the same neighbour, whose backlog the broker may still
+    be writing."""
     shift = round_index % len(variants)
-    return [*variants[shift:], *variants[:shift]]
+    order = [*variants[shift:], *variants[:shift]]
+    return order[::-1] if round_index % 2 else order
 
 
 def run_rounds(options: Options, target: Target, admin: Admin) -> Results:
@@ -424,7 +428,7 @@ def run_rounds(options: Options, target: Target, admin: Admin) -> Results:
         variants = make_variants(target, runner)
         for index in range(options.rounds):
             figures = []
-            for variant in rotated(variants, index):
+            for variant in round_order(variants, index):
                 rate, depth = measure(variant, admin, target, options.jobs)
                 results.rates[variant.name].append(rate)
                 if depth != options.jobs:

@@ -26,7 +26,6 @@ from broker_jobs.envelope import WireMessage
 from broker_jobs.errors import BrokerConnectionError
 from broker_jobs.urls import BrokerURL, mask_text
 
-
 #: Seconds to wait for the broker's close-ok before dropping the socket.
 CLOSE_TIMEOUT = 2.0
 
