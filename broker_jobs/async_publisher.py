@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Iterable
 from types import TracebackType
 
@@ -33,6 +34,8 @@ from broker_jobs.publishing import (
     check_unique_ids,
 )
 from broker_jobs.urls import BrokerURL, mask_text
+
+log = logging.getLogger(__name__)
 
 #: Publishes in flight at once in ``publish_many`` (see the sync publisher's window).
 CONFIRM_WINDOW = 1000
@@ -88,6 +91,7 @@ class AsyncPublisher:
         if isinstance(error, BrokerConnectionError):
             # Found dead mid-publish: send again on a fresh connection; a copy that
             # did arrive carries the same id and key, so it runs once.
+            log.warning("%s; reconnecting to publish it again", error)
             error = await self._send_one(job, message)
         if error is not None:
             raise error
@@ -199,6 +203,7 @@ class AsyncPublisher:
     async def _connected_exchange(self) -> aio_pika.abc.AbstractExchange:
         async with self._connecting:
             if self._connection is not None and self._connection.is_closed:
+                log.warning("the connection to %s closed; reconnecting", self._url.masked)
                 self._connection, self._exchange = None, None
             if self._exchange is None:
                 self._exchange = await self._connect()

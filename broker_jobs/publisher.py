@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -32,6 +33,8 @@ from broker_jobs.publishing import (
     check_unique_ids,
 )
 from broker_jobs.urls import BrokerURL
+
+log = logging.getLogger(__name__)
 
 #: Publishes in flight before ``publish_many`` waits for confirms: enough to keep the
 #: pipe full, few enough that a lost connection leaves a bounded unknown outcome.
@@ -103,6 +106,7 @@ class Publisher:
                 # The connection was found dead mid-publish (a restart between two
                 # calls): the job may or may not be stored; sending it again with the
                 # same id and key is harmless, since it runs once.
+                log.warning("%s; reconnecting to publish it again", error)
                 outcome = self._send([built], None)
                 error = outcome.failed.get(built[0].id)
         if error is not None:
@@ -183,6 +187,7 @@ class Publisher:
         if self._link is not None:
             self._link.refresh()
             if not self._link.is_open:
+                log.warning("%s; reconnecting", self._link.describe_closed())
                 self._link.close()
                 self._link = None
         if self._link is None:

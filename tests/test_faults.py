@@ -115,7 +115,11 @@ def test_a_broker_that_stops_confirming_gives_a_timeout_not_a_hang(
 
 
 def test_a_connection_closed_by_the_broker_is_replaced_on_the_next_publish(
-    broker: Broker, node: RabbitNode, app: App, make_publisher: MakePublisher
+    broker: Broker,
+    node: RabbitNode,
+    app: App,
+    make_publisher: MakePublisher,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     publisher = make_publisher(app, connection_name="victim publisher")
     first = publisher.publish("order.ship", {"number": 1})
@@ -123,3 +127,6 @@ def test_a_connection_closed_by_the_broker_is_replaced_on_the_next_publish(
     second = publisher.publish("order.ship", {"number": 2})
     stored = stored_jobs(broker, app, at_least=2)
     assert sorted(job.id for job in stored) == sorted([first.id, second.id])
+    # Reconnects are logged, and no log line (ours or the drivers') holds the password.
+    assert "reconnecting" in caplog.text
+    assert "guest:guest@" not in caplog.text
