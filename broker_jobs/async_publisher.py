@@ -7,12 +7,12 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from types import TracebackType
+from typing import Unpack
 
 import aio_pika
 import aio_pika.abc
 import aio_pika.exceptions
 
-from broker_jobs.app import App
 from broker_jobs.declaring import declare_topology
 from broker_jobs.envelope import Job, WireMessage
 from broker_jobs.errors import (
@@ -24,16 +24,14 @@ from broker_jobs.errors import (
     UnroutableError,
 )
 from broker_jobs.publishing import (
-    DEFAULT_CONFIRM_TIMEOUT,
-    DEFAULT_CONNECT_TIMEOUT,
     BatchOutcome,
-    JobFactory,
+    JobOptions,
     JobRequest,
     Payload,
-    PublisherSettings,
+    PublisherBase,
     check_unique_ids,
 )
-from broker_jobs.urls import BrokerURL, mask_text
+from broker_jobs.urls import mask_text
 
 log = logging.getLogger(__name__)
 
@@ -41,52 +39,23 @@ log = logging.getLogger(__name__)
 CONFIRM_WINDOW = 1000
 
 
-class AsyncPublisher:
+class AsyncPublisher(PublisherBase):
     """The asyncio twin of :class:`~broker_jobs.publisher.Publisher`, same semantics:
     persistent, confirmed within ``confirm_timeout``, ``mandatory``, reconnect on the
     next publish after the connection broke. Use it from one event loop; concurrent
     publishes from tasks of that loop are safe and share the connection.
     """
 
-    def __init__(
-        self,
-        url: str,
-        app: App | None = None,
-        *,
-        namespace: str | None = None,
-        confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT,
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-        declare: bool = True,
-        connection_name: str = "broker-jobs async publisher",
-    ) -> None:
-        self._url = BrokerURL(url)
-        self._factory = JobFactory(app, namespace)
-        self._settings = PublisherSettings(
-            confirm_timeout, connect_timeout, declare, connection_name
-        )
+    default_connection_name = "broker-jobs async publisher"
+
+    def _init_connection_state(self) -> None:
         self._connection: aio_pika.abc.AbstractConnection | None = None
         self._exchange: aio_pika.abc.AbstractExchange | None = None
         self._connecting = asyncio.Lock()
 
-    async def publish(
-        self,
-        task: str,
-        payload: Payload,
-        *,
-        job_id: str | None = None,
-        idempotency_key: str | None = None,
-        traceparent: str | None = None,
-        tracestate: str | None = None,
-    ) -> Job:
+    async def publish(self, task: str, payload: Payload, **options: Unpack[JobOptions]) -> Job:
         """Publish one job and wait for its confirm; return the job (``job.id``)."""
-        job, message = self._factory.build(
-            task,
-            payload,
-            job_id=job_id,
-            idempotency_key=idempotency_key,
-            traceparent=traceparent,
-            tracestate=tracestate,
-        )
+        job, message = self._factory.build(task, payload, **options)
         error = await self._send_one(job, message)
         if isinstance(error, BrokerConnectionError):
             # Found dead mid-publish: send again on a fresh connection; a copy that
@@ -147,9 +116,6 @@ class AsyncPublisher:
     ) -> None:
         await self.close()
 
-    def __repr__(self) -> str:
-        return f"AsyncPublisher({self._url.masked!r}, namespace={self._factory.names.namespace!r})"
-
     # -- sending --------------------------------------------------------------------
 
     async def _send_one(self, job: Job, message: WireMessage) -> BrokerJobsError | None:
@@ -183,11 +149,10 @@ class AsyncPublisher:
         return None
 
     def _translate(self, job: Job, error: Exception) -> BrokerJobsError:
-        names = self._factory.names
         if isinstance(error, aio_pika.exceptions.ChannelNotFoundEntity):
             return TopologyMissingError(mask_text(str(error.args[-1] if error.args else error)))
         if isinstance(error, aio_pika.exceptions.PublishError):  # returned; a DeliveryError
-            return UnroutableError(job.task, names.work_exchange, names.task_queue(job.task))
+            return self._factory.unroutable(job)
         if isinstance(error, aio_pika.exceptions.DeliveryError):
             return NackedError(job.task, job.id)
         if isinstance(error, TimeoutError):

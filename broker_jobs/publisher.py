@@ -7,10 +7,10 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from types import TracebackType
+from typing import Unpack
 
 from pika.exceptions import ChannelClosedByBroker
 
-from broker_jobs.app import App
 from broker_jobs.declaring import declare_topology
 from broker_jobs.envelope import Job, WireMessage
 from broker_jobs.errors import (
@@ -19,20 +19,16 @@ from broker_jobs.errors import (
     ConfirmTimeoutError,
     NackedError,
     TopologyMissingError,
-    UnroutableError,
 )
 from broker_jobs.pika_link import Delivery, PikaLink
 from broker_jobs.publishing import (
-    DEFAULT_CONFIRM_TIMEOUT,
-    DEFAULT_CONNECT_TIMEOUT,
     BatchOutcome,
-    JobFactory,
+    JobOptions,
     JobRequest,
     Payload,
-    PublisherSettings,
+    PublisherBase,
     check_unique_ids,
 )
-from broker_jobs.urls import BrokerURL
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +39,7 @@ CONFIRM_WINDOW = 1000
 NOT_FOUND = 404
 
 
-class Publisher:
+class Publisher(PublisherBase):
     """Publishes jobs and returns them only once the broker confirmed them.
 
     Every job is persistent, published with ``mandatory`` (a task without a queue is
@@ -61,44 +57,15 @@ class Publisher:
     ...     job = publisher.publish("image.resize", Resize(url="...", width=128))
     """
 
-    def __init__(
-        self,
-        url: str,
-        app: App | None = None,
-        *,
-        namespace: str | None = None,
-        confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT,
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-        declare: bool = True,
-        connection_name: str = "broker-jobs publisher",
-    ) -> None:
-        self._url = BrokerURL(url)
-        self._factory = JobFactory(app, namespace)
-        self._settings = PublisherSettings(
-            confirm_timeout, connect_timeout, declare, connection_name
-        )
+    def _init_connection_state(self) -> None:
         self._lock = threading.Lock()
         self._link: PikaLink | None = None
 
-    def publish(
-        self,
-        task: str,
-        payload: Payload,
-        *,
-        job_id: str | None = None,
-        idempotency_key: str | None = None,
-        traceparent: str | None = None,
-        tracestate: str | None = None,
-    ) -> Job:
-        """Publish one job and wait for its confirm; return the job (``job.id``)."""
-        built = self._factory.build(
-            task,
-            payload,
-            job_id=job_id,
-            idempotency_key=idempotency_key,
-            traceparent=traceparent,
-            tracestate=tracestate,
-        )
+    def publish(self, task: str, payload: Payload, **options: Unpack[JobOptions]) -> Job:
+        """Publish one job and wait for its confirm; return the job (``job.id``).
+
+        Options: ``job_id``, ``idempotency_key``, ``traceparent``, ``tracestate``."""
+        built = self._factory.build(task, payload, **options)
         with self._lock:
             outcome = self._send([built], None)
             error = outcome.failed.get(built[0].id)
@@ -146,9 +113,6 @@ class Publisher:
         _traceback: TracebackType | None,
     ) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        return f"Publisher({self._url.masked!r}, namespace={self._factory.names.namespace!r})"
 
     # -- sending --------------------------------------------------------------------
 
@@ -222,11 +186,10 @@ class Publisher:
                 outcome.failed[job.id] = error
 
     def _settled_error(self, job: Job, delivery: Delivery) -> BrokerJobsError | None:
-        names = self._factory.names
         if delivery.nacked:
             return NackedError(job.task, job.id)
         if delivery.returned:
-            return UnroutableError(job.task, names.work_exchange, names.task_queue(job.task))
+            return self._factory.unroutable(job)
         return None
 
     def _fail_unsettled(

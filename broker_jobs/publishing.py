@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from pydantic import BaseModel
 
@@ -23,7 +23,9 @@ from broker_jobs.errors import (
     PayloadEncodingError,
     PayloadValidationError,
     PublishBatchError,
+    UnroutableError,
 )
+from broker_jobs.urls import BrokerURL
 from topology import DEFAULT_NAMESPACE, InvalidNameError, Names, Topology, namespace_topology
 
 Payload = BaseModel | Mapping[str, Any]
@@ -49,6 +51,61 @@ class PublisherSettings:
             value = getattr(self, name)
             if not value > 0:
                 raise ConfigurationError(f"{name} must be a positive number of seconds")
+
+
+class JobOptions(TypedDict, total=False):
+    """Per-job options of ``publish``: ``job_id`` (default: a new UUID),
+    ``idempotency_key`` (default: the job id) and W3C trace context."""
+
+    job_id: str | None
+    idempotency_key: str | None
+    traceparent: str | None
+    tracestate: str | None
+
+
+_OPTION_FIELDS = {
+    "job_id": "id",
+    "idempotency_key": "idempotency_key",
+    "traceparent": "traceparent",
+    "tracestate": "tracestate",
+}
+
+
+class PublisherBase:
+    """Construction shared by :class:`Publisher` and :class:`AsyncPublisher`."""
+
+    default_connection_name = "broker-jobs publisher"
+
+    def __init__(
+        self,
+        url: str,
+        app: App | None = None,
+        *,
+        namespace: str | None = None,
+        confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        declare: bool = True,
+        connection_name: str | None = None,
+    ) -> None:
+        """``app`` types and validates payloads (or pass ``namespace`` to publish
+        plain dicts by task name); ``declare=False`` leaves the topology to the
+        operator; ``connection_name`` shows in the broker's connection list."""
+        self._url = BrokerURL(url)
+        self._factory = JobFactory(app, namespace)
+        self._settings = PublisherSettings(
+            confirm_timeout,
+            connect_timeout,
+            declare,
+            connection_name or self.default_connection_name,
+        )
+        self._init_connection_state()
+
+    def _init_connection_state(self) -> None:
+        """Set up the subclass's connection state (called by ``__init__``)."""
+
+    def __repr__(self) -> str:
+        namespace = self._factory.names.namespace
+        return f"{type(self).__name__}({self._url.masked!r}, namespace={namespace!r})"
 
 
 @dataclass(frozen=True)
@@ -83,26 +140,14 @@ class JobFactory:
         return self.app.topology() if self.app else namespace_topology(self.names, ())
 
     def build(
-        self,
-        task: str,
-        payload: Payload,
-        *,
-        job_id: str | None = None,
-        idempotency_key: str | None = None,
-        traceparent: str | None = None,
-        tracestate: str | None = None,
+        self, task: str, payload: Payload, **options: Unpack[JobOptions]
     ) -> tuple[Job, WireMessage]:
         """Validate and encode one job; raises a :class:`JobError` subclass."""
         data = self._payload_data(task, payload)
         fields: dict[str, Any] = {"task": task, "payload": data}
-        if job_id:
-            fields["id"] = job_id
-        if idempotency_key:
-            fields["idempotency_key"] = idempotency_key
-        if traceparent:
-            fields["traceparent"] = traceparent
-        if tracestate:
-            fields["tracestate"] = tracestate
+        for option, field_name in _OPTION_FIELDS.items():
+            if value := options.get(option):
+                fields[field_name] = value
         try:
             job = Job.model_validate(fields)
         except ValueError as error:
@@ -121,6 +166,10 @@ class JobFactory:
             traceparent=request.traceparent,
             tracestate=request.tracestate,
         )
+
+    def unroutable(self, job: Job) -> UnroutableError:
+        names = self.names
+        return UnroutableError(job.task, names.work_exchange, names.task_queue(job.task))
 
     def _payload_data(self, task: str, payload: Payload) -> dict[str, Any]:
         if self.app is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,3 +87,21 @@ def drain(connection: pika.BlockingConnection, queue: str) -> list[Job]:
         if method is None:
             return jobs
         jobs.append(decode(wire_from_pika(properties, body)))
+
+
+def drain_at_least(
+    connection: pika.BlockingConnection, queue: str, count: int, within: float = 5.0
+) -> list[Job]:
+    """Drain ``queue`` once it holds ``count`` messages, or after ``within`` seconds.
+
+    For messages that arrive asynchronously (dead-lettering) or read short for a
+    moment (a quorum queue replaying its log after a restart): the depth is polled,
+    and the caller's assertions on what was drained decide.
+    """
+    channel = connection.channel()
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if channel.queue_declare(queue, passive=True).method.message_count >= count:
+            break
+        connection.sleep(0.02)
+    return drain(connection, queue)

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from broker_jobs import App, ConfirmTimeoutError, Job, JobRequest, PublishBatchError
 from broker_jobs.testing.rabbit_node import RabbitNode
-from tests.support import AnyPublisher, Broker, drain
+from tests.support import AnyPublisher, Broker, drain_at_least
 from topology import declare
 
 pytestmark = [pytest.mark.broker, pytest.mark.fault]
@@ -44,14 +44,8 @@ def app(make_app: Callable[[], App]) -> App:
 def stored_jobs(broker: Broker, app: App, at_least: int) -> list[Job]:
     """The jobs in the task queue after a restart. A quorum queue reads short for up
     to ~2 s while its log replays, so poll its depth (bounded) before draining."""
-    queue = app.names.task_queue("order.ship")
     with broker.connection("test fault check") as connection:
-        channel = connection.channel()
-        for _ in range(100):
-            if channel.queue_declare(queue, passive=True).method.message_count >= at_least:
-                break
-            connection.sleep(0.05)
-        return drain(connection, queue)
+        return drain_at_least(connection, app.names.task_queue("order.ship"), at_least)
 
 
 def test_the_next_publish_after_a_broker_restart_succeeds_and_nothing_is_lost(

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 import broker_jobs
 from broker_jobs import App, QueueOptions, QueueType
-from tests.support import AnyPublisher, drain
+from tests.support import AnyPublisher, drain_at_least
 from topology import TopologyConflictError, declare
 
 pytestmark = pytest.mark.broker
@@ -152,7 +152,7 @@ def test_a_rejected_job_lands_in_the_dead_letter_queue(
     method, _, _ = channel.basic_get(app.names.task_queue("mail.send"))
     assert method is not None
     channel.basic_reject(method.delivery_tag, requeue=False)
-    dead = wait_for_dead_letters(connection, app.names.dead_letter_queue("mail.send"), 1)
+    dead = drain_at_least(connection, app.names.dead_letter_queue("mail.send"), 1)
     assert [job.id for job in dead] == ["j1"]
 
 
@@ -177,18 +177,5 @@ def test_a_job_redelivered_past_the_delivery_limit_is_dead_lettered(
         deliveries += 1
         channel.basic_nack(method.delivery_tag, requeue=True)
     assert deliveries == 2  # the first delivery plus one redelivery
-    dead = wait_for_dead_letters(connection, app.names.dead_letter_queue("crash.loop"), 1)
+    dead = drain_at_least(connection, app.names.dead_letter_queue("crash.loop"), 1)
     assert [job.id for job in dead] == ["j2"]
-
-
-def wait_for_dead_letters(
-    connection: pika.BlockingConnection, queue: str, count: int
-) -> list[broker_jobs.Job]:
-    """Dead-lettering is asynchronous: poll the queue's depth (bounded) until it holds
-    ``count`` messages, then drain it."""
-    channel = connection.channel()
-    for _ in range(200):
-        if channel.queue_declare(queue, passive=True).method.message_count >= count:
-            break
-        connection.sleep(0.01)
-    return drain(connection, queue)
