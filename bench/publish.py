@@ -34,6 +34,7 @@ import aio_pika
 import aio_pika.abc
 import pika
 import pika.exceptions
+from pika.adapters.blocking_connection import BlockingChannel
 from pydantic import BaseModel
 
 from broker_jobs import App, AsyncPublisher, JobRequest, Publisher, mask_url
@@ -198,7 +199,7 @@ class Admin:
         with contextlib.suppress(pika.exceptions.AMQPError):
             self._connection.close()
 
-    def _fresh_channel(self) -> Any:
+    def _fresh_channel(self) -> BlockingChannel:
         if not self._channel.is_open:
             self._channel = self._connection.channel()
         return self._channel

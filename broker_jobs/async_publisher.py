@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Unpack
 
@@ -20,6 +20,7 @@ from broker_jobs.errors import (
     BrokerJobsError,
     ConfirmTimeoutError,
     NackedError,
+    PublishError,
     TopologyMissingError,
     UnroutableError,
 )
@@ -72,32 +73,27 @@ class AsyncPublisher(PublisherBase):
         *,
         on_confirmed: Callable[[Job], None] | None = None,
     ) -> list[Job]:
-        """Publish a batch with pipelined confirms (see ``Publisher.publish_many``)."""
+        """Publish a batch with pipelined confirms (see ``Publisher.publish_many``):
+        at most ``CONFIRM_WINDOW`` unconfirmed at once, and a timeout when no confirm
+        arrives for ``confirm_timeout`` seconds."""
         built = [self._factory.build_request(request) for request in requests]
         check_unique_ids([job for job, _ in built])
         outcome = BatchOutcome([job for job, _ in built])
-        window = asyncio.Semaphore(CONFIRM_WINDOW)
-        broken: list[BrokerConnectionError] = []
-
-        async def send(job: Job, message: WireMessage) -> None:
-            async with window:
-                if broken:  # do not reconnect once per remaining job
-                    error: BrokerJobsError | None = BrokerConnectionError(
-                        f"the connection to {self._url.masked} broke earlier in this batch;"
-                        f" job {job.id} was not sent"
-                    )
-                else:
-                    error = await self._send_one(job, message)
-                    if isinstance(error, BrokerConnectionError):
-                        broken.append(error)
-            if error is None:
-                outcome.confirmed.add(job.id)
-                if on_confirmed is not None:
-                    on_confirmed(job)
-            else:
-                outcome.failed[job.id] = error
-
-        await asyncio.gather(*(send(job, message) for job, message in built))
+        try:
+            exchange = await self._connected_exchange()
+        except BrokerConnectionError as error:
+            outcome.failed = {job.id: error for job, _ in built}
+            return outcome.settle()
+        batch = _Batch(self._settings.confirm_timeout, self._translate, outcome, on_confirmed)
+        sent = 0
+        for job, message in built:
+            if batch.stopped or not await batch.wait_below(CONFIRM_WINDOW):
+                break
+            batch.add(job, exchange.publish(_amqp_message(message), job.task, mandatory=True))
+            sent += 1
+        await batch.wait_below(1)
+        if batch.fail_unsettled(built[sent:]):
+            await self._drop_connection()  # its state is unknown now
         return outcome.settle()
 
     async def close(self) -> None:
@@ -123,19 +119,9 @@ class AsyncPublisher(PublisherBase):
             exchange = await self._connected_exchange()
         except BrokerConnectionError as error:
             return error
-        amqp_message = aio_pika.Message(
-            message.body,
-            content_type=message.content_type,
-            content_encoding=message.content_encoding,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            message_id=message.message_id,
-            type=message.type,
-            timestamp=message.timestamp,
-            headers=dict(message.headers),
-        )
         try:
             await exchange.publish(
-                amqp_message,
+                _amqp_message(message),
                 routing_key=job.task,
                 mandatory=True,
                 timeout=self._settings.confirm_timeout,
@@ -209,3 +195,95 @@ class AsyncPublisher(PublisherBase):
             # Already broken: the next publish opens a new one.
             with contextlib.suppress(*aio_pika.exceptions.CONNECTION_EXCEPTIONS):
                 await connection.close()
+
+
+def _amqp_message(message: WireMessage) -> aio_pika.Message:
+    return aio_pika.Message(
+        message.body,
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        message_id=message.message_id,
+        type=message.type,
+        timestamp=message.timestamp,
+        headers=dict(message.headers),
+    )
+
+
+class _Batch:
+    """The publishes of one ``publish_many`` call in flight on one channel.
+
+    A done-callback per publish records its outcome and wakes the sender, so that
+    waiting costs one timer per wake-up rather than one per message.
+    """
+
+    def __init__(
+        self,
+        confirm_timeout: float,
+        translate: Callable[[Job, Exception], BrokerJobsError],
+        outcome: BatchOutcome,
+        on_confirmed: Callable[[Job], None] | None,
+    ) -> None:
+        self._confirm_timeout = confirm_timeout
+        self._translate = translate
+        self._outcome = outcome
+        self._on_confirmed = on_confirmed
+        self._in_flight: dict[asyncio.Future[object], Job] = {}
+        self._progress = asyncio.Event()
+        self.broken: BrokerConnectionError | None = None
+        self.timed_out = False
+
+    @property
+    def stopped(self) -> bool:
+        return self.broken is not None or self.timed_out
+
+    def add(self, job: Job, publish: Awaitable[object]) -> None:
+        future = asyncio.ensure_future(publish)
+        self._in_flight[future] = job
+        future.add_done_callback(self._settled)
+
+    async def wait_below(self, limit: int) -> bool:
+        """Wait until fewer than ``limit`` publishes are unconfirmed; False when
+        ``confirm_timeout`` passes without any confirm."""
+        while len(self._in_flight) >= limit:
+            self._progress.clear()
+            try:
+                await asyncio.wait_for(self._progress.wait(), self._confirm_timeout)
+            except TimeoutError:
+                self.timed_out = True
+                return False
+        return True
+
+    def fail_unsettled(self, unsent: list[tuple[Job, WireMessage]]) -> bool:
+        """Give jobs without a confirm, and jobs never sent, their errors. True when
+        the connection is in an unknown state and must be dropped."""
+        failed = self._outcome.failed
+        unknown_state = bool(self._in_flight) or self.broken is not None
+        for future, job in list(self._in_flight.items()):
+            future.remove_done_callback(self._settled)
+            future.cancel()
+            failed[job.id] = ConfirmTimeoutError(job.task, job.id, self._confirm_timeout)
+        self._in_flight.clear()
+        reason = "the connection broke" if self.broken else "confirms stopped coming"
+        for job, _ in unsent:
+            failed[job.id] = BrokerConnectionError(
+                f"{reason} earlier in this batch; job {job.id} was not sent"
+            )
+        return unknown_state
+
+    def _settled(self, future: asyncio.Future[object]) -> None:
+        job = self._in_flight.pop(future)
+        self._progress.set()
+        error = future.exception() if not future.cancelled() else None
+        if error is None:
+            self._outcome.confirmed.add(job.id)
+            if self._on_confirmed is not None:
+                self._on_confirmed(job)
+            return
+        try:
+            translated = self._translate(job, error)  # type: ignore[arg-type]
+        except Exception as unexpected:  # not ours to raise in a callback: report it
+            translated = PublishError(f"job {job.id} failed to publish: {unexpected!r}")
+        self._outcome.failed[job.id] = translated
+        if isinstance(translated, BrokerConnectionError):
+            self.broken = translated

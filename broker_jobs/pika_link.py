@@ -63,6 +63,7 @@ class PikaLink:
         self._state = _State()
         self._channel: pika.channel.Channel | None = None
         self._open_error: BaseException | None = None
+        self._last_turn = time.monotonic()
         parameters = pika.URLParameters(url.url)
         parameters.connection_attempts = 1
         parameters.socket_timeout = connect_timeout
@@ -102,9 +103,11 @@ class PikaLink:
     def blocked_reason(self) -> str | None:
         return self._state.blocked_reason
 
-    def refresh(self) -> None:
-        """Handle events already waiting (a close by the broker) without blocking."""
-        self._turn(0.0)
+    def refresh_if_idle(self, idle: float) -> None:
+        """Handle events already waiting (a close by the broker) without blocking,
+        when the loop has not turned for ``idle`` seconds."""
+        if time.monotonic() - self._last_turn >= idle:
+            self._turn(0.0)
 
     def publish(self, exchange: str, routing_key: str, message: WireMessage) -> Delivery:
         """Queue one mandatory, persistent publish; its :class:`Delivery` fills in
@@ -188,6 +191,7 @@ class PikaLink:
     def _turn(self, timeout: float) -> None:
         """One pass of the I/O loop, sleeping at most ``timeout`` seconds."""
         loop = self._connection.ioloop
+        self._last_turn = time.monotonic()
         # A timer bounds the poll: without one pika sleeps up to 5 s per pass.
         wake = loop.call_later(max(timeout, 0.0), _nothing)
         try:

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 #: Publishes in flight before ``publish_many`` waits for confirms: enough to keep the
 #: pipe full, few enough that a lost connection leaves a bounded unknown outcome.
 CONFIRM_WINDOW = 1000
+#: Seconds of idleness after which a publish first reads what the broker sent (a
+#: close after a restart) before sending, so the job goes out on a live connection.
+IDLE_REFRESH = 1.0
 #: AMQP reply code for a missing exchange or queue.
 NOT_FOUND = 404
 
@@ -131,17 +134,20 @@ class Publisher(PublisherBase):
         exchange = self._factory.names.work_exchange
         timeout = self._settings.confirm_timeout
         sent = 0
+        stalled = False
         for job, message in built:
             if not link.is_open:
                 break
             in_flight.append((job, link.publish(exchange, job.task, message)))
             sent += 1
             if len(in_flight) >= CONFIRM_WINDOW:
-                if not link.wait(lambda: in_flight[0][1].settled, timeout):
-                    break  # timed out or the connection broke
+                stalled = not link.wait(lambda: in_flight[0][1].settled, timeout)
                 self._record_settled(in_flight, outcome, on_confirmed)
-        link.wait(lambda: all(delivery.settled for _, delivery in in_flight), timeout)
-        self._record_settled(in_flight, outcome, on_confirmed)
+                if stalled:
+                    break  # timed out or the connection broke
+        if not stalled:
+            link.wait(lambda: all(delivery.settled for _, delivery in in_flight), timeout)
+            self._record_settled(in_flight, outcome, on_confirmed)
         link.forget_settled()
         if in_flight or sent < len(built):
             self._fail_unsettled(link, in_flight, built[sent:], outcome)
@@ -149,7 +155,7 @@ class Publisher(PublisherBase):
 
     def _connected_link(self) -> PikaLink:
         if self._link is not None:
-            self._link.refresh()
+            self._link.refresh_if_idle(IDLE_REFRESH)
             if not self._link.is_open:
                 log.warning("%s; reconnecting", self._link.describe_closed())
                 self._link.close()

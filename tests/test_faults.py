@@ -102,6 +102,15 @@ def test_a_broker_that_stops_confirming_gives_a_timeout_not_a_hang(
     try:
         with pytest.raises(ConfirmTimeoutError, match="outcome is unknown"):
             publisher.publish("order.ship", {"number": 2})
+        # A batch larger than the confirm window stalls at the window, and says so.
+        requests = [JobRequest("order.ship", {"number": n}) for n in range(1500)]
+        with pytest.raises(PublishBatchError) as caught:
+            publisher.publish_many(requests)
+        assert caught.value.confirmed == []
+        errors = list(caught.value.failed.values())
+        assert len(errors) == 1500
+        assert any(isinstance(error, ConfirmTimeoutError) for error in errors)
+        assert all("not sent" in str(error) for error in errors[-400:])
     finally:
         node.ctl("set_vm_memory_high_watermark", "0.4")
     job = publisher.publish("order.ship", {"number": 3})
