@@ -113,9 +113,11 @@ class App:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def topology(self) -> Topology:
-        """The broker objects this app's tasks need."""
-        return namespace_topology(self.names, ((spec.name, spec.queue) for spec in self))
+    def topology(self, *, ladder: bool = True) -> Topology:
+        """The broker objects this app's tasks need; ``ladder=False`` leaves out the
+        delay ladder (declared on first use of a delay)."""
+        tasks = ((spec.name, spec.queue) for spec in self)
+        return namespace_topology(self.names, tasks, ladder=ladder)
 
     def _add(self, spec: TaskSpec) -> TaskSpec:
         if spec.name in self._tasks:

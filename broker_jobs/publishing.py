@@ -136,8 +136,11 @@ class JobFactory:
             raise ConfigurationError(str(error)) from None
 
     def topology(self) -> Topology:
-        """What the publisher declares: the app's tasks, or just the exchanges."""
-        return self.app.topology() if self.app else namespace_topology(self.names, ())
+        """What the publisher declares on connecting: the app's tasks, or just the
+        exchanges. The delay ladder waits for the first delayed job."""
+        if self.app is not None:
+            return self.app.topology(ladder=False)
+        return namespace_topology(self.names, (), ladder=False)
 
     def build(
         self, task: str, payload: Payload, **options: Unpack[JobOptions]

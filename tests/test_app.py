@@ -76,8 +76,12 @@ def test_bad_declarations_fail_loudly() -> None:
 def test_app_topology_lists_queues_and_dead_letter_queues() -> None:
     app = App(namespace="shop")
     app.declare("mail.send", Resize)
-    topology = app.topology()
-    assert [exchange.name for exchange in topology.exchanges] == ["shop.work", "shop.dead"]
+    topology = app.topology(ladder=False)
+    assert [exchange.name for exchange in topology.exchanges] == [
+        "shop.work",
+        "shop.dead",
+        "shop.delay.out",
+    ]
     assert {queue.name for queue in topology.queues} == {
         "shop.task.mail.send",
         "shop.dead.mail.send",

@@ -33,7 +33,7 @@ def test_publish_prints_the_confirmed_job_id(
 ) -> None:
     app = make_app()
     app.declare("note.add", Note)
-    declare(connection, app.topology())
+    declare(connection, app.topology(ladder=False))
     result = CliRunner().invoke(
         main,
         [

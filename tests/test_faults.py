@@ -63,7 +63,7 @@ def test_a_broker_killed_mid_batch_leaves_every_confirmed_job_stored(
     broker: Broker, node: RabbitNode, app: App, make_publisher: MakePublisher
 ) -> None:
     with broker.connection("test fault setup") as connection:
-        declare(connection, app.topology())
+        declare(connection, app.topology(ladder=False))
     # RabbitMQ 3.10 writes its registry of quorum queues to disk every 500 ms: a queue
     # declared just before a kill -9 comes back empty (fixed upstream in ra#443). No
     # event tells us the write happened, so wait it out once.

@@ -75,7 +75,7 @@ def test_a_dict_payload_is_validated_and_coerced_by_the_model(
 def test_a_service_knowing_only_the_task_name_publishes_a_plain_dict(
     app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
 ) -> None:
-    declare(connection, app.topology())  # declared by the operator or the worker's side
+    declare(connection, app.topology(ladder=False))  # declared by the operator or the worker's side
     untyped = make_publisher(namespace=app.namespace)
     job = untyped.publish("image.resize", {"anything": ["goes", 1]}, job_id="my-id")
     assert job.id == "my-id"
@@ -85,7 +85,7 @@ def test_a_service_knowing_only_the_task_name_publishes_a_plain_dict(
 def test_unknown_task_and_invalid_payloads_are_refused_before_sending(
     app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
 ) -> None:
-    declare(connection, app.topology())
+    declare(connection, app.topology(ladder=False))
     publisher = make_publisher(app)
     with pytest.raises(UnknownTaskError, match=r"'image\.crop'.*image\.resize"):
         publisher.publish("image.crop", {"url": "u", "width": 1})
@@ -111,7 +111,7 @@ def test_payloads_that_are_not_json_are_refused(
 def test_an_unroutable_task_is_an_error_naming_task_and_queue(
     app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
 ) -> None:
-    declare(connection, app.topology())
+    declare(connection, app.topology(ladder=False))
     publisher = make_publisher(namespace=app.namespace)
     with pytest.raises(UnroutableError) as caught:
         publisher.publish("image.rotate", {"degrees": 90})
@@ -172,7 +172,7 @@ def test_publish_many_confirms_every_job_and_reports_each(
 def test_publish_many_validates_everything_before_sending_anything(
     app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
 ) -> None:
-    declare(connection, app.topology())
+    declare(connection, app.topology(ladder=False))
     publisher = make_publisher(app)
     good = JobRequest("image.resize", {"url": "u", "width": 1})
     with pytest.raises(PayloadValidationError):
@@ -188,7 +188,7 @@ def test_publish_many_validates_everything_before_sending_anything(
 def test_publish_many_reports_unroutable_jobs_and_confirms_the_rest(
     app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
 ) -> None:
-    declare(connection, app.topology())
+    declare(connection, app.topology(ladder=False))
     publisher = make_publisher(namespace=app.namespace)
     routable = JobRequest("image.resize", {"url": "u", "width": 1}, job_id="routable")
     lost = JobRequest("image.rotate", {"degrees": 90}, job_id="unroutable")

@@ -33,16 +33,16 @@ def app(make_app: Callable[[], App]) -> App:
 
 
 def test_declaring_twice_changes_nothing(app: App, connection: pika.BlockingConnection) -> None:
-    first = declare(connection, app.topology())
+    first = declare(connection, app.topology(ladder=False))
     channel = connection.channel()
     channel.basic_publish(app.names.work_exchange, "mail.send", b"{}", persistent())
-    second = declare(connection, app.topology())
+    second = declare(connection, app.topology(ladder=False))
     assert first == second
     assert first.queues == [
         app.names.dead_letter_queue("mail.send"),
         app.names.task_queue("mail.send"),
     ]
-    assert first.bindings == 2
+    assert first.bindings == 3  # work, dead-letter and delayed delivery
     depth = channel.queue_declare(app.names.task_queue("mail.send"), passive=True)
     assert depth.method.message_count == 1
 
@@ -56,7 +56,7 @@ def test_a_classic_queue_where_quorum_is_wanted_is_reported_not_touched(
     channel.basic_publish("", queue, b'{"kept": true}', persistent())
 
     with pytest.raises(TopologyConflictError) as caught:
-        declare(connection, app.topology())
+        declare(connection, app.topology(ladder=False))
 
     (conflict,) = caught.value.conflicts
     assert (conflict.kind, conflict.name) == ("queue", queue)
@@ -87,11 +87,11 @@ def test_a_different_delivery_limit_is_the_only_difference_reported(
 ) -> None:
     old = make_app()
     old.declare("mail.send", Empty, queue=QueueOptions(delivery_limit=5))
-    declare(connection, old.topology())
+    declare(connection, old.topology(ladder=False))
     new = App(namespace=old.namespace)
     new.declare("mail.send", Empty)
     with pytest.raises(TopologyConflictError) as caught:
-        declare(connection, new.topology())
+        declare(connection, new.topology(ladder=False))
     (conflict,) = caught.value.conflicts
     assert [(d.argument, d.wanted, d.existing) for d in conflict.differences] == [
         ("x-delivery-limit", 10, 5)
@@ -104,7 +104,7 @@ def test_an_exchange_of_another_type_is_a_conflict(
 ) -> None:
     connection.channel().exchange_declare(app.names.work_exchange, "direct", durable=True)
     with pytest.raises(TopologyConflictError) as caught:
-        declare(connection, app.topology())
+        declare(connection, app.topology(ladder=False))
     (conflict,) = caught.value.conflicts
     assert (conflict.kind, conflict.name) == ("exchange", app.names.work_exchange)
     assert [(d.argument, d.wanted, d.existing) for d in conflict.differences] == [
@@ -127,17 +127,17 @@ def test_classic_queues_are_selectable(
 ) -> None:
     app = make_app()
     app.declare("report.build", Empty, queue=QueueOptions(queue_type=QueueType.CLASSIC))
-    declare(connection, app.topology())
+    declare(connection, app.topology(ladder=False))
     quorum = App(namespace=app.namespace)
     quorum.declare("report.build", Empty)
     with pytest.raises(TopologyConflictError, match="wanted 'quorum', broker has 'classic'"):
-        declare(connection, quorum.topology())
+        declare(connection, quorum.topology(ladder=False))
 
 
 def test_a_rejected_job_lands_in_the_dead_letter_queue(
     app: App, connection: pika.BlockingConnection
 ) -> None:
-    declare(connection, app.topology())
+    declare(connection, app.topology(ladder=False))
     channel = connection.channel()
     channel.confirm_delivery()
     channel.basic_publish(
@@ -161,7 +161,7 @@ def test_a_job_redelivered_past_the_delivery_limit_is_dead_lettered(
 ) -> None:
     app = make_app()
     app.declare("crash.loop", Empty, queue=QueueOptions(delivery_limit=1))
-    declare(connection, app.topology())
+    declare(connection, app.topology(ladder=False))
     channel = connection.channel()
     channel.confirm_delivery()
     properties = pika.BasicProperties(

@@ -29,7 +29,7 @@ class Resize(BaseModel):
 def app(make_app: Callable[[], App], connection: pika.BlockingConnection) -> App:
     app = make_app()
     app.declare("image.resize", Resize)
-    declare(connection, app.topology())
+    declare(connection, app.topology(ladder=False))
     return app
 
 

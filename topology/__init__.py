@@ -19,9 +19,9 @@ from topology.model import (
     QueueSpec,
     QueueType,
     Topology,
-    namespace_topology,
 )
 from topology.names import DEFAULT_NAMESPACE, InvalidNameError, Names
+from topology.namespace import ladder_topology, namespace_topology, task_topology
 
 __all__ = [
     "DEFAULT_DELIVERY_LIMIT",
@@ -41,5 +41,7 @@ __all__ = [
     "TopologyError",
     "TopologyMissingError",
     "declare",
+    "ladder_topology",
     "namespace_topology",
+    "task_topology",
 ]

@@ -64,9 +64,12 @@ def declare(connection: pika.BlockingConnection, topology: Topology) -> DeclareR
             report.queues.append(queue.name)
     conflicted |= {conflict.name for conflict in conflicts}
     for binding in topology.bindings:
-        if binding.exchange in conflicted or binding.queue in conflicted:
+        if binding.exchange in conflicted or binding.destination in conflicted:
             continue
-        channel.queue_bind(binding.queue, binding.exchange, binding.routing_key)
+        if binding.to_exchange:
+            channel.exchange_bind(binding.destination, binding.exchange, binding.routing_key)
+        else:
+            channel.queue_bind(binding.destination, binding.exchange, binding.routing_key)
         report.bindings += 1
     channel.close()
     if conflicts:

@@ -6,7 +6,7 @@ commands all produce the same objects; :mod:`topology.declare` puts them on a br
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -55,18 +55,29 @@ class QueueSpec:
 
 @dataclass(frozen=True)
 class BindingSpec:
+    """Messages published to ``exchange`` with a matching key go to ``destination``,
+    a queue or (``to_exchange``) another exchange."""
+
     exchange: str
-    queue: str
+    destination: str
     routing_key: str
+    to_exchange: bool = False
 
 
 @dataclass(frozen=True)
 class Topology:
     """Everything a namespace needs on the broker, in declaration order."""
 
-    exchanges: tuple[ExchangeSpec, ...]
-    queues: tuple[QueueSpec, ...]
-    bindings: tuple[BindingSpec, ...]
+    exchanges: tuple[ExchangeSpec, ...] = ()
+    queues: tuple[QueueSpec, ...] = ()
+    bindings: tuple[BindingSpec, ...] = ()
+
+    def __add__(self, other: Topology) -> Topology:
+        return Topology(
+            self.exchanges + other.exchanges,
+            self.queues + other.queues,
+            self.bindings + other.bindings,
+        )
 
 
 def task_queue_arguments(
@@ -90,26 +101,3 @@ def task_queue_arguments(
 
 def dead_letter_queue_arguments(options: QueueOptions) -> dict[str, Any]:
     return {n.ARG_QUEUE_TYPE: options.queue_type.value}
-
-
-def namespace_topology(
-    names: n.Names, tasks: Iterable[tuple[str, QueueOptions]]
-) -> Topology:
-    """The exchanges of ``names`` and a queue plus dead-letter queue per task."""
-    queues: list[QueueSpec] = []
-    bindings: list[BindingSpec] = []
-    for task, options in sorted(tasks, key=lambda item: item[0]):
-        queue = names.task_queue(task)
-        dead = names.dead_letter_queue(task)
-        queues.append(QueueSpec(dead, dead_letter_queue_arguments(options)))
-        queues.append(QueueSpec(queue, task_queue_arguments(names, task, options)))
-        bindings.append(BindingSpec(names.work_exchange, queue, names.routing_key(task)))
-        bindings.append(BindingSpec(names.dead_letter_exchange, dead, names.routing_key(task)))
-    return Topology(
-        exchanges=(
-            ExchangeSpec(names.work_exchange, "topic"),
-            ExchangeSpec(names.dead_letter_exchange, "direct"),
-        ),
-        queues=tuple(queues),
-        bindings=tuple(bindings),
-    )

@@ -45,6 +45,7 @@ ARG_DEAD_LETTER_ROUTING_KEY = "x-dead-letter-routing-key"
 ARG_DEAD_LETTER_STRATEGY = "x-dead-letter-strategy"
 ARG_DELIVERY_LIMIT = "x-delivery-limit"
 ARG_OVERFLOW = "x-overflow"
+ARG_MESSAGE_TTL = "x-message-ttl"
 
 #: Task names become routing keys and parts of queue names: dotted words of letters,
 #: digits, ``_`` and ``-``. The topic wildcards ``*`` and ``#`` are excluded so that
@@ -86,7 +87,8 @@ class Names:
 
     ``Names("jobs")`` gives the work exchange ``jobs.work`` (topic, routing key = task
     name), the task queue ``jobs.task.<task>``, the dead-letter exchange ``jobs.dead``
-    (direct, routing key = task name) and the dead-letter queue ``jobs.dead.<task>``.
+    (direct, routing key = task name), the dead-letter queue ``jobs.dead.<task>``,
+    and the delay ladder ``jobs.delay.00`` ... ``jobs.delay.24`` and ``jobs.delay.out``.
     """
 
     namespace: str = DEFAULT_NAMESPACE
@@ -107,6 +109,18 @@ class Names:
 
     def dead_letter_queue(self, task: str) -> str:
         return f"{self.namespace}.dead.{check_task_name(task)}"
+
+    def delay_exchange(self, level: int) -> str:
+        """Level ``level`` of the delay ladder (see :mod:`topology.delay`)."""
+        return f"{self.namespace}.delay.{level:02d}"
+
+    def delay_queue(self, level: int) -> str:
+        return f"{self.namespace}.delay.{level:02d}"
+
+    @property
+    def delay_out_exchange(self) -> str:
+        """Where the ladder releases jobs; each task queue is bound to it."""
+        return f"{self.namespace}.delay.out"
 
     def routing_key(self, task: str) -> str:
         """Routing key of a job for ``task`` on the work exchange."""

@@ -1,0 +1,98 @@
+"""The delay ladder: delayed jobs held by RabbitMQ itself, without a plugin.
+
+Level ``k`` (0 <= k < :data:`DELAY_LEVELS`) is an exchange and a queue, both named
+``<ns>.delay.<kk>``. The queue holds every message for exactly ``2**k`` seconds (a
+queue-wide TTL, so its head is always the next to expire and a long delay never
+blocks a short one), then dead-letters it to level ``k - 1``; level 0 dead-letters
+to ``<ns>.delay.out``, where each task queue is bound.
+
+A delayed job's routing key spells its delay in binary, most significant level
+first, then the task name: 13 s is ``0.….0.1.1.0.1.image.resize`` (25 digits). Level
+``k``'s exchange sends a key whose digit ``k`` is 1 into its queue, and one whose digit
+is 0 straight on to level ``k - 1``'s exchange, so a job waits only in the levels of
+its set bits. The ladder is a fixed set of objects per namespace, whatever the load:
+26 exchanges, 25 queues, 50 bindings, plus one binding per task on the out exchange.
+
+Whole seconds go through the ladder; the job leaves it :data:`EARLY_MARGIN` early
+(each hop adds a few milliseconds of lateness, which the margin absorbs) and the
+consumer waits out the rest from the ``bj-due-at`` header: at most :data:`MAX_HOLD`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from topology import names as n
+from topology.model import BindingSpec, ExchangeSpec, QueueSpec, QueueType
+
+#: Levels of the ladder; level k holds 2**k seconds.
+DELAY_LEVELS = 25
+#: Seconds held by level 0.
+DELAY_UNIT = 1.0
+#: Seconds before its due time that a job leaves the ladder. A hop through a quorum
+#: queue is 2-6 ms late (measured on RabbitMQ 3.10), so even the 25 hops of a
+#: year-long delay arrive before the due time.
+EARLY_MARGIN = 0.2
+#: The longest delay the ladder can hold: about 388 days.
+MAX_DELAY = (2**DELAY_LEVELS - 1) * DELAY_UNIT + EARLY_MARGIN
+#: The longest a consumer holds a job before its due time: the remainder under one
+#: unit plus the margin. Far below RabbitMQ's consumer_timeout (30 min by default).
+MAX_HOLD = DELAY_UNIT + EARLY_MARGIN
+
+
+def ladder_units(delay: float) -> int:
+    """Whole units a job of ``delay`` seconds spends in the ladder (0: none)."""
+    return max(0, math.floor((delay - EARLY_MARGIN) / DELAY_UNIT))
+
+
+def delay_routing_key(units: int, task: str) -> str:
+    """The routing key for ``units`` in the ladder, most significant level first."""
+    if not 0 <= units < 2**DELAY_LEVELS:
+        raise ValueError(f"{units} units do not fit in {DELAY_LEVELS} levels")
+    digits = format(units, f"0{DELAY_LEVELS}b")
+    return ".".join(digits) + "." + n.check_task_name(task)
+
+
+def delivery_binding_key(task: str) -> str:
+    """Binding of a task queue on the out exchange: any digits, then the task."""
+    return "*." * DELAY_LEVELS + n.check_task_name(task)
+
+
+def entry_exchange(names: n.Names) -> str:
+    """Where delayed jobs are published: the top level."""
+    return names.delay_exchange(DELAY_LEVELS - 1)
+
+
+def ladder(
+    names: n.Names, queue_type: QueueType = QueueType.QUORUM
+) -> tuple[tuple[ExchangeSpec, ...], tuple[QueueSpec, ...], tuple[BindingSpec, ...]]:
+    """The ladder's levels: exchanges, queues and bindings. The out exchange and the
+    per-task bindings on it belong to the namespace and the tasks."""
+    exchanges: list[ExchangeSpec] = []
+    queues: list[QueueSpec] = []
+    bindings: list[BindingSpec] = []
+    for level in range(DELAY_LEVELS):
+        here = names.delay_exchange(level)
+        below = names.delay_exchange(level - 1) if level else names.delay_out_exchange
+        prefix = "*." * (DELAY_LEVELS - 1 - level)
+        exchanges.append(ExchangeSpec(here, "topic"))
+        arguments = _level_arguments(level, below, queue_type)
+        queues.append(QueueSpec(names.delay_queue(level), arguments))
+        bindings.append(BindingSpec(here, names.delay_queue(level), prefix + "1.#"))
+        bindings.append(BindingSpec(here, below, prefix + "0.#", to_exchange=True))
+    return tuple(exchanges), tuple(queues), tuple(bindings)
+
+
+def _level_arguments(level: int, below: str, queue_type: QueueType) -> dict[str, Any]:
+    arguments: dict[str, Any] = {
+        n.ARG_QUEUE_TYPE: queue_type.value,
+        n.ARG_MESSAGE_TTL: int(2**level * DELAY_UNIT * 1000),
+        n.ARG_DEAD_LETTER_EXCHANGE: below,
+    }
+    if queue_type is QueueType.QUORUM:
+        # Expired messages move on only once the next level has them: a crash or
+        # restart between two levels loses nothing.
+        arguments[n.ARG_DEAD_LETTER_STRATEGY] = "at-least-once"
+        arguments[n.ARG_OVERFLOW] = "reject-publish"
+    return arguments
