@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Unpack
 
@@ -30,6 +30,7 @@ from broker_jobs.publishing import (
     JobOptions,
     JobRequest,
     Payload,
+    Prepared,
     PublisherBase,
     check_unique_ids,
 )
@@ -55,21 +56,23 @@ class AsyncPublisher(PublisherBase):
 
     def _init_connection_state(self) -> None:
         self._connection: aio_pika.abc.AbstractConnection | None = None
-        self._exchange: aio_pika.abc.AbstractExchange | None = None
+        self._channel: aio_pika.abc.AbstractChannel | None = None
+        self._exchanges: dict[str, aio_pika.abc.AbstractExchange] = {}
         self._connecting = asyncio.Lock()
 
     async def publish(self, task: str, payload: Payload, **options: Unpack[JobOptions]) -> Job:
-        """Publish one job and wait for its confirm; return the job (``job.id``)."""
-        job, message = self._factory.build(task, payload, **options)
-        error = await self._send_one(job, message)
+        """Publish one job and wait for its confirm; return the job (``job.id``).
+        Options as for ``Publisher.publish``, ``delay`` and ``eta`` included."""
+        prepared = self._factory.build(task, payload, **options)
+        error = await self._send_one(prepared)
         if isinstance(error, BrokerConnectionError):
             # Found dead mid-publish: send again on a fresh connection; a copy that
             # did arrive carries the same id and key, so it runs once.
             log.warning("%s; reconnecting to publish it again", error)
-            error = await self._send_one(job, message)
+            error = await self._send_one(prepared)
         if error is not None:
             raise error
-        return job
+        return prepared.job
 
     async def publish_many(
         self,
@@ -80,30 +83,35 @@ class AsyncPublisher(PublisherBase):
         """Publish a batch with pipelined confirms (see ``Publisher.publish_many``):
         at most ``CONFIRM_WINDOW`` unconfirmed at once, and a timeout when no confirm
         arrives for ``confirm_timeout`` seconds."""
-        built = [self._factory.build_request(request) for request in requests]
-        check_unique_ids([job for job, _ in built])
-        outcome = BatchOutcome([job for job, _ in built])
+        prepared = [self._factory.build_request(request) for request in requests]
+        check_unique_ids([item.job for item in prepared])
+        outcome = BatchOutcome([item.job for item in prepared])
         try:
-            exchange = await self._connected_exchange()
+            channel, refused = await self._ready_channel(prepared)
         except BrokerConnectionError as error:
-            outcome.failed = {job.id: error for job, _ in built}
+            outcome.failed = {item.job.id: error for item in prepared}
             return outcome.settle()
+        outcome.failed.update(refused)
+        to_send = [item for item in prepared if item.job.id not in refused]
         batch = _Batch(self._settings.confirm_timeout, self._translate, outcome, on_confirmed)
         sent = 0
-        for job, message in built:
+        for item in to_send:
             if len(batch) >= CONFIRM_WINDOW and not await batch.wait_below(REFILL_BELOW):
                 break
             if batch.stopped:
                 break
-            batch.add(job, exchange.publish(_amqp_message(message), job.task, mandatory=True))
+            exchange = await self._exchange(channel, item.route.exchange)
+            message = _amqp_message(item.message)
+            batch.add(item.job, exchange.publish(message, item.route.routing_key, mandatory=True))
             sent += 1
         await batch.wait_below(1)
-        if batch.fail_unsettled(built[sent:]):
+        if batch.fail_unsettled(to_send[sent:]):
             await self._drop_connection()  # its state is unknown now
         return outcome.settle()
 
     async def close(self) -> None:
-        connection, self._connection, self._exchange = self._connection, None, None
+        connection = self._connection
+        self._forget_channel()
         if connection is not None and not connection.is_closed:
             await connection.close()
 
@@ -120,15 +128,19 @@ class AsyncPublisher(PublisherBase):
 
     # -- sending --------------------------------------------------------------------
 
-    async def _send_one(self, job: Job, message: WireMessage) -> BrokerJobsError | None:
+    async def _send_one(self, prepared: Prepared) -> BrokerJobsError | None:
+        job = prepared.job
         try:
-            exchange = await self._connected_exchange()
+            channel, refused = await self._ready_channel([prepared])
         except BrokerConnectionError as error:
             return error
+        if refused:
+            return refused[job.id]
         try:
+            exchange = await self._exchange(channel, prepared.route.exchange)
             await exchange.publish(
-                _amqp_message(message),
-                routing_key=job.task,
+                _amqp_message(prepared.message),
+                routing_key=prepared.route.routing_key,
                 mandatory=True,
                 timeout=self._settings.confirm_timeout,
             )
@@ -157,16 +169,35 @@ class AsyncPublisher(PublisherBase):
             )
         raise error
 
-    async def _connected_exchange(self) -> aio_pika.abc.AbstractExchange:
+    async def _ready_channel(
+        self, prepared: Sequence[Prepared]
+    ) -> tuple[aio_pika.abc.AbstractChannel, dict[str, BrokerJobsError]]:
+        """The open confirm channel, and the jobs refused by the delay-ladder check."""
         async with self._connecting:
             if self._connection is not None and self._connection.is_closed:
                 log.warning("the connection to %s closed; reconnecting", self._url.masked)
-                self._connection, self._exchange = None, None
-            if self._exchange is None:
-                self._exchange = await self._connect()
-            return self._exchange
+                self._forget_channel()
+            if self._channel is None:
+                self._forget_connection_facts()
+                self._channel = await self._connect()
+            refused: dict[str, BrokerJobsError] = {}
+            if self._needs_ladder_check(prepared):
+                refused = await asyncio.to_thread(self._check_ladder, prepared)
+            return self._channel, refused
 
-    async def _connect(self) -> aio_pika.abc.AbstractExchange:
+    async def _exchange(
+        self, channel: aio_pika.abc.AbstractChannel, name: str
+    ) -> aio_pika.abc.AbstractExchange:
+        exchange = self._exchanges.get(name)
+        if exchange is None:
+            exchange = self._exchanges[name] = await channel.get_exchange(name, ensure=False)
+        return exchange
+
+    def _forget_channel(self) -> None:
+        self._connection, self._channel = None, None
+        self._exchanges.clear()
+
+    async def _connect(self) -> aio_pika.abc.AbstractChannel:
         settings = self._settings
         if settings.declare:
             await asyncio.to_thread(
@@ -183,10 +214,7 @@ class AsyncPublisher(PublisherBase):
                 ),
                 settings.connect_timeout,
             )
-            channel = await self._connection.channel(
-                publisher_confirms=True, on_return_raises=True
-            )
-            return await channel.get_exchange(self._factory.names.work_exchange, ensure=False)
+            return await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         except (TimeoutError, *aio_pika.exceptions.CONNECTION_EXCEPTIONS) as error:
             await self._drop_connection()
             raise BrokerConnectionError(
@@ -196,7 +224,8 @@ class AsyncPublisher(PublisherBase):
             ) from None
 
     async def _drop_connection(self) -> None:
-        connection, self._connection, self._exchange = self._connection, None, None
+        connection = self._connection
+        self._forget_channel()
         if connection is not None and not connection.is_closed:
             # Already broken: the next publish opens a new one.
             with contextlib.suppress(*aio_pika.exceptions.CONNECTION_EXCEPTIONS):
@@ -267,7 +296,7 @@ class _Batch:
                 await asyncio.wait_for(self._progress.wait(), remaining)
         return True
 
-    def fail_unsettled(self, unsent: list[tuple[Job, WireMessage]]) -> bool:
+    def fail_unsettled(self, unsent: list[Prepared]) -> bool:
         """Give jobs without a confirm, and jobs never sent, their errors. True when
         the connection is in an unknown state and must be dropped."""
         failed = self._outcome.failed
@@ -278,9 +307,9 @@ class _Batch:
             failed[job.id] = ConfirmTimeoutError(job.task, job.id, self._confirm_timeout)
         self._in_flight.clear()
         reason = "the connection broke" if self.broken else "confirms stopped coming"
-        for job, _ in unsent:
-            failed[job.id] = BrokerConnectionError(
-                f"{reason} earlier in this batch; job {job.id} was not sent"
+        for item in unsent:
+            failed[item.job.id] = BrokerConnectionError(
+                f"{reason} earlier in this batch; job {item.job.id} was not sent"
             )
         return unknown_state
 

@@ -12,8 +12,11 @@ import pika.exceptions
 
 from broker_jobs.errors import BrokerConnectionError, TopologyConflictError, TopologyError
 from broker_jobs.urls import BrokerURL, mask_text
-from topology import DeclareReport, Topology, declare
+from topology import DeclareReport, Names, Topology, declare, ladder_topology
 from topology import TopologyConflictError as _TopologyConflict
+
+#: AMQP reply code for a missing exchange or queue.
+NOT_FOUND = 404
 
 
 def blocking_connection(
@@ -59,3 +62,44 @@ def declare_topology(
     finally:
         if connection.is_open:
             connection.close()
+
+
+def prepare_ladder(
+    url: BrokerURL,
+    names: Names,
+    tasks: set[str],
+    *,
+    declare_ladder: bool,
+    timeout: float,
+    connection_name: str,
+) -> set[str]:
+    """Declare the delay ladder (``declare_ladder``) and return the tasks of
+    ``tasks`` that have no queue.
+
+    A delayed job is routable when published (it enters the ladder) whether or not
+    its task has a queue; without one it would wait in the ladder's last level
+    forever. So a publisher checks the queue first, and raises at the caller.
+    """
+    if declare_ladder:
+        declare_topology(
+            url, ladder_topology(names), timeout=timeout, connection_name=connection_name
+        )
+    connection = blocking_connection(url, timeout=timeout, connection_name=connection_name)
+    try:
+        return {task for task in tasks if not _queue_exists(connection, names.task_queue(task))}
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def _queue_exists(connection: pika.BlockingConnection, queue: str) -> bool:
+    # A passive declare of a missing queue closes the channel: one channel each.
+    channel = connection.channel()
+    try:
+        channel.queue_declare(queue, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as error:
+        if error.reply_code == NOT_FOUND:
+            return False
+        raise
+    channel.close()
+    return True

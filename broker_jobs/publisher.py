@@ -12,7 +12,7 @@ from typing import Unpack
 from pika.exceptions import ChannelClosedByBroker
 
 from broker_jobs.declaring import declare_topology
-from broker_jobs.envelope import Job, WireMessage
+from broker_jobs.envelope import Job
 from broker_jobs.errors import (
     BrokerConnectionError,
     BrokerJobsError,
@@ -26,6 +26,7 @@ from broker_jobs.publishing import (
     JobOptions,
     JobRequest,
     Payload,
+    Prepared,
     PublisherBase,
     check_unique_ids,
 )
@@ -67,21 +68,22 @@ class Publisher(PublisherBase):
     def publish(self, task: str, payload: Payload, **options: Unpack[JobOptions]) -> Job:
         """Publish one job and wait for its confirm; return the job (``job.id``).
 
-        Options: ``job_id``, ``idempotency_key``, ``traceparent``, ``tracestate``."""
-        built = self._factory.build(task, payload, **options)
+        Options: ``job_id``, ``idempotency_key``, ``traceparent``, ``tracestate``, and
+        ``delay`` (seconds or timedelta) or ``eta`` (aware datetime) to run it later.
+        """
+        prepared = self._factory.build(task, payload, **options)
+        job_id = prepared.job.id
         with self._lock:
-            outcome = self._send([built], None)
-            error = outcome.failed.get(built[0].id)
+            error = self._send([prepared], None).failed.get(job_id)
             if isinstance(error, BrokerConnectionError):
                 # The connection was found dead mid-publish (a restart between two
                 # calls): the job may or may not be stored; sending it again with the
                 # same id and key is harmless, since it runs once.
                 log.warning("%s; reconnecting to publish it again", error)
-                outcome = self._send([built], None)
-                error = outcome.failed.get(built[0].id)
+                error = self._send([prepared], None).failed.get(job_id)
         if error is not None:
             raise error
-        return built[0]
+        return prepared.job
 
     def publish_many(
         self,
@@ -95,10 +97,10 @@ class Publisher(PublisherBase):
         :class:`PublishBatchError` lists the confirmed ids and each failed id's
         error; ``on_confirmed`` is called for each job as its confirm arrives.
         """
-        built = [self._factory.build_request(request) for request in requests]
-        check_unique_ids([job for job, _ in built])
+        prepared = [self._factory.build_request(request) for request in requests]
+        check_unique_ids([item.job for item in prepared])
         with self._lock:
-            return self._send(built, on_confirmed).settle()
+            return self._send(prepared, on_confirmed).settle()
 
     def close(self) -> None:
         with self._lock:
@@ -120,25 +122,27 @@ class Publisher(PublisherBase):
     # -- sending --------------------------------------------------------------------
 
     def _send(
-        self,
-        built: list[tuple[Job, WireMessage]],
-        on_confirmed: Callable[[Job], None] | None,
+        self, prepared: list[Prepared], on_confirmed: Callable[[Job], None] | None
     ) -> BatchOutcome:
-        outcome = BatchOutcome([job for job, _ in built])
+        outcome = BatchOutcome([item.job for item in prepared])
         try:
             link = self._connected_link()
+            if self._needs_ladder_check(prepared):
+                outcome.failed.update(self._check_ladder(prepared))
         except BrokerConnectionError as error:
-            outcome.failed = {job.id: error for job, _ in built}
+            outcome.failed = {item.job.id: error for item in prepared}
             return outcome
+        to_send = [item for item in prepared if item.job.id not in outcome.failed]
         in_flight: deque[tuple[Job, Delivery]] = deque()
-        exchange = self._factory.names.work_exchange
         timeout = self._settings.confirm_timeout
         sent = 0
         stalled = False
-        for job, message in built:
+        for item in to_send:
             if not link.is_open:
                 break
-            in_flight.append((job, link.publish(exchange, job.task, message)))
+            route = item.route
+            delivery = link.publish(route.exchange, route.routing_key, item.message)
+            in_flight.append((item.job, delivery))
             sent += 1
             if len(in_flight) >= CONFIRM_WINDOW:
                 stalled = not link.wait(lambda: in_flight[0][1].settled, timeout)
@@ -149,8 +153,8 @@ class Publisher(PublisherBase):
             link.wait(lambda: all(delivery.settled for _, delivery in in_flight), timeout)
             self._record_settled(in_flight, outcome, on_confirmed)
         link.forget_settled()
-        if in_flight or sent < len(built):
-            self._fail_unsettled(link, in_flight, built[sent:], outcome)
+        if in_flight or sent < len(to_send):
+            self._fail_unsettled(link, in_flight, to_send[sent:], outcome)
         return outcome
 
     def _connected_link(self) -> PikaLink:
@@ -168,6 +172,7 @@ class Publisher(PublisherBase):
                     timeout=self._settings.connect_timeout,
                     connection_name=f"{self._settings.connection_name} (declare)",
                 )
+            self._forget_connection_facts()
             self._link = PikaLink(
                 self._url,
                 connect_timeout=self._settings.connect_timeout,
@@ -202,7 +207,7 @@ class Publisher(PublisherBase):
         self,
         link: PikaLink,
         in_flight: deque[tuple[Job, Delivery]],
-        unsent: list[tuple[Job, WireMessage]],
+        unsent: list[Prepared],
         outcome: BatchOutcome,
     ) -> None:
         """Give every job without a confirm its error, and drop the link: after a
@@ -232,9 +237,9 @@ class Publisher(PublisherBase):
                     f"{lost} before job {job.id} was confirmed: its outcome is unknown;"
                     " publishing it again with the same id and key is safe"
                 )
-        for job, _ in unsent:
-            outcome.failed[job.id] = BrokerConnectionError(
-                f"{lost}; job {job.id} was not sent"
+        for item in unsent:
+            outcome.failed[item.job.id] = BrokerConnectionError(
+                f"{lost}; job {item.job.id} was not sent"
             )
         link.close()
         self._link = None

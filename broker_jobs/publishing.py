@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from broker_jobs.app import App
-from broker_jobs.envelope import Job, WireMessage, encode
+from broker_jobs.declaring import prepare_ladder
+from broker_jobs.due import Delay, Route, due_time, route_for
+from broker_jobs.envelope import Job, WireMessage, encode, utc_now
 from broker_jobs.errors import (
     BrokerJobsError,
     ConfigurationError,
@@ -24,6 +27,7 @@ from broker_jobs.errors import (
     PayloadValidationError,
     PublishBatchError,
     UnroutableError,
+    describe_validation_error,
 )
 from broker_jobs.urls import BrokerURL
 from topology import DEFAULT_NAMESPACE, InvalidNameError, Names, Topology, namespace_topology
@@ -55,12 +59,24 @@ class PublisherSettings:
 
 class JobOptions(TypedDict, total=False):
     """Per-job options of ``publish``: ``job_id`` (default: a new UUID),
-    ``idempotency_key`` (default: the job id) and W3C trace context."""
+    ``idempotency_key`` (default: the job id), W3C trace context, and when to run:
+    ``delay`` (seconds or a timedelta) or ``eta`` (a timezone-aware datetime)."""
 
     job_id: str | None
     idempotency_key: str | None
     traceparent: str | None
     tracestate: str | None
+    delay: Delay | None
+    eta: datetime | None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated job, its wire form and its route."""
+
+    job: Job
+    message: WireMessage
+    route: Route
 
 
 _OPTION_FIELDS = {
@@ -98,10 +114,46 @@ class PublisherBase:
             declare,
             connection_name or self.default_connection_name,
         )
+        self._ladder_ready = False  # declared (or, with declare=False, assumed) on this connection
+        self._routable_tasks: set[str] = set()  # tasks known to have a queue
         self._init_connection_state()
 
     def _init_connection_state(self) -> None:
         """Set up the subclass's connection state (called by ``__init__``)."""
+
+    def _needs_ladder_check(self, prepared: Sequence[Prepared]) -> bool:
+        return any(
+            item.route.via_ladder
+            and not (self._ladder_ready and item.job.task in self._routable_tasks)
+            for item in prepared
+        )
+
+    def _check_ladder(self, prepared: Sequence[Prepared]) -> dict[str, BrokerJobsError]:
+        """Before jobs enter the delay ladder: declare it once per connection, and
+        refuse jobs whose task has no queue (they would wait in the ladder forever).
+        Blocking; returns the refused jobs' errors by job id."""
+        tasks = {item.job.task for item in prepared if item.route.via_ladder}
+        unknown = tasks - self._routable_tasks
+        missing = prepare_ladder(
+            self._url,
+            self._factory.names,
+            unknown,
+            declare_ladder=self._settings.declare and not self._ladder_ready,
+            timeout=self._settings.connect_timeout,
+            connection_name=f"{self._settings.connection_name} (declare)",
+        )
+        self._ladder_ready = True
+        self._routable_tasks |= unknown - missing
+        return {
+            item.job.id: self._factory.unroutable(item.job)
+            for item in prepared
+            if item.route.via_ladder and item.job.task in missing
+        }
+
+    def _forget_connection_facts(self) -> None:
+        """After a reconnect the broker may have been reset: check again."""
+        self._ladder_ready = False
+        self._routable_tasks.clear()
 
     def __repr__(self) -> str:
         namespace = self._factory.names.namespace
@@ -118,6 +170,8 @@ class JobRequest:
     idempotency_key: str | None = None
     traceparent: str | None = None
     tracestate: str | None = None
+    delay: Delay | None = None
+    eta: datetime | None = None
 
 
 class JobFactory:
@@ -142,25 +196,32 @@ class JobFactory:
             return self.app.topology(ladder=False)
         return namespace_topology(self.names, (), ladder=False)
 
-    def build(
-        self, task: str, payload: Payload, **options: Unpack[JobOptions]
-    ) -> tuple[Job, WireMessage]:
-        """Validate and encode one job; raises a :class:`JobError` subclass."""
+    def build(self, task: str, payload: Payload, **options: Unpack[JobOptions]) -> Prepared:
+        """Validate, encode and route one job; raises a :class:`JobError` subclass."""
         data = self._payload_data(task, payload)
-        fields: dict[str, Any] = {"task": task, "payload": data}
+        now = utc_now()
+        fields: dict[str, Any] = {
+            "task": task,
+            "payload": data,
+            "created_at": now,
+            "due_at": due_time(now, options.get("delay"), options.get("eta")),
+        }
         for option, field_name in _OPTION_FIELDS.items():
             if value := options.get(option):
                 fields[field_name] = value
         try:
             job = Job.model_validate(fields)
-        except ValueError as error:
-            raise PayloadValidationError(task, str(error)) from None
+        except ValidationError as error:
+            raise JobError(
+                f"job for task {task!r} is invalid: {describe_validation_error(error)}"
+            ) from None
         try:
-            return job, encode(job)
+            message = encode(job)
         except (TypeError, ValueError) as error:
             raise PayloadEncodingError(task, str(error)) from None
+        return Prepared(job, message, route_for(self.names, job, now))
 
-    def build_request(self, request: JobRequest) -> tuple[Job, WireMessage]:
+    def build_request(self, request: JobRequest) -> Prepared:
         return self.build(
             request.task,
             request.payload,
@@ -168,6 +229,8 @@ class JobFactory:
             idempotency_key=request.idempotency_key,
             traceparent=request.traceparent,
             tracestate=request.tracestate,
+            delay=request.delay,
+            eta=request.eta,
         )
 
     def unroutable(self, job: Job) -> UnroutableError:
