@@ -100,9 +100,10 @@ class AsyncPublisher(PublisherBase):
                 break
             if batch.stopped:
                 break
-            exchange = await self._exchange(channel, item.route.exchange)
+            route = self._factory.current_route(item)
+            exchange = await self._exchange(channel, route.exchange)
             message = _amqp_message(item.message)
-            batch.add(item.job, exchange.publish(message, item.route.routing_key, mandatory=True))
+            batch.add(item.job, exchange.publish(message, route.routing_key, mandatory=True))
             sent += 1
         await batch.wait_below(1)
         if batch.fail_unsettled(to_send[sent:]):
@@ -136,11 +137,12 @@ class AsyncPublisher(PublisherBase):
             return error
         if refused:
             return refused[job.id]
+        route = self._factory.current_route(prepared)
         try:
-            exchange = await self._exchange(channel, prepared.route.exchange)
+            exchange = await self._exchange(channel, route.exchange)
             await exchange.publish(
                 _amqp_message(prepared.message),
-                routing_key=prepared.route.routing_key,
+                routing_key=route.routing_key,
                 mandatory=True,
                 timeout=self._settings.confirm_timeout,
             )

@@ -140,7 +140,7 @@ class Publisher(PublisherBase):
         for item in to_send:
             if not link.is_open:
                 break
-            route = item.route
+            route = self._factory.current_route(item)
             delivery = link.publish(route.exchange, route.routing_key, item.message)
             in_flight.append((item.job, delivery))
             sent += 1

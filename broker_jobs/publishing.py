@@ -233,6 +233,13 @@ class JobFactory:
             eta=request.eta,
         )
 
+    def current_route(self, prepared: Prepared) -> Route:
+        """The route as of now: a delayed job's whole units shrink while it waits to
+        be sent (a first connection, the ladder's declaration)."""
+        if prepared.job.due_at is None:
+            return prepared.route
+        return route_for(self.names, prepared.job, utc_now())
+
     def unroutable(self, job: Job) -> UnroutableError:
         names = self.names
         return UnroutableError(job.task, names.work_exchange, names.task_queue(job.task))

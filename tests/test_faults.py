@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from pydantic import BaseModel
 
-from broker_jobs import App, ConfirmTimeoutError, Job, JobRequest, PublishBatchError
+from broker_jobs import App, ConfirmTimeoutError, Job, JobRequest, PublishBatchError, Publisher
 from broker_jobs.testing.rabbit_node import RabbitNode
 from tests.support import AnyPublisher, Broker, drain_at_least
 from topology import declare
@@ -41,11 +41,12 @@ def app(make_app: Callable[[], App]) -> App:
     return app
 
 
-def stored_jobs(broker: Broker, app: App, at_least: int) -> list[Job]:
+def stored_jobs(broker: Broker, app: App, at_least: int, within: float = 5.0) -> list[Job]:
     """The jobs in the task queue after a restart. A quorum queue reads short for up
     to ~2 s while its log replays, so poll its depth (bounded) before draining."""
     with broker.connection("test fault check") as connection:
-        return drain_at_least(connection, app.names.task_queue("order.ship"), at_least)
+        queue = app.names.task_queue("order.ship")
+        return drain_at_least(connection, queue, at_least, within)
 
 
 def test_the_next_publish_after_a_broker_restart_succeeds_and_nothing_is_lost(
@@ -133,3 +134,17 @@ def test_a_connection_closed_by_the_broker_is_replaced_on_the_next_publish(
     # Reconnects are logged, and no log line (ours or the drivers') holds the password.
     assert "reconnecting" in caplog.text
     assert "guest:guest@" not in caplog.text
+
+
+def test_delayed_jobs_survive_a_broker_restart_in_the_middle_of_their_delays(
+    broker: Broker, node: RabbitNode, app: App
+) -> None:
+    # Delays of 2-21 s around a restart of about 10 s: some jobs fall due while the
+    # broker is down, others are still in the ladder when it is back.
+    requests = [JobRequest("order.ship", {"number": n}, delay=2 + n % 20) for n in range(200)]
+    with Publisher(broker.url, app, connection_name="test delayed restart") as publisher:
+        jobs = publisher.publish_many(requests)
+    node.restart()
+    arrived = [job.id for job in stored_jobs(broker, app, at_least=len(jobs), within=60)]
+    assert len(arrived) == len(set(arrived)), "a delayed job arrived twice"
+    assert sorted(arrived) == sorted(job.id for job in jobs), "a delayed job was lost"
