@@ -90,8 +90,8 @@ class UnroutableError(PublishError):
         self.queue = queue
         super().__init__(
             f"job for task {task!r} is unroutable: exchange {exchange!r} has no queue bound"
-            f" for it (expected queue {queue!r}). Declare the topology (publish with an app"
-            " that declares the task, or run the topology apply command) before publishing"
+            f" for it (expected queue {queue!r}). Declare the task's queue first:"
+            " `broker-jobs topology apply`, or publish with an app that declares the task"
         )
 
 
@@ -147,8 +147,8 @@ class TopologyMissingError(TopologyError):
     def __init__(self, broker_message: str) -> None:
         super().__init__(
             f"the broker says {broker_message!r}: the topology does not exist. Declare it"
-            " first: publish through a publisher with declare=True and an app that"
-            " declares the task, or have the operator declare it"
+            " first: `broker-jobs topology apply --app module:app` (or --file"
+            " topology.toml), or publish with declare=True and an app that declares the task"
         )
 
 
