@@ -8,19 +8,11 @@ import sys
 import click
 
 from broker_jobs import __version__
+from broker_jobs.cli_options import url_option
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.publisher import Publisher
+from broker_jobs.topology_cli import topology_group
 from topology.names import DEFAULT_NAMESPACE
-
-DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
-
-url_option = click.option(
-    "--url",
-    envvar="BROKER_JOBS_URL",
-    default=DEFAULT_URL,
-    show_default="$BROKER_JOBS_URL or amqp://guest:***@localhost:5672/",
-    help="AMQP URL of the broker (amqps:// for TLS).",
-)
 
 
 @click.group()
@@ -67,3 +59,6 @@ def publish(  # noqa: PLR0917 - click passes every option positionally
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
     click.echo(job.id)
+
+
+main.add_command(topology_group)

@@ -4,6 +4,7 @@ This package knows nothing of ``broker_jobs``; the dependency points the other w
 """
 
 from topology.declare import DeclareReport, declare
+from topology.definitions import definitions
 from topology.errors import (
     Conflict,
     Difference,
@@ -11,6 +12,8 @@ from topology.errors import (
     TopologyError,
     TopologyMissingError,
 )
+from topology.file import NamespaceSpec, TopologyFileError, load_file
+from topology.inspect import Inspection, inspect_topology
 from topology.model import (
     DEFAULT_DELIVERY_LIMIT,
     BindingSpec,
@@ -22,6 +25,7 @@ from topology.model import (
 )
 from topology.names import DEFAULT_NAMESPACE, InvalidNameError, Names
 from topology.namespace import ladder_topology, namespace_topology, task_topology
+from topology.permissions import Permissions, Role, role_permissions
 
 __all__ = [
     "DEFAULT_DELIVERY_LIMIT",
@@ -44,4 +48,15 @@ __all__ = [
     "ladder_topology",
     "namespace_topology",
     "task_topology",
+    # the operator's commands: a declarative file, read-only inspection, export,
+    # least-privilege permissions
+    "Inspection",
+    "NamespaceSpec",
+    "Permissions",
+    "Role",
+    "TopologyFileError",
+    "definitions",
+    "inspect_topology",
+    "load_file",
+    "role_permissions",
 ]

@@ -89,7 +89,7 @@ def _declare_exchange(
     except ChannelClosedByBroker as error:
         if error.reply_code != PRECONDITION_FAILED:
             raise
-        difference = _parse_difference(error.reply_text)
+        difference = parse_difference(error.reply_text)
         differences = (difference,) if difference else ()
         return connection.channel(), Conflict(
             "exchange", exchange.name, differences, error.reply_text
@@ -112,7 +112,7 @@ def _declare_queue(
                 raise
             channel = connection.channel()
             first_message = first_message or error.reply_text
-            difference = _parse_difference(error.reply_text)
+            difference = parse_difference(error.reply_text)
             if difference is None or any(
                 known.argument == difference.argument for known in differences
             ):
@@ -131,7 +131,7 @@ def _declare_queue(
     return channel, Conflict("queue", queue.name, tuple(differences), first_message)
 
 
-def _parse_difference(reply_text: str) -> Difference | None:
+def parse_difference(reply_text: str) -> Difference | None:
     match = _INEQUIVALENT.search(reply_text)
     if not match:
         return None

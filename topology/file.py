@@ -78,7 +78,7 @@ def parse(data: Mapping[str, Any], source: str = "<topology>") -> NamespaceSpec:
     _no_unknown_keys(data, _TOP_KEYS, "the top level", source)
     namespace = data.get("namespace", DEFAULT_NAMESPACE)
     if not isinstance(namespace, str):
-        raise TopologyFileError(f"{source}: namespace must be a string, e.g. namespace = \"jobs\"")
+        raise TopologyFileError(f'{source}: namespace must be a string, e.g. namespace = "jobs"')
     try:
         names = Names(namespace)
     except InvalidNameError as error:
@@ -124,7 +124,7 @@ def _task_options(name: str, value: Any, source: str) -> QueueOptions:
     if queue_type is QueueType.CLASSIC:
         raise TopologyFileError(
             f"{source}: {where} delivery_limit applies to quorum queues only; remove it"
-            " or use queue_type = \"quorum\""
+            ' or use queue_type = "quorum"'
         )
     return QueueOptions(queue_type=queue_type, delivery_limit=limit)
 
@@ -145,9 +145,7 @@ def _table(value: Any, where: str, source: str) -> Mapping[str, Any]:
     return value
 
 
-def _no_unknown_keys(
-    table: Mapping[str, Any], known: set[str], where: str, source: str
-) -> None:
+def _no_unknown_keys(table: Mapping[str, Any], known: set[str], where: str, source: str) -> None:
     unknown = sorted(set(table) - known)
     if unknown:
         raise TopologyFileError(

@@ -104,6 +104,11 @@ class Names:
     def dead_letter_exchange(self) -> str:
         return f"{self.namespace}.dead"
 
+    @property
+    def task_queue_prefix(self) -> str:
+        """What every task queue's name starts with (for permission patterns)."""
+        return f"{self.namespace}.task."
+
     def task_queue(self, task: str) -> str:
         return f"{self.namespace}.task.{check_task_name(task)}"
 

@@ -1,0 +1,491 @@
+"""``broker-jobs topology``: the operator's commands for the broker's objects.
+
+The topology comes from the app (``--app module:attr``) or from a TOML file
+(``--file``, see ``docs/operations.md``); both become one
+:class:`~topology.file.NamespaceSpec`. ``plan`` and ``verify`` change nothing on
+the broker, ``apply`` declares and never deletes.
+
+Exit codes: 0 in sync or done, 1 conflicts or any error (``error: ...`` on stderr,
+passwords masked), 2 only from ``plan``, meaning changes are pending. Usage errors
+exit 1 too here (click's default is 2), so that 2 from ``plan`` is unambiguous.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+import pika
+import pika.exceptions
+
+from broker_jobs.app import App
+from broker_jobs.cli_options import url_option
+from broker_jobs.declaring import blocking_connection
+from broker_jobs.errors import BrokerJobsError, ConfigurationError
+from broker_jobs.urls import BrokerURL, mask_text
+from topology import Names, TopologyConflictError, declare
+from topology.definitions import RABBITMQ_DEFINITIONS, definitions
+from topology.errors import Conflict
+from topology.file import NamespaceSpec, TopologyFileError, load_file
+from topology.inspect import BindingStatus, Inspection, Status, inspect_topology
+from topology.names import DEFAULT_NAMESPACE, InvalidNameError
+from topology.permissions import Role, role_permissions
+from topology.preflight import Level, Needs, preflight, rabbitmqctl
+
+#: Seconds for the TCP and AMQP handshake of the operator's commands.
+CONNECT_TIMEOUT = 10.0
+EXIT_CONFLICT = 1
+EXIT_PENDING = 2
+_SYMBOLS = {Status.IN_SYNC: "=", Status.MISSING: "+", Status.CONFLICT: "!", Status.UNCHECKED: "?"}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _TopologyGroup(click.Group):
+    """Usage errors exit 1, so that exit 2 from ``plan`` only means "changes"."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as error:
+            error.exit_code = 1  # type: ignore[misc]  # click reads it from the instance
+            raise
+
+
+@click.group("topology", cls=_TopologyGroup)
+def topology_group() -> None:
+    """Plan, apply, verify and export the broker's exchanges and queues.
+
+    \b
+    The topology comes from the app's registered tasks (--app module:attr) or from
+    a TOML file (--file topology.toml; see docs/operations.md).
+    Exit codes: 0 in sync or done, 1 conflict or error, 2 (plan) changes pending.
+    """
+
+
+def _source_options(function: F) -> F:
+    function = click.option(
+        "--file",
+        "file_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="TOML file describing the namespace (for operators without the app's code).",
+    )(function)
+    return click.option(
+        "--app",
+        "app_path",
+        metavar="MODULE:ATTR",
+        help="The App object, e.g. myproject.tasks:app (imported from the current directory).",
+    )(function)
+
+
+def _namespace_option(function: F) -> F:
+    return click.option(
+        "--namespace",
+        help=f"Namespace without --app/--file (default {DEFAULT_NAMESPACE!r}).",
+    )(function)
+
+
+# -- commands -----------------------------------------------------------------------
+
+
+@topology_group.command()
+@url_option
+@_source_options
+def plan(url: str, app_path: str | None, file_path: Path | None) -> None:
+    """Show what exists, what apply would create and what conflicts. Read-only.
+
+    Exit 0 when in sync, 2 when changes are pending, 1 on conflicts or errors.
+
+    \b
+    Example:
+      export BROKER_JOBS_URL='amqps://ops:PASSWORD@mq.internal/prod'
+      broker-jobs topology plan --app myproject.tasks:app
+    """
+    with _errors():
+        spec = _spec(app_path, file_path)
+        inspection = _inspect(url, spec, "plan")
+    click.echo(f"namespace {spec.names.namespace!r} on {BrokerURL(url).masked}")
+    for line in _object_lines(inspection, only_problems=False):
+        click.echo(line)
+    click.echo(_bindings_line(inspection))
+    missing = len(inspection.having(Status.MISSING))
+    conflicts = len(inspection.having(Status.CONFLICT))
+    in_sync = len(inspection.objects) - missing - conflicts
+    click.echo(f"plan: {missing} to create, {conflicts} conflicting, {in_sync} in sync")
+    if conflicts:
+        _fail(
+            f"{conflicts} object(s) conflict with the wanted topology; resolve them (see"
+            " 'to fix' above), then run: broker-jobs topology apply",
+            EXIT_CONFLICT,
+        )
+    if missing:
+        click.echo("run `broker-jobs topology apply` to create them")
+        sys.exit(EXIT_PENDING)
+
+
+@topology_group.command()
+@url_option
+@_source_options
+def apply(url: str, app_path: str | None, file_path: Path | None) -> None:
+    """Declare every exchange, queue and binding; change and delete nothing.
+
+    Existing objects are left as they are; one with other settings is reported
+    with each differing argument and the way to fix it (exit 1), and the rest is
+    declared anyway. Needs a user with configure permission on the namespace.
+
+    \b
+    Example:
+      broker-jobs topology apply --file topology.toml --url "$OPERATOR_AMQP_URL"
+    """
+    with _errors():
+        spec = _spec(app_path, file_path)
+        with _connection(url, "apply") as connection:
+            before = inspect_topology(connection, spec.topology())
+            try:
+                report = declare(connection, spec.topology())
+            except TopologyConflictError as error:
+                _fail_conflicts(error.conflicts)
+            except pika.exceptions.ChannelClosedByBroker as error:
+                _fail(
+                    f"the broker refused: {error.reply_code} {error.reply_text}. apply declares"
+                    " exchanges and queues, which needs configure permission on the"
+                    " namespace: run it as an operator user"
+                )
+    for state in before.having(Status.MISSING):
+        click.echo(f"  + {state.kind} {state.name} ({state.detail}): created")
+    click.echo(
+        f"applied namespace {spec.names.namespace!r} on {BrokerURL(url).masked}:"
+        f" {len(before.having(Status.MISSING))} created,"
+        f" {len(report.exchanges) + len(report.queues)} exchanges and queues in place,"
+        f" {report.bindings} bindings declared (nothing changed or deleted)"
+    )
+
+
+@topology_group.command()
+@url_option
+@_source_options
+def verify(url: str, app_path: str | None, file_path: Path | None) -> None:
+    """Check that the broker holds the topology, for CI/CD and readiness probes.
+
+    Read-only. Exit 0 when every exchange and queue exists as declared, 1 when one
+    is missing or differs (or on an error). A user without configure permission
+    (a worker's) can verify existence; settings are then reported as not checked.
+
+    \b
+    Example:
+      broker-jobs topology verify --app myproject.tasks:app || exit 1
+    """
+    with _errors():
+        spec = _spec(app_path, file_path)
+        inspection = _inspect(url, spec, "verify")
+    namespace = spec.names.namespace
+    if not inspection.in_sync:
+        for line in _object_lines(inspection, only_problems=True):
+            click.echo(line)
+        missing = len(inspection.having(Status.MISSING))
+        conflicts = len(inspection.having(Status.CONFLICT))
+        _fail(
+            f"namespace {namespace!r} is not in sync: {missing} missing,"
+            f" {conflicts} conflicting. Run `broker-jobs topology plan` for details"
+        )
+    unchecked = len(inspection.having(Status.UNCHECKED))
+    note = f"; {unchecked} not checked for settings (no configure permission)" if unchecked else ""
+    click.echo(
+        f"in sync: namespace {namespace!r}, {len(inspection.objects)} exchanges and queues"
+        f" exist{note} (bindings cannot be listed over AMQP; apply re-declares them)"
+    )
+
+
+@topology_group.command()
+@_source_options
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice([RABBITMQ_DEFINITIONS]),
+    default=RABBITMQ_DEFINITIONS,
+    show_default=True,
+)
+@click.option("--vhost", default="/", show_default=True, help="The vhost the objects go to.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write to this file instead of stdout.",
+)
+def export(
+    app_path: str | None,
+    file_path: Path | None,
+    output_format: str,
+    vhost: str,
+    output: Path | None,
+) -> None:
+    """Write the topology as RabbitMQ definitions JSON (no broker needed).
+
+    The file holds exchanges, queues and bindings of one vhost (no users or
+    permissions) for `rabbitmqctl import_definitions` or the load_definitions
+    setting. The vhost must exist before importing.
+
+    \b
+    Example:
+      broker-jobs topology export --app myproject.tasks:app --vhost / -o jobs.json
+      rabbitmqctl import_definitions jobs.json
+    """
+    del output_format  # one format so far; the option keeps the command line stable
+    with _errors():
+        spec = _spec(app_path, file_path)
+        document = definitions(spec.topology(), vhost)
+        text = json.dumps(document, indent=2) + "\n"
+        if output is None:
+            click.echo(text, nl=False)
+            return
+        output.write_text(text, encoding="utf-8")
+    counts = ", ".join(f"{len(document[key])} {key}" for key in ("exchanges", "queues", "bindings"))
+    click.echo(f"wrote {counts} for vhost {vhost!r} to {output}", err=True)
+
+
+@topology_group.command("preflight")
+@url_option
+@_source_options
+@_namespace_option
+@click.option(
+    "--max-task-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="The longest a task may run; checked against the broker's consumer_timeout.",
+)
+@click.option(
+    "--rabbitmqctl",
+    "ctl_command",
+    metavar="COMMAND",
+    help="A rabbitmqctl command line reaching the node (e.g. 'rabbitmqctl -n rabbit@mq1'"
+    " or 'docker compose exec -T rabbitmq rabbitmqctl'): reads feature flags and"
+    " consumer_timeout instead of probing.",
+)
+def preflight_command(  # noqa: PLR0917 - click passes every option positionally
+    url: str,
+    app_path: str | None,
+    file_path: Path | None,
+    namespace: str | None,
+    max_task_timeout: float | None,
+    ctl_command: str | None,
+) -> None:
+    """Check that the broker can hold the topology: version, features, timeouts.
+
+    Without --rabbitmqctl, features are probed with temporary queues named
+    <namespace>.preflight.* (declared and deleted at once). Exit 1 when something
+    required is missing; each problem comes with its fix.
+
+    \b
+    Example:
+      broker-jobs topology preflight --app myproject.tasks:app --max-task-timeout 600
+      broker-jobs topology preflight --rabbitmqctl 'docker compose exec -T rabbitmq rabbitmqctl'
+    """
+    with _errors():
+        spec = _spec(app_path, file_path, namespace=namespace, required=False)
+        broker = BrokerURL(url)
+        checks = preflight(
+            lambda: blocking_connection(
+                broker, timeout=CONNECT_TIMEOUT, connection_name="broker-jobs topology preflight"
+            ),
+            Needs.of(spec.topology(), max_task_timeout),
+            spec.names.namespace,
+            rabbitmqctl(ctl_command) if ctl_command else None,
+        )
+    click.echo(f"preflight of {broker.masked}")
+    for check in checks:
+        click.echo(f"  {check.level.value:<8} {check.title}: {check.detail}")
+        if check.fix:
+            label = "to fix" if check.level is Level.PROBLEM else "to check"
+            click.echo(f"  {'':<8} {label}: {check.fix}")
+    problems = [check for check in checks if check.level is Level.PROBLEM]
+    if problems:
+        _fail(f"{len(problems)} problem(s): {', '.join(check.title for check in problems)}")
+
+
+@topology_group.command()
+@click.option(
+    "--role",
+    type=click.Choice([role.value for role in Role]),
+    required=True,
+    help="Who the user is.",
+)
+@_source_options
+@_namespace_option
+@click.option("--vhost", default="/", show_default=True)
+@click.option("--user", help="The RabbitMQ user (default <namespace>-<role>).")
+def permissions(  # noqa: PLR0917 - click passes every option positionally
+    role: str,
+    app_path: str | None,
+    file_path: Path | None,
+    namespace: str | None,
+    vhost: str,
+    user: str | None,
+) -> None:
+    """Print the least-privilege rabbitmqctl set_permissions command for a role.
+
+    With the topology applied by an operator, no role needs configure permission.
+    A worker reads the task queues of --app/--file, or every task queue of
+    --namespace.
+
+    \b
+    Example:
+      rabbitmqctl add_user jobs-publisher 's3cret'
+      broker-jobs topology permissions --role publisher --namespace jobs | sh
+    """
+    with _errors():
+        spec = _spec(app_path, file_path, namespace=namespace, required=False)
+        tasks = spec.task_names if app_path or file_path else None
+        granted = role_permissions(Role(role), spec.names, tasks)
+    namespace = spec.names.namespace
+    click.echo(f"# {role} of namespace {namespace!r} in vhost {vhost!r}:")
+    for note in granted.notes:
+        click.echo(f"#   {note}")
+    click.echo(granted.command(user or f"{namespace}-{role}", vhost))
+
+
+# -- helpers ------------------------------------------------------------------------
+
+
+def _spec(
+    app_path: str | None,
+    file_path: Path | None,
+    *,
+    namespace: str | None = None,
+    required: bool = True,
+) -> NamespaceSpec:
+    given = [option for option, value in [("--app", app_path), ("--file", file_path)] if value]
+    if namespace is not None:
+        given.append("--namespace")
+    if len(given) > 1:
+        raise click.UsageError(f"give one of {' and '.join(given)}, not both")
+    if app_path:
+        app = load_app(app_path)
+        return NamespaceSpec(app.names, tuple((task.name, task.queue) for task in app))
+    if file_path:
+        return load_file(file_path)
+    if required:
+        raise click.UsageError(
+            "give the topology: --app MODULE:ATTR (the App object) or --file topology.toml"
+        )
+    return NamespaceSpec(Names(namespace or DEFAULT_NAMESPACE))
+
+
+def load_app(path: str) -> App:
+    """Import ``module:attr`` (the attribute may be dotted) and check it is an App."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"--app {path!r}: use MODULE:ATTR, e.g. myproject.tasks:app")
+    # Like celery and uvicorn: the project directory, where the operator runs the
+    # command, is importable even when the console script's sys.path lacks it.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        missing = error.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            raise ConfigurationError(
+                f"--app {path!r}: no module named {missing!r} in the current directory or"
+                " on PYTHONPATH: run from the project directory or set PYTHONPATH"
+            ) from None
+        raise ConfigurationError(
+            f"--app {path!r}: importing {module_name!r} failed: {error}"
+        ) from None
+    except Exception as error:  # any import-time failure is the user's to see
+        raise ConfigurationError(
+            f"--app {path!r}: importing {module_name!r} failed: {type(error).__name__}: {error}"
+        ) from None
+    found: Any = module
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            apps = sorted(name for name, value in vars(module).items() if isinstance(value, App))
+            hint = f" (App objects there: {', '.join(apps)})" if apps else ""
+            raise ConfigurationError(
+                f"--app {path!r}: module {module_name!r} has no attribute {attribute!r}{hint}"
+            )
+        found = getattr(found, part)
+    if not isinstance(found, App):
+        raise ConfigurationError(
+            f"--app {path!r} is a {type(found).__name__}, not a broker_jobs.App"
+        )
+    return found
+
+
+@contextmanager
+def _connection(url: str, command: str) -> Iterator[pika.BlockingConnection]:
+    connection = blocking_connection(
+        BrokerURL(url), timeout=CONNECT_TIMEOUT, connection_name=f"broker-jobs topology {command}"
+    )
+    try:
+        yield connection
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def _inspect(url: str, spec: NamespaceSpec, command: str) -> Inspection:
+    with _connection(url, command) as connection:
+        return inspect_topology(connection, spec.topology())
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Turn every expected failure into one masked ``error:`` line and exit 1."""
+    try:
+        yield
+    except (BrokerJobsError, TopologyFileError, InvalidNameError) as error:
+        _fail(str(error))
+    except pika.exceptions.AMQPError as error:
+        _fail(f"the broker failed the command: {type(error).__name__}: {error}")
+    except OSError as error:
+        _fail(f"{error.filename or 'I/O'}: {error.strerror or error}")
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    click.echo(f"error: {mask_text(message)}", err=True)
+    sys.exit(code)
+
+
+def _fail_conflicts(conflicts: tuple[Conflict, ...]) -> NoReturn:
+    for conflict in conflicts:
+        click.echo(f"  ! {conflict.kind} {conflict.name}: {_differences(conflict)}", err=True)
+        click.echo(f"      to fix: {conflict.remedy}", err=True)
+    _fail(
+        f"{len(conflicts)} object(s) conflict and were left as they are; everything else"
+        " was declared",
+        EXIT_CONFLICT,
+    )
+
+
+def _differences(conflict: Conflict) -> str:
+    if conflict.differences:
+        return "; ".join(difference.describe() for difference in conflict.differences)
+    return f"broker said: {conflict.broker_message}"
+
+
+def _object_lines(inspection: Inspection, *, only_problems: bool) -> Iterator[str]:
+    for state in inspection.objects:
+        if only_problems and state.status in {Status.IN_SYNC, Status.UNCHECKED}:
+            continue
+        head = f"  {_SYMBOLS[state.status]} {state.kind} {state.name} ({state.detail})"
+        if state.conflict is None:
+            yield f"{head}: {state.status.value}"
+            continue
+        yield f"{head}: {state.status.value}: {_differences(state.conflict)}"
+        yield f"      to fix: {state.conflict.remedy}"
+
+
+def _bindings_line(inspection: Inspection) -> str:
+    parts = [
+        f"{len(found)} {status.value}"
+        for status in BindingStatus
+        if (found := inspection.bindings_having(status))
+    ]
+    return f"  bindings: {'; '.join(parts) or 'none'}"

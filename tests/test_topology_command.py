@@ -1,0 +1,506 @@
+"""``broker-jobs topology``: plan, apply, verify, export, preflight and permissions
+against a real broker. Tests that run rabbitmqctl need a node of their own and skip
+with ``BROKER_JOBS_TEST_AMQP_URL``."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import shlex
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import pika
+import pika.exceptions
+import pytest
+from click.testing import CliRunner, Result
+from pydantic import BaseModel
+
+from broker_jobs import App, Publisher
+from broker_jobs.cli import main
+from broker_jobs.testing.rabbit_node import RabbitNode
+from tests.support import Broker, drain
+from topology import Names, Topology, declare
+from topology.file import TopologyFileError, load_file, parse
+from topology.permissions import Role, role_permissions
+
+pytestmark = pytest.mark.broker
+
+COMMANDS = ["plan", "apply", "verify", "export", "preflight", "permissions"]
+
+
+class Mail(BaseModel):
+    to: str
+
+
+def topology(*args: str) -> Result:
+    return CliRunner().invoke(main, ["topology", *args])
+
+
+def exists(connection: pika.BlockingConnection, kind: str, name: str) -> bool:
+    """Passive declare on a channel of its own (a 404 closes the channel)."""
+    channel = connection.channel()
+    try:
+        if kind == "queue":
+            channel.queue_declare(name, passive=True)
+        else:
+            channel.exchange_declare(name, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as error:
+        if error.reply_code == 404:
+            return False
+        raise
+    channel.close()
+    return True
+
+
+def with_credentials(url: str, user: str, password: str, vhost: str | None = None) -> str:
+    parts = urlsplit(url)
+    netloc = f"{user}:{password}@{parts.hostname}:{parts.port}"
+    path = parts.path if vhost is None else "/" + quote(vhost, safe="")
+    return urlunsplit(parts._replace(netloc=netloc, path=path))
+
+
+def rabbitmqctl_command(node: RabbitNode) -> str:
+    """A shell command line reaching the test's node: its cookie lives in its HOME."""
+    home = node.base_dir / "home"
+    return f"env HOME={home} {node._sbin() / 'rabbitmqctl'} -n {node.nodename}"
+
+
+@pytest.fixture
+def app_path(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    namespace: str,
+    cleanup_topology: Callable[[Topology], Topology],
+) -> str:
+    """``module:attr`` of an app in a module of its own, as an operator names it."""
+    module = f"bj_topology_app_{namespace}"
+    (tmp_path / f"{module}.py").write_text(
+        "from pydantic import BaseModel\n"
+        "from broker_jobs import App\n\n"
+        "class Mail(BaseModel):\n"
+        "    to: str\n\n"
+        f"app = App(namespace={namespace!r})\n"
+        "app.declare('mail.send', Mail)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app: App = importlib.import_module(module).app
+    monkeypatch.delitem(sys.modules, module)  # the command imports it afresh
+    cleanup_topology(app.topology())
+    return f"{module}:app"
+
+
+@pytest.fixture
+def user(broker: Broker) -> Iterator[Callable[[], tuple[str, str]]]:
+    """Create users on the test's own node; deleted afterwards."""
+    node = broker.controllable()
+    created: list[str] = []
+
+    def make() -> tuple[str, str]:
+        name, password = f"bj-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+        node.ctl("add_user", name, password)
+        created.append(name)
+        return name, password
+
+    yield make
+    for name in created:
+        node.ctl("delete_user", name)
+
+
+def grant(node: RabbitNode, printed: str) -> None:
+    """Run the ``rabbitmqctl set_permissions`` line the command printed."""
+    command = shlex.split(printed.strip().splitlines()[-1])
+    assert command[:2] == ["rabbitmqctl", "set_permissions"]
+    node.ctl(*command[1:])
+
+
+# -- help and usage -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_with_an_example(command: str) -> None:
+    result = topology(command, "--help")
+    assert result.exit_code == 0, result.output
+    assert "Example:" in result.output
+    if command not in {"export", "permissions"}:
+        assert "--url" in result.output
+        assert "BROKER_JOBS_URL" in result.output
+
+
+def test_usage_errors_exit_1_so_that_2_means_changes_pending() -> None:
+    result = topology("plan")
+    assert result.exit_code == 1
+    assert "--app MODULE:ATTR" in result.output
+    result = topology("plan", "--app", "x:app", "--file", "t.toml")
+    assert result.exit_code == 1
+    assert "not both" in result.output
+    result = topology("plan", "--bogus")
+    assert result.exit_code == 1
+    assert "No such option" in result.output
+
+
+# -- plan, apply, verify --------------------------------------------------------------
+
+
+def test_plan_creates_nothing_then_apply_makes_plan_and_verify_pass(
+    broker: Broker, app_path: str, namespace: str, connection: pika.BlockingConnection
+) -> None:
+    names = Names(namespace)
+    plan = topology("plan", "--url", broker.url, "--app", app_path)
+    assert plan.exit_code == 2, plan.output
+    assert f"+ exchange {names.work_exchange} (topic): missing, to create" in plan.stdout
+    assert f"+ queue {names.task_queue('mail.send')} (quorum)" in plan.stdout
+    assert f"+ queue {names.delay_queue(24)} (quorum)" in plan.stdout
+    assert "55 to create, 0 conflicting, 0 in sync" in plan.stdout
+    # Read-only: nothing exists after the plan.
+    for kind, name in [
+        ("exchange", names.work_exchange),
+        ("exchange", names.delay_exchange(24)),
+        ("queue", names.task_queue("mail.send")),
+        ("queue", names.delay_queue(0)),
+    ]:
+        assert not exists(connection, kind, name), name
+
+    verify = topology("verify", "--url", broker.url, "--app", app_path)
+    assert verify.exit_code == 1
+    assert f"{namespace!r} is not in sync: 55 missing, 0 conflicting" in verify.stderr
+
+    apply = topology("apply", "--url", broker.url, "--app", app_path)
+    assert apply.exit_code == 0, apply.output
+    assert "55 created" in apply.stdout
+    assert "nothing changed or deleted" in apply.stdout
+
+    plan = topology("plan", "--url", broker.url, "--app", app_path)
+    assert plan.exit_code == 0, plan.output
+    assert "0 to create, 0 conflicting, 55 in sync" in plan.stdout
+    assert "53 to re-declare (idempotent" in plan.stdout
+    verify = topology("verify", "--url", broker.url, "--app", app_path)
+    assert verify.exit_code == 0, verify.output
+    assert verify.stdout.startswith(f"in sync: namespace {namespace!r}, 55 exchanges and queues")
+    again = topology("apply", "--url", broker.url, "--app", app_path)
+    assert again.exit_code == 0, again.output
+    assert "0 created" in again.stdout
+
+
+def test_a_conflicting_queue_is_reported_with_its_remedy_and_left_untouched(
+    broker: Broker, app_path: str, namespace: str, connection: pika.BlockingConnection
+) -> None:
+    queue = Names(namespace).task_queue("mail.send")
+    channel = connection.channel()
+    channel.queue_declare(queue, durable=True)  # classic, where quorum is wanted
+    channel.basic_publish("", queue, b"{}", pika.BasicProperties(delivery_mode=2))
+
+    plan = topology("plan", "--url", broker.url, "--app", app_path)
+    assert plan.exit_code == 1, plan.output
+    assert f"! queue {queue} (quorum): conflict: " in plan.stdout
+    assert "x-queue-type: wanted 'quorum', broker has not set" in plan.stdout
+    assert "2 blocked by a conflict" in plan.stdout
+    assert "1 object(s) conflict" in plan.stderr
+
+    apply = topology("apply", "--url", broker.url, "--app", app_path)
+    assert apply.exit_code == 1, apply.output
+    assert f"! queue {queue}: " in apply.stderr
+    assert "cannot change a queue's type in place" in apply.stderr
+    assert "everything else was declared" in apply.stderr
+
+    # Untouched: still classic (declaring it as created succeeds), message kept.
+    depth = connection.channel().queue_declare(queue, durable=True)
+    assert depth.method.message_count == 1
+    verify = topology("verify", "--url", broker.url, "--app", app_path)
+    assert verify.exit_code == 1
+    assert f"! queue {queue}" in verify.stdout
+    assert "0 missing, 1 conflicting" in verify.stderr
+
+
+def test_errors_name_the_problem_without_a_traceback_or_password(tmp_path: Path) -> None:
+    spec = tmp_path / "topology.toml"
+    spec.write_text('namespace = "x"\n')
+    result = topology("plan", "--url", "amqp://ops:hunter2@127.0.0.1:1/", "--file", str(spec))
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: cannot connect to the broker at 127.0.0.1:1")
+    assert "hunter2" not in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("app", "message"),
+    [
+        ("no_such_module_bj:app", "no module named 'no_such_module_bj'"),
+        ("json:app", "module 'json' has no attribute 'app'"),
+        ("json:dumps", "is a function, not a broker_jobs.App"),
+        ("json", "use MODULE:ATTR"),
+    ],
+)
+def test_app_that_cannot_be_loaded_is_a_clear_error(app: str, message: str) -> None:
+    result = topology("verify", "--app", app)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: ")
+    assert message in result.stderr
+
+
+# -- the TOML file --------------------------------------------------------------------
+
+
+def test_a_topology_file_gives_the_same_model(
+    broker: Broker,
+    tmp_path: Path,
+    namespace: str,
+    cleanup_topology: Callable[[Topology], Topology],
+) -> None:
+    path = tmp_path / "topology.toml"
+    path.write_text(
+        f'namespace = "{namespace}"\n\n'
+        '[tasks."mail.send"]\n\n'
+        '[tasks."report.build"]\nqueue_type = "classic"\n\n'
+        '[tasks."image.resize"]\ndelivery_limit = 3\n'
+    )
+    app = App(namespace=namespace)
+    app.declare("mail.send", Mail)
+    from_file = parse({"namespace": namespace, "tasks": {"mail.send": {}}}, "inline").topology()
+    assert from_file == app.topology()  # one model, whichever way it is given
+
+    cleanup_topology(load_file(path).topology())  # should the plan create anything
+    result = topology("plan", "--url", broker.url, "--file", str(path))
+    assert result.exit_code == 2, result.output
+    names = Names(namespace)
+    assert f"+ queue {names.task_queue('report.build')} (classic)" in result.stdout
+    assert f"+ queue {names.task_queue('image.resize')} (quorum)" in result.stdout
+    exported = json.loads(topology("export", "--file", str(path)).stdout)
+    limits = {
+        queue["name"]: queue["arguments"].get("x-delivery-limit") for queue in exported["queues"]
+    }
+    assert limits[names.task_queue("image.resize")] == 3
+    assert limits[names.task_queue("mail.send")] == 10
+    assert limits[names.task_queue("report.build")] is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[tasks."a.b"]\nqueue_typ = "quorum"\n', "unknown key 'queue_typ' in [tasks.\"a.b\"]"),
+        ('namespce = "jobs"\n', "unknown key 'namespce' in the top level"),
+        ("[ladder]\ndelivery_limit = 3\n", "unknown key 'delivery_limit' in [ladder]"),
+        ("[tasks.a.b]\n", 'quote task names that contain dots, e.g. [tasks."a.b"]'),
+        ('[tasks."a"]\nqueue_type = "stream"\n', "queue_type must be one of"),
+        ('[tasks."a"]\ndelivery_limit = true\n', "delivery_limit must be a whole number"),
+        (
+            '[tasks."a"]\nqueue_type = "classic"\ndelivery_limit = 3\n',
+            "delivery_limit applies to quorum queues only",
+        ),
+        ('namespace = "a.b"\n', "invalid namespace 'a.b'"),
+        ("namespace = [", "not valid TOML"),
+    ],
+)
+def test_a_bad_topology_file_names_the_file_and_the_key(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "ops.toml"
+    path.write_text(text)
+    result = topology("export", "--file", str(path))
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: {path}")
+    assert message in result.stderr
+
+
+def test_a_missing_topology_file_is_an_error(tmp_path: Path) -> None:
+    result = topology("export", "--file", str(tmp_path / "nope.toml"))
+    assert result.exit_code == 1
+    assert "cannot read topology file" in result.stderr
+    with pytest.raises(TopologyFileError, match="must be a table"):
+        parse({"tasks": {"a": 1}})
+
+
+# -- export ---------------------------------------------------------------------------
+
+
+def test_export_writes_rabbitmq_definitions(app_path: str, namespace: str) -> None:
+    result = topology("export", "--app", app_path, "--vhost", "prod")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert set(document) == {"exchanges", "queues", "bindings"}
+    assert (len(document["exchanges"]), len(document["queues"])) == (28, 27)
+    names = Names(namespace)
+    work = next(e for e in document["exchanges"] if e["name"] == names.work_exchange)
+    assert work == {
+        "name": names.work_exchange,
+        "vhost": "prod",
+        "type": "topic",
+        "durable": True,
+        "auto_delete": False,
+        "internal": False,
+        "arguments": {},
+    }
+    task = next(q for q in document["queues"] if q["name"] == names.task_queue("mail.send"))
+    assert task["type"] == task["arguments"]["x-queue-type"] == "quorum"
+    assert task["arguments"]["x-delivery-limit"] == 10
+    kinds = {binding["destination_type"] for binding in document["bindings"]}
+    assert kinds == {"queue", "exchange"}  # the ladder chains exchanges
+
+
+def test_exported_definitions_import_into_a_fresh_vhost_in_sync(
+    broker: Broker, app_path: str, tmp_path: Path
+) -> None:
+    node = broker.controllable()
+    vhost = f"bj-import-{uuid.uuid4().hex[:8]}"
+    path = tmp_path / "definitions.json"
+    result = topology("export", "--app", app_path, "--vhost", vhost, "--output", str(path))
+    assert result.exit_code == 0, result.output
+    assert f"for vhost {vhost!r}" in result.stderr
+    node.ctl("add_vhost", vhost)
+    try:
+        node.ctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        node.ctl("import_definitions", str(path))
+        url = with_credentials(broker.url, "guest", "guest", vhost)
+        # RabbitMQ 3.10 imports asynchronously ("Successfully started definition
+        # import"): poll until the import has landed.
+        deadline = time.monotonic() + 20
+        while (verify := topology("verify", "--url", url, "--app", app_path)).exit_code:
+            assert time.monotonic() < deadline, verify.output
+            time.sleep(0.2)
+        assert "in sync" in verify.stdout
+    finally:
+        node.ctl("delete_vhost", vhost)
+
+
+# -- preflight ------------------------------------------------------------------------
+
+
+def test_preflight_on_this_broker(broker: Broker, namespace: str) -> None:
+    result = topology(
+        "preflight", "--url", broker.url, "--namespace", namespace, "--max-task-timeout", "600"
+    )
+    assert result.exit_code == 0, result.output
+    assert "ok       server version: RabbitMQ " in result.stdout
+    assert "ok       quorum queues: available" in result.stdout
+    assert "ok       at-least-once dead-lettering: available" in result.stdout
+    assert "consumer_timeout: not readable over AMQP (must exceed 601200 ms" in result.stdout
+    assert "rabbitmqctl environment | grep consumer_timeout" in result.stdout
+
+
+def test_preflight_reads_flags_and_consumer_timeout_with_rabbitmqctl(broker: Broker) -> None:
+    node = broker.controllable()
+    result = topology(
+        "preflight",
+        "--url",
+        broker.url,
+        "--rabbitmqctl",
+        rabbitmqctl_command(node),
+        "--max-task-timeout",
+        "3600",
+    )
+    assert result.exit_code == 1, result.output
+    assert "ok       quorum queues: feature flag quorum_queue is enabled" in result.stdout
+    assert "at-least-once dead-lettering: feature flag stream_queue is enabled" in result.stdout
+    # The default 30 min is too short for a task of an hour: a problem, with its fix.
+    assert "problem  consumer_timeout: 1800000 ms (30 min) is too short" in result.stdout
+    assert "to fix: set consumer_timeout = 5460000 in rabbitmq.conf" in result.stdout
+    assert "error: 1 problem(s): consumer_timeout" in result.stderr
+
+
+# -- permissions ----------------------------------------------------------------------
+
+
+def test_permissions_print_escaped_least_privilege_patterns() -> None:
+    names = Names("ns-1")
+    publisher = role_permissions(Role.PUBLISHER, names, ["a.b"])
+    assert (publisher.configure, publisher.write, publisher.read) == (
+        "^$",
+        r"^(ns-1\.work|ns-1\.delay\.24)$",
+        "^$",
+    )
+    worker = role_permissions(Role.WORKER, names, ["a.b", "c"])
+    assert worker.read == r"^(ns-1\.task\.a\.b|ns-1\.task\.c)$"
+    assert worker.write == r"^(ns-1\.work|ns-1\.delay\.24|ns-1\.dead)$"
+    assert role_permissions(Role.WORKER, names, None).read == r"^ns-1\.task\..+$"
+    beat = role_permissions(Role.BEAT, names, None)
+    assert beat.configure == beat.read == r"^ns-1\.beat\.leader$"
+    result = topology("permissions", "--role", "publisher", "--namespace", "ns-1")
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[-1] == (
+        r"rabbitmqctl set_permissions -p / ns-1-publisher '^$'"
+        r" '^(ns-1\.work|ns-1\.delay\.24)$' '^$'"
+    )
+
+
+def test_publisher_permissions_allow_publishing_and_nothing_more(
+    broker: Broker,
+    app_path: str,
+    namespace: str,
+    connection: pika.BlockingConnection,
+    user: Callable[[], tuple[str, str]],
+) -> None:
+    node = broker.controllable()
+    assert topology("apply", "--url", broker.url, "--app", app_path).exit_code == 0
+    name, password = user()
+    printed = topology(
+        "permissions", "--role", "publisher", "--namespace", namespace, "--user", name
+    )
+    grant(node, printed.stdout)
+    url = with_credentials(broker.url, name, password)
+
+    with Publisher(url, namespace=namespace, declare=False) as publisher:
+        job = publisher.publish("mail.send", {"to": "a@example.com"})
+        # A delayed job enters the ladder's top level, after a passive check that
+        # the task's queue exists: both allowed.
+        publisher.publish("mail.send", {"to": "b@example.com"}, delay=60)
+    names = Names(namespace)
+    queue = names.task_queue("mail.send")
+    assert [found.id for found in drain(connection, queue)] == [job.id]
+    assert (
+        connection.channel().queue_declare(names.delay_queue(5), passive=True).method.message_count
+        == 1
+    )
+
+    refused = _refused(url, lambda channel: channel.basic_get(queue))
+    assert refused.startswith("403 ACCESS_REFUSED")
+    assert _refused(url, lambda channel: channel.queue_declare(f"{namespace}.mine"))
+    # Passive checks need no permission: verify works, without the settings probe.
+    verify = topology("verify", "--url", url, "--app", app_path)
+    assert verify.exit_code == 0, verify.output
+    assert "55 not checked for settings (no configure permission)" in verify.stdout
+    apply = topology("apply", "--url", url, "--app", app_path)
+    assert apply.exit_code == 1
+    assert "needs configure permission on the namespace" in apply.stderr
+
+
+def test_worker_permissions_allow_consuming_its_queues_only(
+    broker: Broker,
+    app_path: str,
+    namespace: str,
+    connection: pika.BlockingConnection,
+    user: Callable[[], tuple[str, str]],
+) -> None:
+    node = broker.controllable()
+    names = Names(namespace)
+    app = App(namespace=namespace)
+    app.declare("mail.send", Mail)
+    declare(connection, app.topology(ladder=False))
+    name, password = user()
+    printed = topology("permissions", "--role", "worker", "--app", app_path, "--user", name)
+    grant(node, printed.stdout)
+    url = with_credentials(broker.url, name, password)
+    user_connection = pika.BlockingConnection(pika.URLParameters(url))
+    with contextlib.closing(user_connection):
+        channel = user_connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish(names.work_exchange, "mail.send", b"{}", mandatory=True)
+        method, _, _ = channel.basic_get(names.task_queue("mail.send"), auto_ack=True)
+        assert method is not None
+    dead = names.dead_letter_queue("mail.send")
+    assert _refused(url, lambda channel: channel.basic_get(dead)).startswith("403")
+
+
+def _refused(url: str, action: Callable[[Any], object]) -> str:
+    """The broker's refusal of ``action`` on a channel of ``url``'s user ("" if none)."""
+    with contextlib.closing(pika.BlockingConnection(pika.URLParameters(url))) as conn:
+        try:
+            action(conn.channel())
+        except pika.exceptions.ChannelClosedByBroker as error:
+            return f"{error.reply_code} {error.reply_text}"
+    return ""

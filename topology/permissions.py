@@ -1,0 +1,113 @@
+"""Least-privilege RabbitMQ permissions for each role of a namespace.
+
+RabbitMQ grants a user three regular expressions per vhost, matched against object
+names: *configure* (declare, delete), *write* (publish to an exchange, bind) and
+*read* (consume or get from a queue, bind). With the topology declared by an
+operator (``broker-jobs topology apply``), no role needs configure:
+
+- publisher: write the work exchange and the delay ladder's entry exchange;
+- worker: read its task queues; write the work exchange (immediate retries), the
+  delay entry exchange (delayed retries) and the dead-letter exchange (jobs it
+  gives up on). Dead-lettering by the queue itself needs no permission;
+- beat: what a publisher has, plus configure and read on ``<ns>.beat.leader``, the
+  queue its leader election will use (provisional: beat does not exist yet).
+
+Passive declares (checking that an object exists) need no permission: measured on
+RabbitMQ 3.10, a user with ``^$`` everywhere may passive-declare any exchange or
+queue of the vhost, and is refused (403) on anything else.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from topology import delay
+from topology.names import Names
+
+#: Matches no name: RabbitMQ's way of granting nothing.
+NOTHING = "^$"
+
+
+class Role(StrEnum):
+    PUBLISHER = "publisher"
+    WORKER = "worker"
+    BEAT = "beat"
+
+
+@dataclass(frozen=True)
+class Permissions:
+    role: Role
+    configure: str
+    write: str
+    read: str
+    #: Why each grant is there, one line each, for the printed command.
+    notes: tuple[str, ...]
+
+    def command(self, user: str, vhost: str = "/") -> str:
+        """The ready-to-run ``rabbitmqctl set_permissions`` line, shell-quoted."""
+        arguments = ["set_permissions", "-p", vhost, user, self.configure, self.write, self.read]
+        return "rabbitmqctl " + " ".join(shlex.quote(argument) for argument in arguments)
+
+
+def beat_leader_queue(names: Names) -> str:
+    """The queue beat's leader election will hold (provisional)."""
+    return f"{names.namespace}.beat.leader"
+
+
+def role_permissions(role: Role, names: Names, tasks: Sequence[str] | None) -> Permissions:
+    """Permissions of ``role``; a worker reads the queues of ``tasks``, or every task
+    queue of the namespace when ``tasks`` is None."""
+    publish_to = [names.work_exchange, delay.entry_exchange(names)]
+    publishes = f"write: publish to {', '.join(publish_to)}"
+    if role is Role.PUBLISHER:
+        notes = ("configure: nothing", publishes, "read: nothing")
+        return Permissions(role, NOTHING, exact(publish_to), NOTHING, notes)
+    if role is Role.WORKER:
+        if tasks is None:
+            read = "^" + escape(names.task_queue_prefix) + ".+$"
+            reads = "read: consume every task queue of the namespace"
+        else:
+            read = exact(names.task_queue(task) for task in tasks)
+            reads = "read: consume the task queues" if tasks else "read: nothing (no tasks)"
+        writes = [names.work_exchange, delay.entry_exchange(names), names.dead_letter_exchange]
+        return Permissions(
+            role,
+            NOTHING,
+            exact(writes),
+            read,
+            (
+                "configure: nothing",
+                f"write: retries and dead letters to {', '.join(writes)}",
+                reads,
+            ),
+        )
+    leader = beat_leader_queue(names)
+    return Permissions(
+        role,
+        exact([leader]),
+        exact(publish_to),
+        exact([leader]),
+        (
+            f"configure: declare {leader} (leader election; provisional)",
+            publishes,
+            f"read: consume {leader} (leader election; provisional)",
+        ),
+    )
+
+
+def escape(name: str) -> str:
+    """A name as a regex literal. Our names hold letters, digits, ``_``, ``-`` and
+    dots; only the dot is special outside a character class, and escaping just it
+    keeps the printed patterns readable."""
+    return name.replace(".", r"\.")
+
+
+def exact(names: Iterable[str]) -> str:
+    """A regex matching exactly ``names`` (``^$`` for none)."""
+    escaped = [escape(name) for name in names]
+    if not escaped:
+        return NOTHING
+    return "^(" + "|".join(escaped) + ")$" if len(escaped) > 1 else f"^{escaped[0]}$"
