@@ -12,9 +12,7 @@ exit 1 too here (click's default is 2), so that 2 from ``plan`` is unambiguous.
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,10 +23,10 @@ import click
 import pika
 import pika.exceptions
 
-from broker_jobs.app import App
+from broker_jobs.app_loader import load_app
 from broker_jobs.cli_options import url_option
 from broker_jobs.declaring import blocking_connection
-from broker_jobs.errors import BrokerJobsError, ConfigurationError
+from broker_jobs.errors import BrokerJobsError
 from broker_jobs.urls import BrokerURL, mask_text
 from topology import Names, TopologyConflictError, declare
 from topology.definitions import RABBITMQ_DEFINITIONS, definitions
@@ -375,47 +373,6 @@ def _spec(
             "give the topology: --app MODULE:ATTR (the App object) or --file topology.toml"
         )
     return NamespaceSpec(Names(namespace or DEFAULT_NAMESPACE))
-
-
-def load_app(path: str) -> App:
-    """Import ``module:attr`` (the attribute may be dotted) and check it is an App."""
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise ConfigurationError(f"--app {path!r}: use MODULE:ATTR, e.g. myproject.tasks:app")
-    # Like celery and uvicorn: the project directory, where the operator runs the
-    # command, is importable even when the console script's sys.path lacks it.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        missing = error.name or ""
-        if module_name == missing or module_name.startswith(missing + "."):
-            raise ConfigurationError(
-                f"--app {path!r}: no module named {missing!r} in the current directory or"
-                " on PYTHONPATH: run from the project directory or set PYTHONPATH"
-            ) from None
-        raise ConfigurationError(
-            f"--app {path!r}: importing {module_name!r} failed: {error}"
-        ) from None
-    except Exception as error:  # any import-time failure is the user's to see
-        raise ConfigurationError(
-            f"--app {path!r}: importing {module_name!r} failed: {type(error).__name__}: {error}"
-        ) from None
-    found: Any = module
-    for part in attribute.split("."):
-        if not hasattr(found, part):
-            apps = sorted(name for name, value in vars(module).items() if isinstance(value, App))
-            hint = f" (App objects there: {', '.join(apps)})" if apps else ""
-            raise ConfigurationError(
-                f"--app {path!r}: module {module_name!r} has no attribute {attribute!r}{hint}"
-            )
-        found = getattr(found, part)
-    if not isinstance(found, App):
-        raise ConfigurationError(
-            f"--app {path!r} is a {type(found).__name__}, not a broker_jobs.App"
-        )
-    return found
 
 
 @contextmanager
