@@ -88,7 +88,7 @@ class RetryPolicy:
         """Seconds to wait before ``attempt`` (2 for the first retry)."""
         if self.schedule is not None:
             return _seconds(self.schedule[min(attempt - 2, len(self.schedule) - 1)])
-        ceiling = min(self.max_delay, self.base_delay * 2 ** (attempt - 2))
+        ceiling = min(self.max_delay, self.base_delay * 2.0 ** (attempt - 2))
         if not self.jitter:
             return ceiling
         # Full jitter (uniform in [0, ceiling]) spreads a herd of jobs that failed
