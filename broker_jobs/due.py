@@ -68,7 +68,9 @@ def route_for(names: Names, job: Job, now: datetime) -> Route:
     units = ladder_units((job.due_at - now).total_seconds())
     if units == 0:
         return Route(names.work_exchange, names.routing_key(job.task))
-    return Route(entry_exchange(names), delay_routing_key(units, job.task), via_ladder=True)
+    return Route(
+        entry_exchange(names, units), delay_routing_key(units, job.task), via_ladder=True
+    )
 
 
 def seconds_until_due(job: Job, now: datetime) -> float:

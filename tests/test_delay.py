@@ -81,7 +81,8 @@ def test_short_delays_go_straight_to_the_task_queue_and_long_ones_through_the_la
     assert route_for(names, soon, NOW).exchange == "jobs.work"
     assert not route_for(names, soon, NOW).via_ladder
     route = route_for(names, later, NOW)
-    assert (route.exchange, route.via_ladder) == ("jobs.delay.24", True)
+    # 13 s leave 12 whole units (binary 1100): the job enters at level 3.
+    assert (route.exchange, route.via_ladder) == ("jobs.delay.03", True)
     assert route.routing_key == delay_routing_key(13, "t")
     assert seconds_until_due(later, NOW) == 13.5
     assert seconds_until_due(later, NOW + timedelta(seconds=20)) == 0
@@ -202,6 +203,6 @@ def test_without_declaring_a_missing_ladder_is_a_clear_error(
     declare(connection, app.topology(ladder=False))
     publisher = make_publisher(app, declare=False)
     publisher.publish("ping", {"n": 1}, delay=0.5)  # no ladder needed
-    with pytest.raises(TopologyMissingError, match=r"delay\.24"):
+    with pytest.raises(TopologyMissingError, match=r"delay\.05"):
         publisher.publish("ping", {"n": 2}, delay=60)
     assert len(drain(connection, app.names.task_queue("ping"))) == 1

@@ -123,6 +123,11 @@ class Names:
         return f"{self.namespace}.delay.{level:02d}"
 
     @property
+    def delay_exchange_pattern(self) -> str:
+        """A regex matching every level's exchange (for permissions)."""
+        return self.namespace + r"\.delay\.[0-9]{2}"  # namespaces hold no dots
+
+    @property
     def delay_out_exchange(self) -> str:
         """Where the ladder releases jobs; each task queue is bound to it."""
         return f"{self.namespace}.delay.out"

@@ -5,10 +5,11 @@ names: *configure* (declare, delete), *write* (publish to an exchange, bind) and
 *read* (consume or get from a queue, bind). With the topology declared by an
 operator (``broker-jobs topology apply``), no role needs configure:
 
-- publisher: write the work exchange and the delay ladder's entry exchange;
+- publisher: write the work exchange and the delay ladder's level exchanges (a
+  delayed job enters at the level of its delay's highest bit);
 - worker: read its task queues; write the work exchange (immediate retries), the
-  delay entry exchange (delayed retries) and the dead-letter exchange (jobs it
-  gives up on). Dead-lettering by the queue itself needs no permission;
+  ladder's exchanges (delayed retries) and the dead-letter exchange (jobs it gives
+  up on). Dead-lettering by the queue itself needs no permission;
 - beat: what a publisher has, plus configure and read on ``<ns>.beat.leader``, the
   queue its leader election will use (provisional: beat does not exist yet).
 
@@ -24,7 +25,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from topology import delay
 from topology.names import Names
 
 #: Matches no name: RabbitMQ's way of granting nothing.
@@ -60,11 +60,13 @@ def beat_leader_queue(names: Names) -> str:
 def role_permissions(role: Role, names: Names, tasks: Sequence[str] | None) -> Permissions:
     """Permissions of ``role``; a worker reads the queues of ``tasks``, or every task
     queue of the namespace when ``tasks`` is None."""
-    publish_to = [names.work_exchange, delay.entry_exchange(names)]
-    publishes = f"write: publish to {', '.join(publish_to)}"
+    # Delayed jobs enter the ladder at the level of their delay's highest bit.
+    ladder = names.delay_exchange_pattern
+    publishes = f"write: publish to {names.work_exchange} and the delay ladder's exchanges"
     if role is Role.PUBLISHER:
         notes = ("configure: nothing", publishes, "read: nothing")
-        return Permissions(role, NOTHING, exact(publish_to), NOTHING, notes)
+        write = exact([names.work_exchange], patterns=[ladder])
+        return Permissions(role, NOTHING, write, NOTHING, notes)
     if role is Role.WORKER:
         if tasks is None:
             read = "^" + escape(names.task_queue_prefix) + ".+$"
@@ -72,15 +74,15 @@ def role_permissions(role: Role, names: Names, tasks: Sequence[str] | None) -> P
         else:
             read = exact(names.task_queue(task) for task in tasks)
             reads = "read: consume the task queues" if tasks else "read: nothing (no tasks)"
-        writes = [names.work_exchange, delay.entry_exchange(names), names.dead_letter_exchange]
+        writes = [names.work_exchange, names.dead_letter_exchange]
         return Permissions(
             role,
             NOTHING,
-            exact(writes),
+            exact(writes, patterns=[ladder]),
             read,
             (
                 "configure: nothing",
-                f"write: retries and dead letters to {', '.join(writes)}",
+                f"write: retries and dead letters to {', '.join(writes)} and the ladder",
                 reads,
             ),
         )
@@ -88,7 +90,7 @@ def role_permissions(role: Role, names: Names, tasks: Sequence[str] | None) -> P
     return Permissions(
         role,
         exact([leader]),
-        exact(publish_to),
+        exact([names.work_exchange], patterns=[ladder]),
         exact([leader]),
         (
             f"configure: declare {leader} (leader election; provisional)",
@@ -105,9 +107,9 @@ def escape(name: str) -> str:
     return name.replace(".", r"\.")
 
 
-def exact(names: Iterable[str]) -> str:
-    """A regex matching exactly ``names`` (``^$`` for none)."""
-    escaped = [escape(name) for name in names]
+def exact(names: Iterable[str], patterns: Iterable[str] = ()) -> str:
+    """A regex matching exactly ``names`` and ``patterns`` (``^$`` for none)."""
+    escaped = [escape(name) for name in names] + list(patterns)
     if not escaped:
         return NOTHING
     return "^(" + "|".join(escaped) + ")$" if len(escaped) > 1 else f"^{escaped[0]}$"
