@@ -23,7 +23,9 @@ from broker_jobs.errors import (
 )
 from broker_jobs.publisher import Publisher
 from broker_jobs.publishing import JobRequest
+from broker_jobs.retry import PermanentError, RetryableError, RetryPolicy
 from broker_jobs.urls import mask_url
+from broker_jobs.worker import Worker, WorkerSettings
 from topology import QueueOptions, QueueType
 
 __version__ = "0.1.0"
@@ -38,6 +40,12 @@ __all__ = [
     "AsyncPublisher",
     "JobRequest",
     "Publisher",
+    # running jobs
+    "PermanentError",
+    "RetryPolicy",
+    "RetryableError",
+    "Worker",
+    "WorkerSettings",
     # the envelope and its wire form
     "Job",
     "WireMessage",

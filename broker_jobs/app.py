@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ValidationError
@@ -19,6 +19,7 @@ from broker_jobs.errors import (
     UnknownTaskError,
     describe_validation_error,
 )
+from broker_jobs.retry import RetryPolicy
 from topology import InvalidNameError, Names, QueueOptions, Topology, namespace_topology
 from topology.names import DEFAULT_NAMESPACE, check_task_name
 
@@ -37,6 +38,10 @@ class TaskSpec:
     payload_model: type[BaseModel]
     queue: QueueOptions
     handler: Handler | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: Seconds a run may take; None for no limit (the broker's consumer_timeout,
+    #: 30 min by default, still applies to the delivery).
+    time_limit: float | None = None
 
     def validate(self, payload: BaseModel | Mapping[str, Any]) -> BaseModel:
         """The payload as an instance of the task's model, or ``PayloadValidationError``."""
@@ -85,15 +90,32 @@ class App:
         return self._add(TaskSpec(_task_name(name), payload_model, queue or QueueOptions()))
 
     def task(
-        self, name: str, *, queue: QueueOptions | None = None
+        self,
+        name: str,
+        *,
+        queue: QueueOptions | None = None,
+        retry: RetryPolicy | None = None,
+        time_limit: float | None = None,
     ) -> Callable[[HandlerT], HandlerT]:
         """Decorator declaring a task whose handler takes the payload model as its
         first parameter (annotated): ``@app.task("image.resize") def resize(p: Resize)``.
+        ``retry`` decides retries (default: 5 attempts, exponential backoff);
+        ``time_limit`` bounds one run in seconds.
         """
+        if time_limit is not None and time_limit <= 0:
+            raise ConfigurationError(f"time_limit of task {name!r} must be positive seconds")
 
         def register(handler: HandlerT) -> HandlerT:
             model = _payload_model_of(name, handler)
-            self._add(TaskSpec(_task_name(name), model, queue or QueueOptions(), handler))
+            spec = TaskSpec(
+                _task_name(name),
+                model,
+                queue or QueueOptions(),
+                handler,
+                retry or RetryPolicy(),
+                time_limit,
+            )
+            self._add(spec)
             return handler
 
         return register

@@ -12,6 +12,7 @@ from broker_jobs.cli_options import url_option
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.publisher import Publisher
 from broker_jobs.topology_cli import topology_group
+from broker_jobs.worker_cli import worker_command
 from topology.names import DEFAULT_NAMESPACE
 
 
@@ -62,3 +63,4 @@ def publish(  # noqa: PLR0917 - click passes every option positionally
 
 
 main.add_command(topology_group)
+main.add_command(worker_command)

@@ -68,6 +68,8 @@ class JobOptions(TypedDict, total=False):
     tracestate: str | None
     delay: Delay | None
     eta: datetime | None
+    #: Which execution this is (1 by default); workers publish retries with it.
+    attempt: int | None
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ _OPTION_FIELDS = {
     "idempotency_key": "idempotency_key",
     "traceparent": "traceparent",
     "tracestate": "tracestate",
+    "attempt": "attempt",
 }
 
 

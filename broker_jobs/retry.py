@@ -13,14 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from broker_jobs.errors import ConfigurationError
+from broker_jobs.errors import BrokerJobsError, ConfigurationError
 
 
-class PermanentError(Exception):
+class PermanentError(BrokerJobsError):
     """Raise from a handler to dead-letter the job at once, without retrying."""
 
 
-class RetryableError(Exception):
+class RetryableError(BrokerJobsError):
     """Raise from a handler to retry even when the policy's ``retry_on`` would not."""
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,31 +20,10 @@ import pytest
 
 from broker_jobs import App, Publisher
 from broker_jobs.testing.rabbit_node import RabbitNode
-from tests.support import AnyPublisher, AsyncFacade, Broker, unavailable
+from tests.support import AnyPublisher, AsyncFacade, Broker, docker_answers, unavailable
 from topology import Topology
 
 URL_VARIABLE = "BROKER_JOBS_TEST_AMQP_URL"
-
-
-def _docker_answers() -> bool:
-    """Whether a Docker engine answers ``/_ping`` (checked over its socket directly:
-    docker-py leaks the socket when the engine is absent)."""
-    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    if host.startswith("unix://"):
-        family, address = socket.AF_UNIX, host.removeprefix("unix://")
-    elif host.startswith("tcp://"):
-        name, _, port = host.removeprefix("tcp://").partition(":")
-        family, address = socket.AF_INET, (name, int(port or 2375))  # type: ignore[assignment]
-    else:
-        return False
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.settimeout(2)
-        try:
-            probe.connect(address)
-            probe.sendall(b"GET /_ping HTTP/1.0\r\n\r\n")
-            return b" 200 " in probe.recv(256)
-        except OSError:
-            return False
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +31,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     if url := os.environ.get(URL_VARIABLE):
         yield Broker(url)
         return
-    if _docker_answers():
+    if docker_answers():
         from testcontainers.rabbitmq import RabbitMqContainer  # noqa: PLC0415
 
         with RabbitMqContainer("rabbitmq:3.13") as container:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -105,3 +106,24 @@ def drain_at_least(
             break
         connection.sleep(0.02)
     return drain(connection, queue)
+
+
+def docker_answers() -> bool:
+    """Whether a Docker engine answers ``/_ping`` (checked over its socket directly:
+    docker-py leaks the socket when the engine is absent)."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if host.startswith("unix://"):
+        family, address = socket.AF_UNIX, host.removeprefix("unix://")
+    elif host.startswith("tcp://"):
+        name, _, port = host.removeprefix("tcp://").partition(":")
+        family, address = socket.AF_INET, (name, int(port or 2375))  # type: ignore[assignment]
+    else:
+        return False
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2)
+        try:
+            probe.connect(address)
+            probe.sendall(b"GET /_ping HTTP/1.0\r\n\r\n")
+            return b" 200 " in probe.recv(256)
+        except OSError:
+            return False

@@ -1,0 +1,89 @@
+"""Publishing a job to its task's dead-letter queue, with the reason.
+
+The worker dead-letters by publishing (confirmed) rather than by rejecting the
+delivery: a reject carries no reason, and a quorum queue's own dead-lettering is
+kept for the crash loops that the worker never gets to see (the delivery limit).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aio_pika
+import aio_pika.abc
+
+from topology import names as n
+
+#: Header names added to a dead letter.
+HEADER_REASON = "bj-dead-reason"
+HEADER_ERROR = "bj-dead-error"
+HEADER_TRACEBACK = "bj-dead-traceback"
+HEADER_ATTEMPTS = "bj-dead-attempts"
+HEADER_WORKER = "bj-dead-worker"
+HEADER_AT = "bj-dead-at"
+
+#: Characters of an error message and of a traceback kept in a dead letter.
+MAX_ERROR = 2000
+MAX_TRACEBACK = 4000
+
+
+@dataclass(frozen=True)
+class DeathCause:
+    """Why a job is dead: a short reason (``exhausted``, ``permanent``, ``json``,
+    ``unknown-task``, ``schema``...) and the error behind it."""
+
+    reason: str
+    error: str
+    attempts: int | None = None
+    traceback: str | None = None
+
+    @classmethod
+    def from_exception(cls, reason: str, error: BaseException, attempts: int) -> DeathCause:
+        trace = "".join(traceback.format_exception(error))
+        return cls(reason, f"{type(error).__name__}: {error}", attempts, trace[-MAX_TRACEBACK:])
+
+
+def dead_letter_message(
+    body: bytes, properties: Mapping[str, Any], cause: DeathCause, worker: str
+) -> aio_pika.Message:
+    """The original message with the cause in its headers; RabbitMQ's own ``x-``
+    headers are dropped (``x-death`` would trip cycle detection on a replay)."""
+    headers = {
+        key: value
+        for key, value in dict(properties.get("headers") or {}).items()
+        if not key.startswith("x-")
+    }
+    headers[HEADER_REASON] = cause.reason
+    headers[HEADER_ERROR] = cause.error[:MAX_ERROR]
+    headers[HEADER_WORKER] = worker
+    headers[HEADER_AT] = datetime.now(UTC).isoformat(timespec="milliseconds")
+    if cause.attempts is not None:
+        headers[HEADER_ATTEMPTS] = cause.attempts
+    if cause.traceback:
+        headers[HEADER_TRACEBACK] = cause.traceback
+    return aio_pika.Message(
+        body,
+        headers=headers,
+        content_type=properties.get("content_type"),
+        content_encoding=properties.get("content_encoding"),
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        message_id=properties.get("message_id"),
+        type=properties.get("type"),
+        timestamp=properties.get("timestamp"),
+    )
+
+
+async def publish_dead_letter(
+    channel: aio_pika.abc.AbstractChannel,
+    names: n.Names,
+    task: str,
+    message: aio_pika.Message,
+    timeout: float,
+) -> None:
+    """Publish to ``task``'s dead-letter queue and wait for the confirm."""
+    exchange = await channel.get_exchange(names.dead_letter_exchange, ensure=False)
+    await exchange.publish(message, names.routing_key(task), mandatory=True, timeout=timeout)

@@ -1,0 +1,74 @@
+"""Running one handler: sync ones in a bounded thread pool, async ones on the loop,
+each under a time limit, with the store's lease renewed while it runs.
+
+Sync handlers run in threads so that a CPU-bound handler never starves the event
+loop, which keeps AMQP heartbeats flowing. A sync handler that overruns its time
+limit cannot be killed: the job is failed (and retried or dead-lettered) at the
+limit, and the thread finishes in the background while the pool slot stays taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pydantic import BaseModel
+
+log = logging.getLogger(__name__)
+
+
+class TimeLimitExceeded(Exception):
+    """The handler ran longer than its task's time limit."""
+
+
+class Executor:
+    """Runs handlers; at most ``concurrency`` at once."""
+
+    def __init__(self, concurrency: int) -> None:
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="broker-jobs-handler")
+        self._slots = asyncio.Semaphore(concurrency)
+
+    async def run(
+        self,
+        handler: Callable[..., Any],
+        payload: BaseModel,
+        time_limit: float | None,
+        renew_lease: Callable[[], Awaitable[None]],
+        renew_every: float,
+    ) -> Any:
+        """Run ``handler(payload)``; raise what it raises, or TimeLimitExceeded."""
+        async with self._slots:
+            renewer = asyncio.create_task(_renew_forever(renew_lease, renew_every))
+            try:
+                return await asyncio.wait_for(self._start(handler, payload), time_limit)
+            except TimeoutError:
+                raise TimeLimitExceeded(f"ran longer than {time_limit:g} s") from None
+            finally:
+                renewer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await renewer
+
+    def _start(self, handler: Callable[..., Any], payload: BaseModel) -> Awaitable[Any]:
+        if inspect.iscoroutinefunction(handler):
+            return handler(payload)  # type: ignore[no-any-return]
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._pool, functools.partial(handler, payload))
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _renew_forever(renew: Callable[[], Awaitable[None]], every: float) -> None:
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await renew()
+        except Exception:  # a lost lease or an unreachable store: recording will tell
+            log.warning("renewing a job's lease failed; it may run elsewhere", exc_info=True)
+            return

@@ -1,0 +1,245 @@
+"""The execution protocol for one delivery (docs/worker.md).
+
+    receive -> decode + validate -> hold until due -> claim in the store
+      DONE / STALE          -> ack (a duplicate)
+      BUSY (live lease)     -> publish a re-check through the delay path, ack
+      CLAIMED               -> run
+        success             -> record SUCCEEDED, ack
+        retryable failure   -> publish the next attempt (confirmed), record RETRYING, ack
+        otherwise           -> dead-letter (confirmed), record DEAD, ack
+
+Every ack comes after the outcome was recorded or the replacing message confirmed,
+so a crash at any step leaves the delivery unacked: RabbitMQ redelivers it and the
+store's record decides what happens then. Nothing here raises for a bad job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import aio_pika
+import aio_pika.abc
+from pydantic import BaseModel
+
+from broker_jobs.app import App, TaskSpec
+from broker_jobs.async_publisher import AsyncPublisher
+from broker_jobs.dead_letters import DeathCause, dead_letter_message, publish_dead_letter
+from broker_jobs.due import seconds_until_due
+from broker_jobs.envelope import Job, WireMessage, decode, utc_now
+from broker_jobs.errors import BrokerJobsError, DecodeError
+from broker_jobs.execution import Executor
+from broker_jobs.store.base import ClaimOutcome, LeaseLostError, Store
+from topology.delay import MAX_HOLD
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunnerSettings:
+    worker_id: str
+    #: Seconds a claim stays ours without renewal; renewed every third of it.
+    lease: float = 60.0
+    #: Seconds before a job held by a live lease elsewhere is looked at again.
+    recheck_after: float = 5.0
+    confirm_timeout: float = 10.0
+
+
+@dataclass
+class Outcomes:
+    """Counters of what the runner did, by outcome (for logs, tests and metrics)."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def add(self, outcome: str) -> None:
+        self.counts[outcome] += 1
+
+
+class Runner:
+    """Applies the execution protocol to each delivery of the app's tasks."""
+
+    def __init__(
+        self,
+        app: App,
+        store: Store,
+        *,
+        executor: Executor,
+        publisher: AsyncPublisher,
+        channel: aio_pika.abc.AbstractChannel,
+        settings: RunnerSettings,
+    ) -> None:
+        self._app = app
+        self._store = store
+        self._executor = executor
+        self._publisher = publisher
+        self._channel = channel
+        self._settings = settings
+        self.outcomes = Outcomes()
+        self._deliveries = itertools.count(1)
+
+    async def handle(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> None:
+        """Process one delivery from ``task``'s queue; ack it once settled."""
+        try:
+            outcome = await self._process(message, task)
+        except Exception:
+            # Our own failure (the store or the broker unreachable): give the
+            # delivery back; its redelivery meets the store's record again.
+            log.exception("processing a %s delivery failed; returning it to the queue", task)
+            await message.nack(requeue=True)
+            self.outcomes.add("returned")
+            return
+        await message.ack()
+        self.outcomes.add(outcome)
+
+    async def _process(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> str:
+        try:
+            job = decode(wire_message(message))
+            spec = self._app.get(job.task)
+            payload = spec.validate(job.payload)
+        except DecodeError as error:
+            return await self._dead_letter(message, task, DeathCause(error.reason, str(error)))
+        except BrokerJobsError as error:  # unknown task, invalid payload
+            reason = "unknown-task" if job.task not in self._app else "schema"
+            return await self._dead_letter(message, task, DeathCause(reason, str(error)))
+        hold = seconds_until_due(job, utc_now())
+        if hold > MAX_HOLD:
+            # Published for later without going through the ladder (by hand, or by a
+            # foreign publisher): send it through the ladder rather than hold it.
+            await self._publisher.publish(
+                job.task,
+                job.payload,
+                job_id=job.id,
+                idempotency_key=job.idempotency_key,
+                eta=job.due_at,
+            )
+            return "rerouted"
+        await asyncio.sleep(hold)
+        return await self._claim_and_run(message, job, spec, payload)
+
+    async def _claim_and_run(
+        self,
+        message: aio_pika.abc.AbstractIncomingMessage,
+        job: Job,
+        spec: TaskSpec,
+        payload: BaseModel,
+    ) -> str:
+        settings, store = self._settings, self._store
+        # Each delivery claims under its own holder id: two copies of one job in
+        # this worker at once must not both count as "ours".
+        holder = f"{settings.worker_id}#{next(self._deliveries)}"
+        claim = await asyncio.to_thread(store.claim, job, holder, settings.lease)
+        if claim.outcome in (ClaimOutcome.DONE, ClaimOutcome.STALE):
+            return "duplicate"
+        if claim.outcome is ClaimOutcome.BUSY:
+            await self._republish(job, delay=settings.recheck_after)
+            return "busy"
+        if spec.handler is None:
+            cause = DeathCause("no-handler", "this app has no handler")
+            return await self._dead_letter(message, job.task, cause, job, holder)
+        try:
+            await self._executor.run(
+                spec.handler,
+                payload,
+                spec.time_limit,
+                self._renewer(job, holder),
+                settings.lease / 3,
+            )
+        except Exception as error:  # the handler's failure, decided by its policy
+            return await self._after_failure(message, job, spec, error, holder)
+        try:
+            await asyncio.to_thread(store.succeed, job.idempotency_key, holder)
+        except LeaseLostError:
+            log.warning("job %s finished after its lease was taken over", job.id)
+        return "succeeded"
+
+    async def _after_failure(
+        self,
+        message: aio_pika.abc.AbstractIncomingMessage,
+        job: Job,
+        spec: TaskSpec,
+        error: Exception,
+        holder: str,
+    ) -> str:
+        decision = spec.retry.decide(error, job.attempt)
+        if decision.delay is not None:
+            due = utc_now() + timedelta(seconds=decision.delay)
+            # The next attempt is confirmed before this one is recorded and acked.
+            await self._republish(job.copy(attempt=job.attempt + 1), delay=decision.delay)
+            text = f"{type(error).__name__}: {error}"
+            await asyncio.to_thread(self._store.retry, job.idempotency_key, holder, text, due)
+            return "retried"
+        reason = "permanent" if "permanent" in decision.reason else "exhausted"
+        cause = DeathCause.from_exception(reason, error, job.attempt)
+        return await self._dead_letter(message, job.task, cause, job, holder)
+
+    async def _dead_letter(
+        self,
+        message: aio_pika.abc.AbstractIncomingMessage,
+        task: str,
+        cause: DeathCause,
+        job: Job | None = None,
+        holder: str | None = None,
+    ) -> str:
+        properties = message.properties
+        dead = dead_letter_message(
+            message.body,
+            {
+                "headers": message.headers,
+                "content_type": properties.content_type,
+                "content_encoding": properties.content_encoding,
+                "message_id": properties.message_id,
+                "type": properties.message_type,
+                "timestamp": properties.timestamp,
+            },
+            cause,
+            self._settings.worker_id,
+        )
+        await publish_dead_letter(
+            self._channel, self._app.names, task, dead, self._settings.confirm_timeout
+        )
+        if job is not None:
+            await asyncio.to_thread(
+                self._store.dead,
+                job.idempotency_key,
+                holder,
+                cause.error,
+                job=job,
+            )
+        log.warning("dead-lettered a %s job (%s): %s", task, cause.reason, cause.error[:200])
+        return f"dead:{cause.reason}"
+
+    async def _republish(self, job: Job, delay: float) -> None:
+        await self._publisher.publish(
+            job.task,
+            job.payload,
+            job_id=job.id,
+            idempotency_key=job.idempotency_key,
+            attempt=job.attempt,
+            delay=delay,
+        )
+
+    def _renewer(self, job: Job, holder: str) -> Callable[[], Awaitable[None]]:
+        async def renew() -> None:
+            await asyncio.to_thread(
+                self._store.renew, job.idempotency_key, holder, self._settings.lease
+            )
+
+        return renew
+
+
+def wire_message(message: aio_pika.abc.AbstractIncomingMessage) -> WireMessage:
+    timestamp = message.timestamp
+    return WireMessage(
+        body=message.body,
+        message_id=message.message_id,
+        type=message.type,
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        timestamp=int(timestamp.timestamp()) if timestamp is not None else None,
+        headers=dict(message.headers or {}),
+    )

@@ -1,0 +1,467 @@
+"""The idempotency store: what every store does, and the claim rules they share.
+
+The worker claims a job's idempotency key before running it and records the outcome
+before acking (``docs/store.md``). The records double as the job-status ledger.
+
+Claim rules (:func:`decide`), for a job ``J`` claimed by worker ``W`` at ``now``:
+
+    no record                                      CLAIMED  (a RUNNING record is created)
+    SUCCEEDED, FAILED or DEAD                      DONE     (a duplicate: ack, do not run)
+    RETRYING, J.attempt >  record.attempts         CLAIMED  (the next attempt)
+    RETRYING, J.attempt <= record.attempts         STALE    (an old attempt: ack, do not run)
+    RUNNING,  J.attempt <  record.attempts         STALE    (a newer attempt already runs)
+    RUNNING,  held by W                            CLAIMED  (redelivered to the same worker)
+    RUNNING,  lease expired (lease_until <= now)   CLAIMED  (take over a dead worker's job)
+    RUNNING,  live lease of another worker         BUSY     (re-check later)
+
+The record methods (renew, succeed, retry, fail) need a RUNNING record held by the
+calling worker and raise :class:`LeaseLostError` otherwise. A worker whose lease
+expired keeps it until another worker actually takes over.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from types import TracebackType
+from typing import Protocol, Self
+
+from broker_jobs.envelope import Job
+from broker_jobs.errors import BrokerJobsError
+
+#: Error texts are stored truncated to this many bytes of UTF-8 (a traceback's tail
+#: is cut, with a marker), so one huge exception cannot bloat the ledger.
+MAX_ERROR_BYTES = 4096
+_TRUNCATED = "\n... [truncated by broker-jobs]"
+
+#: How long the worker should keep terminal records before pruning them. It must be
+#: longer than any window in which a duplicate can still arrive: redelivery after a
+#: broker or worker outage, a publisher retrying an unconfirmed job, beat catching up
+#: missed runs. A pruned key runs again if its job shows up once more.
+DEFAULT_RETENTION = timedelta(days=7)
+
+
+class Status(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    RETRYING = "retrying"
+    FAILED = "failed"
+    DEAD = "dead"
+
+
+#: Statuses that end a job: a claim of its key answers DONE; prune may delete them.
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.DEAD})
+
+
+class ClaimOutcome(StrEnum):
+    CLAIMED = "claimed"  # run it
+    DONE = "done"  # already SUCCEEDED, FAILED or DEAD: ack without running (a duplicate)
+    BUSY = "busy"  # RUNNING under another worker's live lease: re-check later
+    STALE = "stale"  # an older attempt than the ledger knows: ack without running
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One idempotency key's state; all times are timezone-aware UTC."""
+
+    idempotency_key: str
+    job_id: str
+    task: str
+    status: Status
+    attempts: int  # the attempt number last claimed (0: never claimed, e.g. a poison message)
+    created_at: datetime
+    updated_at: datetime  # last change of status (a lease renewal does not count)
+    worker: str | None  # who holds the lease (RUNNING) or recorded the outcome
+    lease_until: datetime | None  # RUNNING only
+    last_error: str | None
+    due_at: datetime | None  # RETRYING only: when the next attempt is due
+
+
+@dataclass(frozen=True)
+class Claim:
+    outcome: ClaimOutcome
+    record: JobRecord  # the record after the claim (CLAIMED) or the one that decided it
+
+
+class StoreError(BrokerJobsError):
+    """The store failed: unreachable database, a schema from a newer version, a store
+    used after close... The message says what to do; passwords are masked."""
+
+
+class LeaseLostError(StoreError):
+    """This worker no longer holds the job's lease (another worker took over after it
+    expired, or the record already has an outcome). Do not ack as if the outcome was
+    recorded: the holder of the lease decides the job's fate."""
+
+    def __init__(self, key: str, worker: str | None, record: JobRecord | None, action: str):
+        self.key = key
+        self.worker = worker
+        self.record = record
+        if record is None:
+            state = "there is no record of it"
+        elif record.status is Status.RUNNING and record.worker is None:
+            state = "it was released (no worker holds it)"
+        elif record.status is Status.RUNNING:
+            until = record.lease_until.isoformat() if record.lease_until else "-"
+            state = f"it is running under {record.worker}'s lease until {until}"
+        else:
+            state = f"it is {record.status.value} (recorded by {record.worker or 'nobody'})"
+        super().__init__(
+            f"cannot {action} job key {key!r} as worker {worker!r}: {state}. This worker"
+            " lost the lease; leave the job to the record's holder (do not record an outcome)"
+        )
+
+
+class Store(ABC):
+    """Where the worker claims jobs and records outcomes; also the job-status ledger.
+
+    Every method is safe to call from several threads; ``claim`` and the record methods
+    are atomic across processes (and, for PostgreSQL, hosts). ``now`` parameters exist
+    for tests with fixed clocks; leave them out in production.
+    """
+
+    @abstractmethod
+    def claim(self, job: Job, worker: str, lease: float, *, now: datetime | None = None) -> Claim:
+        """Decide whether ``worker`` runs ``job`` (see :func:`decide`); on CLAIMED the
+        record is RUNNING, held by ``worker`` for ``lease`` seconds, attempts = job.attempt."""
+
+    @abstractmethod
+    def renew(self, key: str, worker: str, lease: float, *, now: datetime | None = None) -> None:
+        """Extend the lease to ``now + lease``; LeaseLostError if not ours."""
+
+    @abstractmethod
+    def succeed(self, key: str, worker: str, *, now: datetime | None = None) -> None:
+        """RUNNING (ours) -> SUCCEEDED; LeaseLostError if not ours."""
+
+    @abstractmethod
+    def retry(
+        self, key: str, worker: str, error: str, due_at: datetime, *, now: datetime | None = None
+    ) -> None:
+        """RUNNING (ours) -> RETRYING with the error and the next attempt's due time."""
+
+    @abstractmethod
+    def fail(self, key: str, worker: str, error: str, *, now: datetime | None = None) -> None:
+        """RUNNING (ours) -> FAILED: a permanent error, no retry."""
+
+    @abstractmethod
+    def dead(
+        self,
+        key: str,
+        worker: str | None,
+        error: str,
+        *,
+        job: Job | None = None,
+        job_id: str | None = None,
+        task: str | None = None,
+        now: datetime | None = None,
+    ) -> None:
+        """-> DEAD (dead-lettered). See :func:`dead_record` for the rules, including
+        poison messages that never got a claim (the record is created)."""
+
+    @abstractmethod
+    def release(self, key: str, worker: str, *, now: datetime | None = None) -> None:
+        """Give a claim back without an outcome (shutdown before the job started): the
+        record stays RUNNING with no holder and an expired lease, so the next claim
+        takes it at once. A no-op when ``worker`` does not hold it."""
+
+    @abstractmethod
+    def get(self, key: str) -> JobRecord | None: ...
+
+    @abstractmethod
+    def get_by_job_id(self, job_id: str) -> list[JobRecord]:
+        """Records of a job id, newest updated first (normally one)."""
+
+    @abstractmethod
+    def find(
+        self,
+        *,
+        status: Status | None = None,
+        task: str | None = None,
+        since: datetime | None = None,
+        limit: int = 100,
+    ) -> list[JobRecord]:
+        """Records matching every given filter (``since``: updated at or after), newest
+        updated first, at most ``limit``."""
+
+    @abstractmethod
+    def counts(self) -> dict[Status, int]:
+        """How many records have each status (every status is a key)."""
+
+    @abstractmethod
+    def prune(self, older_than: datetime) -> int:
+        """Delete SUCCEEDED, FAILED and DEAD records updated before ``older_than``;
+        never RUNNING or RETRYING ones. Returns how many were deleted."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections; idempotent. The store cannot be used afterwards."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+# --- the rules, shared by the stores -------------------------------------------------
+
+
+def decide(record: JobRecord | None, job: Job, worker: str, now: datetime) -> ClaimOutcome:
+    """The claim rules of the module docstring."""
+    if record is None:
+        return ClaimOutcome.CLAIMED
+    if record.status in TERMINAL:
+        return ClaimOutcome.DONE
+    if record.status is Status.RETRYING:
+        return ClaimOutcome.CLAIMED if job.attempt > record.attempts else ClaimOutcome.STALE
+    if job.attempt < record.attempts:
+        return ClaimOutcome.STALE
+    expired = record.lease_until is None or record.lease_until <= now
+    return ClaimOutcome.CLAIMED if record.worker == worker or expired else ClaimOutcome.BUSY
+
+
+def claimed_record(
+    record: JobRecord | None, job: Job, worker: str, lease: float, now: datetime
+) -> JobRecord:
+    """The RUNNING record a claim leaves (created, or taken over from ``record``)."""
+    return JobRecord(
+        idempotency_key=job.idempotency_key,
+        job_id=job.id,
+        task=job.task,
+        status=Status.RUNNING,
+        attempts=job.attempt,
+        created_at=record.created_at if record else now,
+        updated_at=now,
+        worker=worker,
+        lease_until=now + timedelta(seconds=lease),
+        last_error=record.last_error if record else None,
+        due_at=None,
+    )
+
+
+def holds(record: JobRecord | None, worker: str | None) -> bool:
+    return record is not None and record.status is Status.RUNNING and record.worker == worker
+
+
+def dead_record(
+    record: JobRecord | None,
+    key: str,
+    worker: str | None,
+    error: str,
+    *,
+    job: Job | None,
+    job_id: str | None,
+    task: str | None,
+    now: datetime,
+) -> JobRecord | None:
+    """What ``Store.dead`` writes; None to leave the record as it is.
+
+    - no record (a poison message never claimed): a DEAD record is created from ``job``,
+      or from ``job_id`` (default: the key) and ``task`` (default: empty), attempts 0;
+    - already SUCCEEDED, FAILED or DEAD: unchanged (an outcome is never overwritten);
+    - RETRYING: DEAD;
+    - RUNNING: DEAD if ``worker`` holds it, or if ``worker`` is None and the lease
+      expired (the holder died); else :class:`LeaseLostError`.
+    """
+    error = clip_error(error)
+    if record is None:
+        return JobRecord(
+            idempotency_key=key,
+            job_id=job.id if job else (job_id or key),
+            task=job.task if job else (task or ""),
+            status=Status.DEAD,
+            attempts=job.attempt if job else 0,
+            created_at=now,
+            updated_at=now,
+            worker=worker,
+            lease_until=None,
+            last_error=error,
+            due_at=None,
+        )
+    if record.status in TERMINAL:
+        return None
+    if record.status is Status.RUNNING:
+        expired = record.lease_until is None or record.lease_until <= now
+        if not (holds(record, worker) or (worker is None and expired)):
+            raise LeaseLostError(key, worker, record, "mark dead")
+    return replace(
+        record,
+        status=Status.DEAD,
+        updated_at=now,
+        worker=worker if worker is not None else record.worker,
+        lease_until=None,
+        last_error=error,
+        due_at=None,
+    )
+
+
+def clip_error(error: str) -> str:
+    """``error`` as stored: at most :data:`MAX_ERROR_BYTES` of UTF-8, NUL characters
+    escaped (PostgreSQL text cannot hold them), unencodable characters replaced."""
+    data = error.replace("\x00", "\\x00").encode("utf-8", "replace")
+    if len(data) <= MAX_ERROR_BYTES:
+        return data.decode("utf-8")
+    keep = MAX_ERROR_BYTES - len(_TRUNCATED.encode("utf-8"))
+    return data[:keep].decode("utf-8", "ignore") + _TRUNCATED
+
+
+def utc(moment: datetime | None) -> datetime:
+    """``moment`` in UTC (now when None); naive datetimes are refused."""
+    if moment is None:
+        return datetime.now(UTC)
+    if moment.tzinfo is None:
+        raise ValueError(f"{moment!r} must be timezone-aware (for example datetime.now(UTC))")
+    return moment.astimezone(UTC)
+
+
+def check_lease(lease: float) -> float:
+    if not lease > 0:
+        raise ValueError(f"lease must be a positive number of seconds, got {lease!r}")
+    return float(lease)
+
+
+def check_limit(limit: int) -> int:
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    return limit
+
+
+_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s]*):[^@\s]*@", re.IGNORECASE)
+_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
+
+
+def mask_dsn(text: str) -> str:
+    """Mask passwords in database URLs (``scheme://user:***@host``) and in libpq
+    ``password=...`` settings (keyword form or URL query) anywhere in ``text``."""
+    return _KEYWORD_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", text))
+
+
+# --- stores that read, decide and write under one exclusive section --------------------
+
+
+class Records(Protocol):
+    """The view of the records inside an exclusive section."""
+
+    def load(self, key: str) -> JobRecord | None: ...
+
+    def save(self, record: JobRecord) -> None:
+        """Insert or replace the record of ``record.idempotency_key``."""
+
+
+class ExclusiveStore(Store):
+    """A store whose state changes run as read, decide, write inside one exclusive
+    section (a lock, an immediate transaction); the rules above are applied in Python."""
+
+    @abstractmethod
+    def _exclusive(self) -> AbstractContextManager[Records]:
+        """Enter a section no other thread or process changes records in; commit on
+        normal exit, undo on an exception."""
+
+    def claim(self, job: Job, worker: str, lease: float, *, now: datetime | None = None) -> Claim:
+        lease, moment = check_lease(lease), utc(now)
+        with self._exclusive() as records:
+            record = records.load(job.idempotency_key)
+            outcome = decide(record, job, worker, moment)
+            if outcome is not ClaimOutcome.CLAIMED:
+                assert record is not None  # only a missing record is claimed without one
+                return Claim(outcome, record)
+            new = claimed_record(record, job, worker, lease, moment)
+            records.save(new)
+            return Claim(outcome, new)
+
+    def renew(self, key: str, worker: str, lease: float, *, now: datetime | None = None) -> None:
+        lease, moment = check_lease(lease), utc(now)
+        with self._held(key, worker, "renew the lease of") as (records, record):
+            records.save(replace(record, lease_until=moment + timedelta(seconds=lease)))
+
+    def succeed(self, key: str, worker: str, *, now: datetime | None = None) -> None:
+        self._finish(key, worker, "record success of", now=now, status=Status.SUCCEEDED)
+
+    def retry(
+        self, key: str, worker: str, error: str, due_at: datetime, *, now: datetime | None = None
+    ) -> None:
+        self._finish(
+            key,
+            worker,
+            "record a retry of",
+            now=now,
+            status=Status.RETRYING,
+            error=error,
+            due_at=utc(due_at),
+        )
+
+    def fail(self, key: str, worker: str, error: str, *, now: datetime | None = None) -> None:
+        self._finish(key, worker, "record failure of", now=now, status=Status.FAILED, error=error)
+
+    def _finish(
+        self,
+        key: str,
+        worker: str,
+        action: str,
+        *,
+        now: datetime | None,
+        status: Status,
+        error: str | None = None,
+        due_at: datetime | None = None,
+    ) -> None:
+        moment = utc(now)
+        with self._held(key, worker, action) as (records, record):
+            records.save(
+                replace(
+                    record,
+                    status=status,
+                    updated_at=moment,
+                    lease_until=None,
+                    last_error=clip_error(error) if error is not None else record.last_error,
+                    due_at=due_at,
+                )
+            )
+
+    def dead(
+        self,
+        key: str,
+        worker: str | None,
+        error: str,
+        *,
+        job: Job | None = None,
+        job_id: str | None = None,
+        task: str | None = None,
+        now: datetime | None = None,
+    ) -> None:
+        moment = utc(now)
+        with self._exclusive() as records:
+            new = dead_record(
+                records.load(key),
+                key,
+                worker,
+                error,
+                job=job,
+                job_id=job_id,
+                task=task,
+                now=moment,
+            )
+            if new is not None:
+                records.save(new)
+
+    def release(self, key: str, worker: str, *, now: datetime | None = None) -> None:
+        moment = utc(now)
+        with self._exclusive() as records:
+            record = records.load(key)
+            if record is not None and holds(record, worker):
+                records.save(replace(record, worker=None, lease_until=moment))
+
+    @contextmanager
+    def _held(self, key: str, worker: str, action: str) -> Iterator[tuple[Records, JobRecord]]:
+        """An exclusive section on a record that ``worker`` must hold."""
+        with self._exclusive() as records:
+            record = records.load(key)
+            if record is None or not holds(record, worker):
+                raise LeaseLostError(key, worker, record, action)
+            yield records, record

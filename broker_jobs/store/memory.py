@@ -1,0 +1,115 @@
+"""An in-process store, for unit tests only: nothing survives the process, and other
+processes cannot see it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+
+from broker_jobs.store.base import (
+    TERMINAL,
+    ExclusiveStore,
+    JobRecord,
+    Records,
+    Status,
+    StoreError,
+    check_limit,
+    utc,
+)
+
+
+class _DictRecords:
+    def __init__(self, records: dict[str, JobRecord]) -> None:
+        self._records = records
+
+    def load(self, key: str) -> JobRecord | None:
+        return self._records.get(key)
+
+    def save(self, record: JobRecord) -> None:
+        self._records[record.idempotency_key] = record
+
+
+class MemoryStore(ExclusiveStore):
+    """Records in a dict. Thread-safe: every call holds one lock. For unit tests only:
+    use :class:`~broker_jobs.store.sqlite.SQLiteStore` for anything that must last or
+    be shared between processes.
+
+    Records are immutable, so a change that fails half-way cannot leave a partial record:
+    the dict is only written with a complete new record.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: dict[str, JobRecord] = {}
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return "MemoryStore()"
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[Records]:
+        with self._lock:
+            if self._closed:
+                raise StoreError("this MemoryStore is closed; open a new store")
+            yield _DictRecords(self._records)
+
+    def _snapshot(self) -> list[JobRecord]:
+        with self._exclusive():
+            return list(self._records.values())
+
+    def get(self, key: str) -> JobRecord | None:
+        with self._exclusive() as records:
+            return records.load(key)
+
+    def get_by_job_id(self, job_id: str) -> list[JobRecord]:
+        return _newest_first(r for r in self._snapshot() if r.job_id == job_id)
+
+    def find(
+        self,
+        *,
+        status: Status | None = None,
+        task: str | None = None,
+        since: datetime | None = None,
+        limit: int = 100,
+    ) -> list[JobRecord]:
+        check_limit(limit)
+        after = utc(since) if since is not None else None
+        matching = (
+            r
+            for r in self._snapshot()
+            if (status is None or r.status == status)
+            and (task is None or r.task == task)
+            and (after is None or r.updated_at >= after)
+        )
+        return _newest_first(matching)[:limit]
+
+    def counts(self) -> dict[Status, int]:
+        counts = dict.fromkeys(Status, 0)
+        for record in self._snapshot():
+            counts[record.status] += 1
+        return counts
+
+    def prune(self, older_than: datetime) -> int:
+        cutoff = utc(older_than)
+        with self._exclusive():
+            doomed = [
+                key
+                for key, r in self._records.items()
+                if r.status in TERMINAL and r.updated_at < cutoff
+            ]
+            for key in doomed:
+                del self._records[key]
+            return len(doomed)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._records.clear()
+
+
+def _newest_first(records: Iterable[JobRecord]) -> list[JobRecord]:
+    """Newest updated first; ties by key, as the SQL stores order them."""
+    by_key = sorted(records, key=lambda r: r.idempotency_key)
+    return sorted(by_key, key=lambda r: r.updated_at, reverse=True)

@@ -1,0 +1,656 @@
+"""The PostgreSQL store (psycopg 3): workers on many hosts share one database.
+
+A claim is one statement, ``INSERT ... ON CONFLICT (idempotency_key) DO UPDATE ...
+WHERE <claimable> RETURNING``: PostgreSQL makes the insert-or-update atomic, so two
+workers can never both get CLAIMED. When nothing comes back, the row is read to say
+why (DONE, BUSY or STALE). State changes are single ``UPDATE ... WHERE status =
+'running' AND worker = <us>`` statements. Times come from the database server's
+clock unless a ``now`` is given, so clock skew between worker hosts cannot shorten a
+lease.
+
+:meth:`PostgresStore.succeed_with` runs a handler's own writes and the SUCCEEDED
+record in one transaction: exactly-once effects for writes into the same database.
+
+psycopg is optional (``pip install 'broker-jobs[postgres]'``); this module imports
+without it and the store says what to install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+from broker_jobs.envelope import Job
+from broker_jobs.store.base import (
+    TERMINAL,
+    Claim,
+    ClaimOutcome,
+    JobRecord,
+    LeaseLostError,
+    Status,
+    Store,
+    StoreError,
+    check_lease,
+    check_limit,
+    clip_error,
+    dead_record,
+    decide,
+    holds,
+    mask_dsn,
+    utc,
+)
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
+    from psycopg.pq import TransactionStatus
+except ImportError as _error:  # pragma: no cover - exercised by a test that hides psycopg
+    _MISSING: ImportError | None = _error
+else:
+    _MISSING = None
+
+#: The layout this code writes; a database with a higher one is refused.
+SCHEMA_VERSION = 1
+#: Connections kept per store; callers beyond that wait (up to ``pool_wait`` seconds).
+DEFAULT_MAX_CONNECTIONS = 4
+#: Seconds to wait for the server when connecting, unless the DSN sets connect_timeout.
+DEFAULT_CONNECT_TIMEOUT = 10
+#: Advisory lock serialising table creation between workers starting together.
+_SCHEMA_LOCK = 0x62726F6B65726A73  # "brokerjs"
+#: How often a claim re-tries when the row changed between its upsert and its read.
+_CLAIM_ROUNDS = 10
+
+_COLUMNS = (
+    "idempotency_key",
+    "job_id",
+    "task",
+    "status",
+    "attempts",
+    "created_at",
+    "updated_at",
+    "worker",
+    "lease_until",
+    "last_error",
+    "due_at",
+)
+_COLS = sql.SQL(", ").join(map(sql.Identifier, _COLUMNS)) if _MISSING is None else None
+#: The statement's time: the caller's fixed clock, else the server's.
+_NOW = "COALESCE(%(now)s::timestamptz, statement_timestamp())"
+_NEWEST_FIRST = 'ORDER BY updated_at DESC, idempotency_key COLLATE "C"'
+
+
+class _Queries:
+    """Every statement, composed once for the store's schema."""
+
+    def __init__(self, schema: str | None) -> None:
+        def name(table: str) -> sql.Identifier:
+            return sql.Identifier(schema, table) if schema else sql.Identifier(table)
+
+        self.records = name("broker_jobs_records")
+        self.version_table = name("broker_jobs_schema")
+        self.schema = sql.Identifier(schema) if schema else None
+        assert _COLS is not None
+
+        def q(template: str) -> sql.Composed:
+            return sql.SQL(template).format(records=self.records, cols=_COLS)
+
+        self.claim = q(
+            "INSERT INTO {records} AS r ({cols})"
+            " SELECT %(key)s, %(job_id)s, %(task)s, 'running', %(attempt)s, n.now, n.now,"
+            "  %(worker)s, n.now + make_interval(secs => %(lease)s), NULL, NULL"
+            f" FROM (SELECT {_NOW} AS now) AS n"
+            " ON CONFLICT (idempotency_key) DO UPDATE SET"
+            "  job_id = excluded.job_id, task = excluded.task, status = 'running',"
+            "  attempts = excluded.attempts, updated_at = excluded.updated_at,"
+            "  worker = excluded.worker, lease_until = excluded.lease_until, due_at = NULL"
+            # The claim rules of broker_jobs.store.base.decide, as SQL:
+            " WHERE (r.status = 'running' AND r.attempts <= excluded.attempts"
+            "        AND (r.worker = excluded.worker OR r.lease_until IS NULL"
+            "             OR r.lease_until <= excluded.updated_at))"
+            "  OR (r.status = 'retrying' AND r.attempts < excluded.attempts)"
+            " RETURNING {cols}"
+        )
+        self.get_at = q(f"SELECT {{cols}}, {_NOW} FROM {{records}} WHERE idempotency_key = %(key)s")
+        self.lock_at = q(
+            f"SELECT {{cols}}, {_NOW} FROM {{records}} WHERE idempotency_key = %(key)s FOR UPDATE"
+        )
+        held = " WHERE idempotency_key = %(key)s AND status = 'running' AND worker = %(worker)s"
+        self.renew = q(
+            f"UPDATE {{records}} SET lease_until = {_NOW} + make_interval(secs => %(lease)s)" + held
+        )
+        self.finish = q(
+            f"UPDATE {{records}} SET status = %(status)s, updated_at = {_NOW},"
+            " lease_until = NULL, last_error = COALESCE(%(error)s::text, last_error),"
+            " due_at = %(due_at)s::timestamptz" + held
+        )
+        self.release = q(f"UPDATE {{records}} SET worker = NULL, lease_until = {_NOW}" + held)
+        self.insert_missing = q(
+            "INSERT INTO {records} ({cols}) VALUES (%(idempotency_key)s, %(job_id)s,"
+            " %(task)s, %(status)s, %(attempts)s, %(created_at)s, %(updated_at)s, %(worker)s,"
+            " %(lease_until)s, %(last_error)s, %(due_at)s)"
+            " ON CONFLICT (idempotency_key) DO NOTHING"
+        )
+        self.overwrite = q(
+            "UPDATE {records} SET job_id = %(job_id)s, task = %(task)s, status = %(status)s,"
+            " attempts = %(attempts)s, created_at = %(created_at)s, updated_at = %(updated_at)s,"
+            " worker = %(worker)s, lease_until = %(lease_until)s, last_error = %(last_error)s,"
+            " due_at = %(due_at)s WHERE idempotency_key = %(idempotency_key)s"
+        )
+        self.server_now = sql.SQL(f"SELECT {_NOW}")
+        self.get = q("SELECT {cols} FROM {records} WHERE idempotency_key = %(key)s")
+        self.by_job_id = q(
+            "SELECT {cols} FROM {records} WHERE job_id = %(job_id)s " + _NEWEST_FIRST
+        )
+        self.counts = q("SELECT status, count(*) FROM {records} GROUP BY status")
+        self.prune = q(
+            "DELETE FROM {records} WHERE status = ANY(%(terminal)s) AND updated_at < %(cutoff)s"
+        )
+
+    def find(self, conditions: list[str]) -> sql.Composed:
+        where = f"WHERE {' AND '.join(conditions)} " if conditions else ""
+        return sql.SQL(
+            "SELECT {cols} FROM {records} " + where + _NEWEST_FIRST + " LIMIT %(limit)s"
+        ).format(records=self.records, cols=_COLS)
+
+    def create(self) -> list[sql.Composed]:
+        def index(name: str, columns: str) -> sql.Composed:
+            template = "CREATE INDEX IF NOT EXISTS {name} ON {records} (" + columns + ")"
+            return sql.SQL(template).format(name=sql.Identifier(name), records=self.records)
+
+        statuses = ", ".join(f"'{s.value}'" for s in Status)
+        return [
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {records} ("
+                " idempotency_key text PRIMARY KEY,"
+                " job_id text NOT NULL,"
+                " task text NOT NULL,"
+                " status text NOT NULL CHECK (status IN (" + statuses + ")),"
+                " attempts integer NOT NULL,"
+                " created_at timestamptz NOT NULL,"
+                " updated_at timestamptz NOT NULL,"
+                " worker text,"
+                " lease_until timestamptz,"
+                " last_error text,"
+                " due_at timestamptz)"
+            ).format(records=self.records),
+            index("broker_jobs_records_status", "status, updated_at"),
+            index("broker_jobs_records_task", "task, updated_at"),
+            index("broker_jobs_records_job_id", "job_id"),
+        ]
+
+
+class PostgresStore(Store):
+    """Records in a PostgreSQL table, ``broker_jobs_records`` (in ``schema`` if given,
+    else the connection's default schema), created on first use.
+
+    Thread-safe: a small pool of autocommit connections (``max_connections``), each
+    call takes one. A broken connection is dropped and the next call reconnects; the
+    call that met the breakage raises :class:`StoreError`. Open the store in each
+    process after forking, never before.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        pool_wait: float = 30.0,
+    ) -> None:
+        if _MISSING is not None:
+            raise StoreError(
+                "the PostgreSQL store needs psycopg 3, which is not installed:"
+                " pip install 'broker-jobs[postgres]'"
+            ) from _MISSING
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        self._dsn = dsn
+        self.masked_dsn = mask_dsn(dsn)
+        self.schema = schema
+        try:
+            settings = conninfo_to_dict(dsn)
+        except psycopg.Error as error:
+            raise StoreError(
+                f"invalid PostgreSQL DSN {self.masked_dsn!r}: {mask_dsn(str(error))}. Use"
+                " postgresql://user:password@host:5432/database"
+            ) from None
+        self._connect_options: dict[str, Any] = {}
+        if "connect_timeout" not in settings:
+            self._connect_options["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT
+        if "application_name" not in settings:
+            self._connect_options["application_name"] = "broker-jobs"
+        self._q = _Queries(schema)
+        self._pool = _Pool(self._connect, max_connections, pool_wait, self)
+        try:
+            self._migrate()
+        except BaseException:
+            self.close()
+            raise
+
+    def __repr__(self) -> str:
+        schema = f", schema={self.schema!r}" if self.schema else ""
+        return f"PostgresStore({self.masked_dsn!r}{schema})"
+
+    # --- connections and errors -----------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        with self._translate("connect"):
+            return psycopg.connect(self._dsn, autocommit=True, **self._connect_options)
+
+    @contextmanager
+    def _translate(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except psycopg.Error as error:
+            self._raise(action, error)
+
+    def _raise(self, action: str, error: psycopg.Error) -> NoReturn:
+        text = mask_dsn(str(error).strip())
+        where = f"PostgreSQL store {self.masked_dsn}"
+        if isinstance(error, pg_errors.InsufficientPrivilege):
+            raise StoreError(
+                f"{where}: cannot {action}: {text}. Grant this user SELECT, INSERT, UPDATE"
+                f" and DELETE on {self._q.records.as_string()} (and CREATE on the schema for"
+                " the first start), see docs/store.md"
+            ) from None
+        if isinstance(error, psycopg.OperationalError):
+            raise StoreError(
+                f"{where}: cannot {action}: {text}. Check that the database is up and"
+                " reachable from this host and that the DSN is right"
+            ) from None
+        raise StoreError(f"{where}: cannot {action}: {type(error).__name__}: {text}") from None
+
+    def _migrate(self) -> None:
+        with self._pool.connection() as conn, self._translate("create the tables"):
+            version = self._version(conn)
+            if version is None:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                    if self._q.schema is not None:
+                        conn.execute(
+                            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(self._q.schema)
+                        )
+                    conn.execute(
+                        sql.SQL("CREATE TABLE IF NOT EXISTS {} (version integer NOT NULL)").format(
+                            self._q.version_table
+                        )
+                    )
+                    version = self._version(conn)
+                    if version is None:
+                        for statement in self._q.create():
+                            conn.execute(statement)
+                        conn.execute(
+                            sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(
+                                self._q.version_table
+                            ),
+                            (SCHEMA_VERSION,),
+                        )
+                        version = SCHEMA_VERSION
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"PostgreSQL store {self.masked_dsn} (table"
+                    f" {self._q.records.as_string()}) was created by a newer broker-jobs"
+                    f" (schema version {version}; this one knows up to {SCHEMA_VERSION})."
+                    " Upgrade broker-jobs on this host, or use another schema or database"
+                )
+
+    def _version(self, conn: psycopg.Connection[Any]) -> int | None:
+        table = self._q.version_table.as_string(conn)
+        (exists,) = _one(conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)))
+        if not exists:
+            return None
+        (version,) = _one(
+            conn.execute(sql.SQL("SELECT max(version) FROM {}").format(self._q.version_table))
+        )
+        return int(version) if version is not None else None
+
+    # --- claims and state changes ---------------------------------------------------
+
+    def claim(self, job: Job, worker: str, lease: float, *, now: datetime | None = None) -> Claim:
+        params = {
+            "key": job.idempotency_key,
+            "job_id": job.id,
+            "task": job.task,
+            "attempt": job.attempt,
+            "worker": worker,
+            "lease": check_lease(lease),
+            "now": _opt_utc(now),
+        }
+        with self._pool.connection() as conn, self._translate(f"claim job {job.id}"):
+            for _ in range(_CLAIM_ROUNDS):
+                row = conn.execute(self._q.claim, params).fetchone()
+                if row is not None:
+                    return Claim(ClaimOutcome.CLAIMED, _record(row))
+                # Not claimable when the upsert ran; read why. The row may have changed
+                # since (released, expired, pruned): then try the upsert again.
+                found = conn.execute(self._q.get_at, params).fetchone()
+                if found is None:
+                    continue
+                record, moment = _record(found[:-1]), _aware(found[-1])
+                outcome = decide(record, job, worker, moment)
+                if outcome is not ClaimOutcome.CLAIMED:
+                    return Claim(outcome, record)
+        raise StoreError(
+            f"PostgreSQL store {self.masked_dsn}: the record of job key"
+            f" {job.idempotency_key!r} kept changing during {_CLAIM_ROUNDS} claim rounds"
+        )
+
+    def renew(self, key: str, worker: str, lease: float, *, now: datetime | None = None) -> None:
+        params = {"key": key, "worker": worker, "lease": check_lease(lease), "now": _opt_utc(now)}
+        self._update_held(self._q.renew, params, "renew the lease of")
+
+    def succeed(self, key: str, worker: str, *, now: datetime | None = None) -> None:
+        self._update_held(
+            self._q.finish,
+            _finish_params(key, worker, Status.SUCCEEDED, now=now),
+            "record success of",
+        )
+
+    def retry(
+        self, key: str, worker: str, error: str, due_at: datetime, *, now: datetime | None = None
+    ) -> None:
+        params = _finish_params(
+            key, worker, Status.RETRYING, error=error, due_at=utc(due_at), now=now
+        )
+        self._update_held(self._q.finish, params, "record a retry of")
+
+    def fail(self, key: str, worker: str, error: str, *, now: datetime | None = None) -> None:
+        params = _finish_params(key, worker, Status.FAILED, error=error, now=now)
+        self._update_held(self._q.finish, params, "record failure of")
+
+    def _update_held(self, statement: sql.Composed, params: dict[str, Any], action: str) -> None:
+        key = params["key"]
+        with self._pool.connection() as conn, self._translate(f"{action} job key {key!r}"):
+            if conn.execute(statement, params).rowcount == 1:
+                return
+            row = conn.execute(self._q.get, params).fetchone()
+        raise LeaseLostError(key, params["worker"], _record(row) if row else None, action)
+
+    def succeed_with(
+        self,
+        key: str,
+        worker: str,
+        effects: Callable[[psycopg.Connection[Any]], None],
+        *,
+        now: datetime | None = None,
+    ) -> None:
+        """Run ``effects(conn)`` and record SUCCEEDED in ONE transaction: both are
+        committed, or neither.
+
+        The record is locked first (``SELECT ... FOR UPDATE``): if ``worker`` does not
+        hold it, :class:`LeaseLostError` is raised before ``effects`` runs. While the
+        transaction is open, another worker's claim of the key waits for it, then sees
+        SUCCEEDED (DONE). ``effects`` writes with ``conn`` (inside the transaction: do
+        not commit, roll back or change session settings); an exception from it rolls
+        everything back and propagates unchanged, and the record stays RUNNING, ours.
+        If the connection breaks during the commit, the outcome is unknown:
+        ``get(key)`` tells (SUCCEEDED means the effects were committed too).
+        """
+        params = _finish_params(key, worker, Status.SUCCEEDED, now=now)
+        stage = "lock the record of"
+        with self._pool.connection() as conn:
+            try:
+                with conn.transaction():
+                    row = conn.execute(self._q.lock_at, params).fetchone()
+                    record = _record(row[:-1]) if row else None
+                    if not holds(record, worker):
+                        raise LeaseLostError(key, worker, record, "record success of")
+                    stage = "effects"
+                    effects(conn)
+                    stage = "record success (effects rolled back) of"
+                    conn.execute(self._q.finish, params)
+                    stage = "commit (outcome unknown: get(key) tells) the success of"
+            except psycopg.Error as error:
+                if stage == "effects":
+                    raise
+                self._raise(f"{stage} job key {key!r}", error)
+
+    def dead(
+        self,
+        key: str,
+        worker: str | None,
+        error: str,
+        *,
+        job: Job | None = None,
+        job_id: str | None = None,
+        task: str | None = None,
+        now: datetime | None = None,
+    ) -> None:
+        params = {"key": key, "now": _opt_utc(now)}
+        with self._pool.connection() as conn, self._translate(f"mark job key {key!r} dead"):
+            for _ in range(_CLAIM_ROUNDS):
+                with conn.transaction():
+                    row = conn.execute(self._q.lock_at, params).fetchone()
+                    if row is not None:
+                        record, moment = _record(row[:-1]), _aware(row[-1])
+                    else:
+                        record = None
+                        moment = _aware(_one(conn.execute(self._q.server_now, params))[0])
+                    new = dead_record(
+                        record,
+                        key,
+                        worker,
+                        error,
+                        job=job,
+                        job_id=job_id,
+                        task=task,
+                        now=moment,
+                    )
+                    if new is None:
+                        return
+                    if record is not None:
+                        conn.execute(self._q.overwrite, _record_params(new))
+                        return
+                    if conn.execute(self._q.insert_missing, _record_params(new)).rowcount == 1:
+                        return
+                # Another call created the record meanwhile: decide again on it.
+        raise StoreError(f"PostgreSQL store {self.masked_dsn}: job key {key!r} kept changing")
+
+    def release(self, key: str, worker: str, *, now: datetime | None = None) -> None:
+        params = {"key": key, "worker": worker, "now": _opt_utc(now)}
+        with self._pool.connection() as conn, self._translate(f"release job key {key!r}"):
+            conn.execute(self._q.release, params)
+
+    # --- the ledger -------------------------------------------------------------------
+
+    def get(self, key: str) -> JobRecord | None:
+        with self._pool.connection() as conn, self._translate("read a record"):
+            row = conn.execute(self._q.get, {"key": key}).fetchone()
+        return _record(row) if row else None
+
+    def get_by_job_id(self, job_id: str) -> list[JobRecord]:
+        with self._pool.connection() as conn, self._translate("read records"):
+            rows = conn.execute(self._q.by_job_id, {"job_id": job_id}).fetchall()
+        return [_record(row) for row in rows]
+
+    def find(
+        self,
+        *,
+        status: Status | None = None,
+        task: str | None = None,
+        since: datetime | None = None,
+        limit: int = 100,
+    ) -> list[JobRecord]:
+        conditions = []
+        params: dict[str, Any] = {"limit": check_limit(limit)}
+        if status is not None:
+            conditions.append("status = %(status)s")
+            params["status"] = Status(status).value
+        if task is not None:
+            conditions.append("task = %(task)s")
+            params["task"] = task
+        if since is not None:
+            conditions.append("updated_at >= %(since)s")
+            params["since"] = utc(since)
+        with self._pool.connection() as conn, self._translate("find records"):
+            rows = conn.execute(self._q.find(conditions), params).fetchall()
+        return [_record(row) for row in rows]
+
+    def counts(self) -> dict[Status, int]:
+        with self._pool.connection() as conn, self._translate("count records"):
+            rows = conn.execute(self._q.counts).fetchall()
+        counts = dict.fromkeys(Status, 0)
+        counts.update({Status(status): int(n) for status, n in rows})
+        return counts
+
+    def prune(self, older_than: datetime) -> int:
+        params = {"terminal": sorted(s.value for s in TERMINAL), "cutoff": utc(older_than)}
+        with self._pool.connection() as conn, self._translate("prune records"):
+            return conn.execute(self._q.prune, params).rowcount
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+class _Pool:
+    """A few autocommit connections, made on demand, shared by threads.
+
+    Not psycopg_pool: this needs no background thread and no extra dependency.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], psycopg.Connection[Any]],
+        size: int,
+        wait: float,
+        owner: PostgresStore,
+    ) -> None:
+        self._connect, self._size, self._wait, self._owner = connect, size, wait, owner
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._open = 0
+        self._closed = False
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        conn = self._acquire()
+        try:
+            yield conn
+        finally:
+            self._release(conn)
+
+    def _acquire(self) -> psycopg.Connection[Any]:
+        deadline = time.monotonic() + self._wait
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise StoreError(f"{self._owner!r} is closed; open a new store")
+                if self._idle:
+                    return self._idle.pop()
+                if self._open < self._size:
+                    self._open += 1
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StoreError(
+                        f"{self._owner!r}: all {self._size} connections stayed busy for"
+                        f" {self._wait:g} s; raise max_connections (or look for a slow"
+                        " succeed_with effects function)"
+                    )
+                self._cond.wait(left)
+        try:
+            return self._connect()
+        except BaseException:
+            with self._cond:
+                self._open -= 1
+                self._cond.notify()
+            raise
+
+    def _release(self, conn: psycopg.Connection[Any]) -> None:
+        healthy = not conn.closed and not conn.broken
+        reusable = healthy and conn.info.transaction_status == TransactionStatus.IDLE
+        stale: list[psycopg.Connection[Any]] = []
+        with self._cond:
+            if reusable and not self._closed:
+                self._idle.append(conn)
+                self._cond.notify()
+                return
+            self._open -= 1
+            if not healthy:
+                # The server restarted or the network broke: the idle ones are most
+                # likely dead too; reconnect on demand rather than fail once each.
+                stale, self._idle = self._idle, []
+                self._open -= len(stale)
+            self._cond.notify_all()
+        for dead in [conn, *stale]:
+            with contextlib.suppress(Exception):
+                dead.close()
+
+    def close(self) -> None:
+        """Close the idle connections now; those in use are closed when given back."""
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+            self._cond.notify_all()
+        for conn in idle:
+            conn.close()
+
+
+def _one(cursor: psycopg.Cursor[Any]) -> tuple[Any, ...]:
+    row = cursor.fetchone()
+    assert row is not None  # an aggregate or expression query always returns a row
+    return tuple(row)
+
+
+def _opt_utc(moment: datetime | None) -> datetime | None:
+    return utc(moment) if moment is not None else None
+
+
+def _aware(value: Any) -> datetime:
+    assert isinstance(value, datetime)
+    return value.astimezone(UTC)
+
+
+def _maybe(value: Any) -> datetime | None:
+    return _aware(value) if value is not None else None
+
+
+def _record(row: tuple[Any, ...] | Any) -> JobRecord:
+    key, job_id, task, status, attempts, created, updated, worker, lease, error, due = row
+    return JobRecord(
+        idempotency_key=key,
+        job_id=job_id,
+        task=task,
+        status=Status(status),
+        attempts=attempts,
+        created_at=_aware(created),
+        updated_at=_aware(updated),
+        worker=worker,
+        lease_until=_maybe(lease),
+        last_error=error,
+        due_at=_maybe(due),
+    )
+
+
+def _record_params(record: JobRecord) -> dict[str, Any]:
+    params = asdict(record)
+    params["status"] = record.status.value
+    return params
+
+
+def _finish_params(
+    key: str,
+    worker: str,
+    status: Status,
+    *,
+    error: str | None = None,
+    due_at: datetime | None = None,
+    now: datetime | None,
+) -> dict[str, Any]:
+    return {
+        "key": key,
+        "worker": worker,
+        "status": status.value,
+        "error": clip_error(error) if error is not None else None,
+        "due_at": due_at,
+        "now": _opt_utc(now),
+    }

@@ -1,0 +1,196 @@
+"""The worker daemon: consumes task queues and runs each delivery through the
+execution protocol (:mod:`broker_jobs.runner`).
+
+Shutdown order matters: first the consumers are cancelled (no new deliveries),
+then running jobs get ``grace`` seconds to finish and settle, then the channel
+closes, which returns whatever was delivered but not started to the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+
+import aio_pika
+import aio_pika.abc
+
+from broker_jobs.app import App
+from broker_jobs.async_publisher import AsyncPublisher
+from broker_jobs.declaring import declare_topology
+from broker_jobs.errors import ConfigurationError
+from broker_jobs.execution import Executor
+from broker_jobs.runner import Runner, RunnerSettings
+from broker_jobs.store.base import Store
+from broker_jobs.urls import BrokerURL
+
+log = logging.getLogger(__name__)
+
+#: Seconds between checks of the queues' depth in burst mode.
+BURST_POLL = 0.1
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """``tasks``: the task types to run (None: every task of the app with a handler).
+    ``prefetch`` defaults to twice the concurrency plus room for delayed jobs held
+    until due (up to 1.2 s each)."""
+
+    tasks: tuple[str, ...] | None = None
+    concurrency: int = 4
+    prefetch: int | None = None
+    burst: bool = False
+    grace: float = 30.0
+    lease: float = 60.0
+    declare: bool = True
+    worker_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigurationError("concurrency must be at least 1")
+        if self.prefetch is not None and self.prefetch < self.concurrency:
+            raise ConfigurationError("prefetch must be at least the concurrency")
+
+    @property
+    def prefetch_count(self) -> int:
+        return self.prefetch or self.concurrency * 2 + 64
+
+
+class Worker:
+    """Runs the handlers of some of an app's tasks until stopped (or drained, in
+    burst mode). ``await worker.run()`` returns the outcome counts."""
+
+    def __init__(self, url: str, app: App, store: Store, settings: WorkerSettings) -> None:
+        self._url = BrokerURL(url)
+        self._app = app
+        self._store = store
+        self._settings = settings
+        self._tasks = self._select_tasks()
+        self._worker_id = settings.worker_id or (
+            f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        )
+        self._stopping = asyncio.Event()
+        self._in_flight: set[asyncio.Task[None]] = set()
+
+    @property
+    def worker_id(self) -> str:
+        return self._worker_id
+
+    def stop(self) -> None:
+        """Ask for a graceful stop (safe to call from a signal handler)."""
+        self._stopping.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT stop gracefully; a second one exits at once (the broker
+        redelivers whatever was unacked, so nothing is lost either way)."""
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if self._stopping.is_set():
+                log.warning("second signal: exiting now; unacked jobs will be redelivered")
+                os._exit(1)
+            log.info("stopping: finishing running jobs (up to %g s)", self._settings.grace)
+            self.stop()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, on_signal)
+
+    async def run(self) -> Counter[str]:
+        settings = self._settings
+        if settings.declare:
+            await asyncio.to_thread(
+                declare_topology,
+                self._url,
+                self._app.topology(),
+                timeout=10.0,
+                connection_name=f"broker-jobs worker {self._worker_id} (declare)",
+            )
+        connection = await aio_pika.connect(
+            self._url.url,
+            client_properties={"connection_name": f"broker-jobs worker {self._worker_id}"},
+        )
+        publisher = AsyncPublisher(
+            self._url.url, self._app, declare=False, connection_name="broker-jobs worker retries"
+        )
+        executor = Executor(settings.concurrency)
+        try:
+            channel = await connection.channel(publisher_confirms=True)
+            await channel.set_qos(prefetch_count=settings.prefetch_count)
+            runner = Runner(
+                self._app,
+                self._store,
+                executor=executor,
+                publisher=publisher,
+                channel=channel,
+                settings=RunnerSettings(self._worker_id, lease=settings.lease),
+            )
+            consumers = await self._consume(channel, runner)
+            log.info("worker %s consuming %s", self._worker_id, ", ".join(self._tasks))
+            await (self._until_drained(channel) if settings.burst else self._stopping.wait())
+            for queue, tag in consumers:
+                await queue.cancel(tag)
+            await self._finish_in_flight()
+            return runner.outcomes.counts
+        finally:
+            executor.shutdown()
+            await publisher.close()
+            await connection.close()
+
+    async def _consume(
+        self, channel: aio_pika.abc.AbstractChannel, runner: Runner
+    ) -> list[tuple[aio_pika.abc.AbstractQueue, str]]:
+        consumers = []
+        for task in self._tasks:
+            queue = await channel.get_queue(self._app.names.task_queue(task), ensure=False)
+
+            async def on_message(
+                message: aio_pika.abc.AbstractIncomingMessage, task: str = task
+            ) -> None:
+                job = asyncio.create_task(runner.handle(message, task))
+                self._in_flight.add(job)
+                job.add_done_callback(self._in_flight.discard)
+
+            consumers.append((queue, await queue.consume(on_message)))
+        return consumers
+
+    async def _until_drained(self, channel: aio_pika.abc.AbstractChannel) -> None:
+        """Burst mode: return once nothing runs and the task queues and the delay
+        ladder (where retries wait) are empty, twice in a row."""
+        names = self._app.names
+        queues = [names.task_queue(task) for task in self._tasks]
+        queues += [queue.name for queue in self._app.topology().queues if ".delay." in queue.name]
+        quiet = 0
+        while quiet < 2 and not self._stopping.is_set():
+            await asyncio.sleep(BURST_POLL)
+            depth = 0
+            for name in queues:
+                declared = await channel.declare_queue(name, passive=True)
+                depth += declared.declaration_result.message_count or 0
+            quiet = quiet + 1 if depth == 0 and not self._in_flight else 0
+
+    async def _finish_in_flight(self) -> None:
+        if not self._in_flight:
+            return
+        _, pending = await asyncio.wait(self._in_flight, timeout=self._settings.grace)
+        for job in pending:
+            job.cancel()
+        if pending:
+            log.warning("%d jobs did not finish within the grace period", len(pending))
+
+    def _select_tasks(self) -> tuple[str, ...]:
+        runnable = [spec.name for spec in self._app if spec.handler is not None]
+        if self._settings.tasks is None:
+            if not runnable:
+                raise ConfigurationError("this app declares no task with a handler")
+            return tuple(runnable)
+        for task in self._settings.tasks:
+            if self._app.get(task).handler is None:
+                raise ConfigurationError(
+                    f"task {task!r} has no handler in this app: declare it with @app.task"
+                )
+        return self._settings.tasks

@@ -1,0 +1,88 @@
+"""``broker-jobs worker``: run a worker daemon for some task types of an app."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import click
+
+from broker_jobs.app import App
+from broker_jobs.app_loader import load_app
+from broker_jobs.cli_options import url_option
+from broker_jobs.errors import BrokerJobsError
+from broker_jobs.store.base import Store
+from broker_jobs.store.urls import open_store
+from broker_jobs.worker import Worker, WorkerSettings
+
+DEFAULT_STORE = "sqlite:///broker-jobs.db"
+
+
+@click.command("worker")
+@url_option
+@click.argument("app_path", metavar="MODULE:APP")
+@click.option(
+    "--task", "tasks", multiple=True, help="A task type to run (repeatable); default: all."
+)
+@click.option("--concurrency", default=4, show_default=True, help="Jobs run at once.")
+@click.option(
+    "--prefetch", type=int, help="Unacked deliveries held (default 2 x concurrency + 64)."
+)
+@click.option(
+    "--store",
+    "store_url",
+    envvar="BROKER_JOBS_STORE",
+    default=DEFAULT_STORE,
+    show_default=True,
+    help="Idempotency store: sqlite:///path.db, postgresql://..., memory://.",
+)
+@click.option("--burst", is_flag=True, help="Exit once the queues are empty (tests, batch jobs).")
+@click.option("--grace", default=30.0, show_default=True, help="Seconds to finish jobs on SIGTERM.")
+@click.option(
+    "--no-declare", is_flag=True, help="Declare nothing; the topology is operator-managed."
+)
+def worker_command(  # noqa: PLR0917 - click passes every option positionally
+    url: str,
+    app_path: str,
+    tasks: tuple[str, ...],
+    concurrency: int,
+    prefetch: int | None,
+    store_url: str,
+    burst: bool,
+    grace: float,
+    no_declare: bool,
+) -> None:
+    """Consume and run jobs of MODULE:APP, acking each only once its outcome is recorded.
+
+    \b
+    Example:
+      broker-jobs worker myproject.tasks:app --task image.resize --concurrency 8
+    """
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        app = load_app(app_path)
+        settings = WorkerSettings(
+            tasks=tasks or None,
+            concurrency=concurrency,
+            prefetch=prefetch,
+            burst=burst,
+            grace=grace,
+            declare=not no_declare,
+        )
+        with open_store(store_url) as store:
+            outcomes = asyncio.run(_run(url, app, store, settings))
+    except BrokerJobsError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(1)
+    click.echo(
+        ", ".join(f"{name}: {count}" for name, count in sorted(outcomes.items())) or "no jobs"
+    )
+
+
+async def _run(url: str, app: App, store: Store, settings: WorkerSettings) -> dict[str, int]:
+    worker = Worker(url, app, store, settings)
+    worker.install_signal_handlers()
+    return dict(await worker.run())

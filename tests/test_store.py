@@ -1,0 +1,1036 @@
+"""The idempotency store: every claim outcome and transition on every store, with fixed
+clocks (no sleeps), and real concurrency: SQLite shared by processes, PostgreSQL by
+threads.
+
+PostgreSQL is found in this order: a DSN in ``BROKER_JOBS_TEST_POSTGRES_URL``; a
+testcontainers PostgreSQL when a Docker engine answers; a throwaway cluster started
+from the installed server (``broker_jobs.testing.postgres_node``). Without any of
+them, PostgreSQL tests skip locally and fail in CI. Each test gets a schema of its own.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import socket
+import sqlite3
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker_jobs import Job
+from broker_jobs.errors import BrokerJobsError
+from broker_jobs.store import (
+    MAX_ERROR_BYTES,
+    ClaimOutcome,
+    LeaseLostError,
+    MemoryStore,
+    PostgresStore,
+    SQLiteStore,
+    Status,
+    Store,
+    StoreError,
+    open_store,
+)
+from broker_jobs.store import postgres as postgres_module
+from broker_jobs.store.base import mask_dsn
+from broker_jobs.testing.postgres_node import PostgresNode
+from tests.support import docker_answers, unavailable
+
+POSTGRES_URL_VARIABLE = "BROKER_JOBS_TEST_POSTGRES_URL"
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+LEASE = 30.0
+A, B = "worker-a", "worker-b"
+
+CLAIMED, DONE, BUSY, STALE = (
+    ClaimOutcome.CLAIMED,
+    ClaimOutcome.DONE,
+    ClaimOutcome.BUSY,
+    ClaimOutcome.STALE,
+)
+
+
+def at(seconds: float) -> datetime:
+    """The fixed test clock: ``seconds`` after T0."""
+    return T0 + timedelta(seconds=seconds)
+
+
+def job(key: str = "key-1", attempt: int = 1, task: str = "image.resize") -> Job:
+    return Job(id=f"id-{key}", task=task, idempotency_key=key, attempt=attempt)
+
+
+# --- fixtures -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if url := os.environ.get(POSTGRES_URL_VARIABLE):
+        yield url
+        return
+
+    if docker_answers():
+        try:
+            from testcontainers.community.postgres import PostgresContainer  # noqa: PLC0415
+        except ImportError:
+            from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
+
+        with PostgresContainer("postgres:16-alpine", driver=None) as container:
+            yield container.get_connection_url()
+        return
+    if not PostgresNode.available():
+        unavailable(
+            f"no PostgreSQL: set {POSTGRES_URL_VARIABLE}, start Docker, or"
+            " apt-get install postgresql"
+        )
+    node = PostgresNode.create(tmp_path_factory.mktemp("postgres"))
+    try:
+        started = time.monotonic()
+        node.start()
+        print(
+            f"\nthrowaway PostgreSQL on port {node.port} booted in"
+            f" {time.monotonic() - started:.2f} s"
+        )
+        yield node.dsn
+    finally:
+        node.cleanup()
+
+
+def _admin(dsn: str) -> Any:
+    import psycopg  # noqa: PLC0415
+
+    return psycopg.connect(dsn, autocommit=True)
+
+
+@dataclass
+class Kit:
+    """The store under test, and how to reach its data from elsewhere."""
+
+    kind: str
+    store: Store
+    reopen: Callable[[], Store]  # another store on the same data (a second process's view)
+    sql: Callable[[str], list[tuple[Any, ...]]] | None = None  # run SQL on the data (not memory)
+
+
+@pytest.fixture
+def make_store() -> Iterator[Callable[[Callable[[], Store]], Store]]:
+    """Open stores through this, so they are closed after the test."""
+    opened: list[Store] = []
+
+    def make(factory: Callable[[], Store]) -> Store:
+        store = factory()
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def pg_schema(postgres_dsn: str) -> Iterator[str]:
+    """A fresh schema for one test, dropped afterwards."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    yield schema
+    with _admin(postgres_dsn) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def kit(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    make_store: Callable[[Callable[[], Store]], Store],
+) -> Kit:
+    if request.param == "memory":
+        memory = make_store(MemoryStore)
+        return Kit("memory", memory, reopen=lambda: memory)
+    if request.param == "sqlite":
+        path = tmp_path / "jobs.db"
+
+        def sqlite_sql(statement: str) -> list[tuple[Any, ...]]:
+            conn = sqlite3.connect(path, isolation_level=None)
+            try:
+                return conn.execute(statement).fetchall()
+            finally:
+                conn.close()
+
+        return Kit(
+            "sqlite",
+            make_store(lambda: SQLiteStore(path)),
+            reopen=lambda: make_store(lambda: SQLiteStore(path)),
+            sql=sqlite_sql,
+        )
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    schema: str = request.getfixturevalue("pg_schema")
+
+    def pg_sql(statement: str) -> list[tuple[Any, ...]]:
+        with _admin(dsn) as conn:
+            conn.execute(f'SET search_path TO "{schema}"')
+            cursor = conn.execute(statement)
+            return cursor.fetchall() if cursor.description else []
+
+    def open_pg() -> Store:
+        return make_store(lambda: PostgresStore(dsn, schema=schema))
+
+    return Kit(
+        "postgres",
+        open_pg(),
+        reopen=open_pg,
+        sql=pg_sql,
+    )
+
+
+@pytest.fixture
+def store(kit: Kit) -> Store:
+    return kit.store
+
+
+# --- claims -------------------------------------------------------------------------------
+
+
+def test_first_claim_creates_a_running_record(store: Store) -> None:
+    claim = store.claim(job(attempt=2), A, LEASE, now=at(0))
+
+    assert claim.outcome is CLAIMED
+    record = claim.record
+    assert record == store.get("key-1")
+    assert (record.idempotency_key, record.job_id, record.task) == (
+        "key-1",
+        "id-key-1",
+        "image.resize",
+    )
+    assert (record.status, record.attempts, record.worker) == (Status.RUNNING, 2, A)
+    assert record.created_at == record.updated_at == at(0)
+    assert record.lease_until == at(LEASE)
+    assert record.last_error is None
+    assert record.due_at is None
+    assert record.created_at.tzinfo is not None
+    assert record.created_at.utcoffset() == timedelta(0)
+
+
+@pytest.mark.parametrize("outcome", ["succeed", "fail", "dead"])
+def test_a_key_with_an_outcome_is_done(store: Store, outcome: str) -> None:
+    store.claim(job(), A, LEASE, now=at(0))
+    if outcome == "succeed":
+        store.succeed("key-1", A, now=at(1))
+    elif outcome == "fail":
+        store.fail("key-1", A, "ValueError: bad width", now=at(1))
+    else:
+        store.dead("key-1", A, "out of attempts", now=at(1))
+
+    for worker in (A, B):  # the same worker too: a duplicate is never run again
+        claim = store.claim(job(), worker, LEASE, now=at(2))
+        assert claim.outcome is DONE
+        assert (
+            claim.record.status
+            is {"succeed": Status.SUCCEEDED, "fail": Status.FAILED, "dead": Status.DEAD}[outcome]
+        )
+    # a later attempt of a finished job is a duplicate as well
+    assert store.claim(job(attempt=5), B, LEASE, now=at(3)).outcome is DONE
+    assert store.get("key-1").updated_at == at(1)  # type: ignore[union-attr]
+
+
+def test_busy_under_another_workers_live_lease(store: Store) -> None:
+    store.claim(job(), A, LEASE, now=at(0))
+
+    claim = store.claim(job(), B, LEASE, now=at(LEASE - 0.001))
+
+    assert claim.outcome is BUSY
+    assert claim.record.worker == A
+    assert store.get("key-1").worker == A  # type: ignore[union-attr]
+
+
+def test_takeover_after_the_lease_expired(store: Store) -> None:
+    store.claim(job(), A, LEASE, now=at(0))
+
+    claim = store.claim(job(), B, LEASE, now=at(LEASE))  # lease_until <= now: expired
+
+    assert claim.outcome is CLAIMED
+    assert (claim.record.worker, claim.record.lease_until) == (B, at(2 * LEASE))
+    assert claim.record.created_at == at(0)
+    assert claim.record.updated_at == at(LEASE)
+    assert store.claim(job(), A, LEASE, now=at(LEASE + 1)).outcome is BUSY
+
+
+def test_the_same_worker_claims_its_own_running_job_again(store: Store) -> None:
+    """Redelivery to the same worker after a channel reset."""
+    store.claim(job(), A, LEASE, now=at(0))
+
+    claim = store.claim(job(), A, LEASE, now=at(5))
+
+    assert claim.outcome is CLAIMED
+    assert claim.record.lease_until == at(5 + LEASE)
+
+
+def test_retrying_then_the_next_attempt_is_claimed(store: Store) -> None:
+    store.claim(job(attempt=1), A, LEASE, now=at(0))
+    store.retry("key-1", A, "TimeoutError: upstream", at(60), now=at(1))
+
+    record = store.get("key-1")
+    assert record is not None
+    assert (record.status, record.attempts, record.last_error) == (
+        Status.RETRYING,
+        1,
+        "TimeoutError: upstream",
+    )
+    assert (record.due_at, record.lease_until, record.updated_at) == (at(60), None, at(1))
+
+    claim = store.claim(job(attempt=2), B, LEASE, now=at(61))
+    assert claim.outcome is CLAIMED
+    assert (claim.record.status, claim.record.attempts, claim.record.worker) == (
+        Status.RUNNING,
+        2,
+        B,
+    )
+    assert claim.record.due_at is None
+    assert claim.record.last_error == "TimeoutError: upstream"  # kept for the ledger
+
+
+@pytest.mark.parametrize("old_attempt", [1, 2])
+def test_an_old_attempt_while_retrying_is_stale(store: Store, old_attempt: int) -> None:
+    store.claim(job(attempt=2), A, LEASE, now=at(0))
+    store.retry("key-1", A, "boom", at(60), now=at(1))
+
+    claim = store.claim(job(attempt=old_attempt), B, LEASE, now=at(2))
+
+    assert claim.outcome is STALE
+    assert claim.record.status is Status.RETRYING
+    assert store.get("key-1").status is Status.RETRYING  # type: ignore[union-attr]
+
+
+def test_an_old_attempt_while_a_newer_one_runs_is_stale(store: Store) -> None:
+    """Even for the lease holder or after expiry: the newer attempt's message owns the job."""
+    store.claim(job(attempt=1), A, LEASE, now=at(0))
+    store.retry("key-1", A, "boom", at(10), now=at(1))
+    store.claim(job(attempt=2), A, LEASE, now=at(10))
+
+    assert store.claim(job(attempt=1), A, LEASE, now=at(11)).outcome is STALE
+    assert store.claim(job(attempt=1), B, LEASE, now=at(10 + LEASE)).outcome is STALE
+    assert store.get("key-1").attempts == 2  # type: ignore[union-attr]
+
+
+# --- leases and outcomes --------------------------------------------------------------------
+
+
+def test_renew_extends_the_lease(store: Store) -> None:
+    store.claim(job(), A, LEASE, now=at(0))
+
+    store.renew("key-1", A, LEASE, now=at(20))
+
+    record = store.get("key-1")
+    assert record is not None
+    assert record.lease_until == at(20 + LEASE)
+    assert record.updated_at == at(0)  # a renewal is not a change of status
+    assert store.claim(job(), B, LEASE, now=at(LEASE + 5)).outcome is BUSY
+    assert store.claim(job(), B, LEASE, now=at(20 + LEASE)).outcome is CLAIMED
+
+
+def test_an_expired_lease_not_taken_over_is_still_ours(store: Store) -> None:
+    store.claim(job(), A, LEASE, now=at(0))
+
+    store.renew("key-1", A, LEASE, now=at(LEASE + 10))
+    store.succeed("key-1", A, now=at(LEASE + 11))
+
+    assert store.get("key-1").status is Status.SUCCEEDED  # type: ignore[union-attr]
+
+
+def test_the_old_holder_loses_the_lease_after_a_takeover(store: Store) -> None:
+    store.claim(job(), A, LEASE, now=at(0))
+    store.claim(job(), B, LEASE, now=at(LEASE + 1))
+
+    attempts: list[Callable[[], None]] = [
+        lambda: store.renew("key-1", A, LEASE, now=at(LEASE + 2)),
+        lambda: store.succeed("key-1", A, now=at(LEASE + 2)),
+        lambda: store.retry("key-1", A, "e", at(99), now=at(LEASE + 2)),
+        lambda: store.fail("key-1", A, "e", now=at(LEASE + 2)),
+        lambda: store.dead("key-1", A, "e", now=at(LEASE + 2)),
+    ]
+    for attempt in attempts:
+        with pytest.raises(LeaseLostError, match="worker-b") as caught:
+            attempt()
+        assert isinstance(caught.value, StoreError)
+        assert isinstance(caught.value, BrokerJobsError)
+        assert caught.value.record is not None
+        assert caught.value.record.worker == B
+
+    record = store.get("key-1")
+    assert record is not None
+    assert (record.status, record.worker, record.last_error) == (Status.RUNNING, B, None)
+    store.succeed("key-1", B, now=at(LEASE + 3))
+    with pytest.raises(LeaseLostError, match="succeeded"):
+        store.succeed("key-1", A, now=at(LEASE + 4))
+
+
+def test_record_methods_need_a_claim(store: Store) -> None:
+    with pytest.raises(LeaseLostError, match="no record"):
+        store.succeed("missing", A, now=at(0))
+    with pytest.raises(LeaseLostError, match="no record"):
+        store.renew("missing", A, LEASE, now=at(0))
+    assert store.get("missing") is None
+
+
+def test_fail_records_a_permanent_error(store: Store) -> None:
+    store.claim(job(), A, LEASE, now=at(0))
+    store.fail("key-1", A, "PermanentError: no such image", now=at(3))
+
+    record = store.get("key-1")
+    assert record is not None
+    assert (record.status, record.worker, record.lease_until, record.due_at) == (
+        Status.FAILED,
+        A,
+        None,
+        None,
+    )
+    assert record.last_error == "PermanentError: no such image"
+
+
+def test_long_errors_are_truncated(store: Store) -> None:
+    store.claim(job(), A, LEASE, now=at(0))
+    store.fail("key-1", A, "Traceback:\n" + "é" * 10_000 + "\x00tail", now=at(1))
+
+    error = store.get("key-1").last_error  # type: ignore[union-attr]
+    assert error is not None
+    assert len(error.encode("utf-8")) <= MAX_ERROR_BYTES
+    assert error.startswith("Traceback:\néé")
+    assert error.endswith("[truncated by broker-jobs]")
+
+
+# --- dead ---------------------------------------------------------------------------------
+
+
+def test_dead_for_a_poison_message_that_never_got_a_claim(store: Store) -> None:
+    store.dead(
+        "poison-1",
+        None,
+        "not a valid job (json): body is not JSON",
+        job_id="msg-1",
+        task="image.resize",
+        now=at(0),
+    )
+    store.dead("poison-2", "worker-a", "unknown task", job=job("poison-2", attempt=3), now=at(1))
+    store.dead("poison-3", None, "no message id", now=at(2))
+
+    first, second, third = (store.get(k) for k in ("poison-1", "poison-2", "poison-3"))
+    assert first is not None
+    assert (first.status, first.job_id, first.task, first.attempts, first.worker) == (
+        Status.DEAD,
+        "msg-1",
+        "image.resize",
+        0,
+        None,
+    )
+    assert first.last_error == "not a valid job (json): body is not JSON"
+    assert first.created_at == first.updated_at == at(0)
+    assert second is not None
+    assert (second.job_id, second.attempts, second.worker) == ("id-poison-2", 3, A)
+    assert third is not None
+    assert (third.job_id, third.task) == ("poison-3", "")
+    assert store.claim(job("poison-1"), A, LEASE, now=at(3)).outcome is DONE
+
+
+def test_dead_by_the_holder_and_from_retrying(store: Store) -> None:
+    store.claim(job("k1"), A, LEASE, now=at(0))
+    store.dead("k1", A, "out of attempts", now=at(1))
+    store.claim(job("k2"), A, LEASE, now=at(0))
+    store.retry("k2", A, "boom", at(50), now=at(1))
+    store.dead("k2", None, "dead-lettered by the broker", now=at(2))
+
+    k1, k2 = store.get("k1"), store.get("k2")
+    assert k1 is not None
+    assert (k1.status, k1.worker, k1.lease_until) == (Status.DEAD, A, None)
+    assert k2 is not None
+    assert (k2.status, k2.due_at, k2.last_error) == (
+        Status.DEAD,
+        None,
+        "dead-lettered by the broker",
+    )
+
+
+def test_dead_without_a_worker_respects_a_live_lease(store: Store) -> None:
+    store.claim(job(), A, LEASE, now=at(0))
+
+    with pytest.raises(LeaseLostError):
+        store.dead("key-1", None, "poison", now=at(1))
+    assert store.get("key-1").status is Status.RUNNING  # type: ignore[union-attr]
+
+    store.dead("key-1", None, "the holder died", now=at(LEASE))  # expired: allowed
+    assert store.get("key-1").status is Status.DEAD  # type: ignore[union-attr]
+
+
+def test_dead_never_overwrites_an_outcome(store: Store) -> None:
+    store.claim(job(), A, LEASE, now=at(0))
+    store.succeed("key-1", A, now=at(1))
+
+    store.dead("key-1", None, "late poison", now=at(2))
+
+    record = store.get("key-1")
+    assert record is not None
+    assert (record.status, record.last_error, record.updated_at) == (
+        Status.SUCCEEDED,
+        None,
+        at(1),
+    )
+
+
+# --- release ------------------------------------------------------------------------------
+
+
+def test_release_lets_the_next_claim_take_the_job_at_once(store: Store) -> None:
+    store.claim(job(), A, LEASE, now=at(0))
+
+    store.release("key-1", B, now=at(1))  # not B's: nothing happens
+    assert store.claim(job(), B, LEASE, now=at(1)).outcome is BUSY
+
+    store.release("key-1", A, now=at(1))
+    record = store.get("key-1")
+    assert record is not None
+    assert (record.status, record.worker, record.lease_until) == (Status.RUNNING, None, at(1))
+    with pytest.raises(LeaseLostError, match="released"):
+        store.succeed("key-1", A, now=at(2))
+    claim = store.claim(job(), B, LEASE, now=at(1))
+    assert claim.outcome is CLAIMED
+    assert claim.record.worker == B
+
+
+# --- the ledger ---------------------------------------------------------------------------
+
+
+def _ledger(store: Store) -> None:
+    """k0 succeeded, k1 failed, k2 retrying, k3 running, k4 dead, k5 running (another task)."""
+    for i in range(6):
+        store.claim(
+            job(f"k{i}", task="report.build" if i == 5 else "image.resize"), A, LEASE, now=at(i)
+        )
+    store.succeed("k0", A, now=at(10))
+    store.fail("k1", A, "bad", now=at(11))
+    store.retry("k2", A, "later", at(100), now=at(12))
+    store.dead("k4", A, "poison", now=at(14))
+
+
+def test_find_counts_and_get_by_job_id(store: Store) -> None:
+    _ledger(store)
+
+    assert store.counts() == {
+        Status.RUNNING: 2,
+        Status.SUCCEEDED: 1,
+        Status.RETRYING: 1,
+        Status.FAILED: 1,
+        Status.DEAD: 1,
+    }
+    keys = [r.idempotency_key for r in store.find()]
+    assert keys == ["k4", "k2", "k1", "k0", "k5", "k3"]  # newest updated first
+    assert [r.idempotency_key for r in store.find(limit=2)] == ["k4", "k2"]
+    assert store.find(limit=0) == []
+    assert [r.idempotency_key for r in store.find(status=Status.RUNNING)] == ["k5", "k3"]
+    assert store.find(status="running") == store.find(status=Status.RUNNING)  # type: ignore[arg-type]
+    assert [r.idempotency_key for r in store.find(task="report.build")] == ["k5"]
+    assert [r.idempotency_key for r in store.find(since=at(11))] == ["k4", "k2", "k1"]
+    assert [
+        r.idempotency_key
+        for r in store.find(status=Status.FAILED, task="image.resize", since=at(11))
+    ] == ["k1"]
+    assert store.find(status=Status.FAILED, task="report.build") == []
+
+    assert [r.idempotency_key for r in store.get_by_job_id("id-k2")] == ["k2"]
+    assert store.get_by_job_id("nope") == []
+
+
+def test_find_orders_ties_by_key(store: Store) -> None:
+    for key in ("b", "c", "a"):
+        store.claim(job(key), A, LEASE, now=at(0))
+    assert [r.idempotency_key for r in store.find()] == ["a", "b", "c"]
+
+
+def test_prune_deletes_old_outcomes_only(store: Store) -> None:
+    _ledger(store)
+
+    assert store.prune(at(11)) == 1  # k0 (succeeded at 10); k1 failed at 11 is not before
+    assert store.get("k0") is None
+    assert store.prune(at(1000)) == 2  # k1 failed, k4 dead
+    assert sorted(r.idempotency_key for r in store.find()) == ["k2", "k3", "k5"]
+    assert store.counts()[Status.RETRYING] == 1
+    assert store.counts()[Status.RUNNING] == 2
+    assert store.prune(at(1000)) == 0
+
+
+# --- arguments, lifecycle, schema -------------------------------------------------------------
+
+
+def test_bad_arguments_are_refused(store: Store) -> None:
+    with pytest.raises(ValueError, match="timezone-aware"):
+        store.claim(job(), A, LEASE, now=datetime(2026, 1, 1))
+    with pytest.raises(ValueError, match="lease"):
+        store.claim(job(), A, 0)
+    with pytest.raises(ValueError, match="limit"):
+        store.find(limit=-1)
+
+
+def test_times_in_other_zones_are_stored_as_utc(store: Store) -> None:
+    paris = datetime(2026, 3, 1, 13, 0, tzinfo=timezone(timedelta(hours=1)))  # T0 in UTC
+    store.claim(job(), A, LEASE, now=paris)
+    record = store.get("key-1")
+    assert record is not None
+    assert record.created_at == T0
+    assert record.created_at.tzinfo == UTC
+
+
+def test_real_clock_when_now_is_not_given(store: Store) -> None:
+    before = datetime.now(UTC) - timedelta(seconds=5)
+    claim = store.claim(job(), A, LEASE)
+    after = datetime.now(UTC) + timedelta(seconds=5)
+
+    assert before <= claim.record.updated_at <= after
+    assert claim.record.lease_until == claim.record.updated_at + timedelta(seconds=LEASE)
+    store.renew("key-1", A, LEASE)
+    store.succeed("key-1", A)
+    assert store.claim(job(), B, LEASE).outcome is DONE
+
+
+def test_a_closed_store_says_so(kit: Kit) -> None:
+    kit.store.close()
+    kit.store.close()  # idempotent
+    with pytest.raises(StoreError, match="closed"):
+        kit.store.claim(job(), A, LEASE, now=at(0))
+
+
+def test_records_are_shared_by_every_store_on_the_same_data(kit: Kit) -> None:
+    if kit.kind == "memory":
+        pytest.skip("a MemoryStore is one process's")
+    kit.store.claim(job(), A, LEASE, now=at(0))
+
+    with kit.reopen() as other:
+        assert other.claim(job(), B, LEASE, now=at(1)).outcome is BUSY
+        other.claim(job("k2"), B, LEASE, now=at(1))
+    assert kit.store.get("k2") is not None
+
+
+def test_a_schema_from_a_newer_version_is_refused(kit: Kit) -> None:
+    if kit.sql is None:
+        pytest.skip("a MemoryStore has no schema")
+    kit.store.close()
+    kit.sql("UPDATE broker_jobs_schema SET version = 99")
+
+    with pytest.raises(StoreError, match=r"newer broker-jobs.*version 99"):
+        kit.reopen()
+
+
+def test_the_tables_are_indexed_for_the_ledger(kit: Kit) -> None:
+    if kit.sql is None:
+        pytest.skip("a MemoryStore has no tables")
+    if kit.kind == "sqlite":
+        rows = kit.sql("SELECT name FROM sqlite_master WHERE type = 'index'")
+    else:
+        rows = kit.sql("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")
+    names = {row[0] for row in rows}
+    assert {
+        "broker_jobs_records_status",
+        "broker_jobs_records_task",
+        "broker_jobs_records_job_id",
+    } <= names
+
+
+# --- concurrency ------------------------------------------------------------------------------
+
+RACE_KEYS = 500
+
+
+def _race_job(i: int) -> Job:
+    return Job(id=f"race-{i}", task="race.run", idempotency_key=f"race-{i}")
+
+
+def _race_order(worker: str) -> list[int]:
+    """Every key, in an order of the worker's own: in one shared order, the process
+    holding the write lock keeps winning (SQLite's busy handler sleeps) and barely races."""
+    order = list(range(RACE_KEYS))
+    random.Random(worker).shuffle(order)
+    return order
+
+
+def _claim_all_in_process(path: str, worker: str, barrier: Any, results: Any) -> None:
+    """Child process: open the store (racing to create it), then claim every key."""
+    try:
+        with SQLiteStore(path) as store:
+            barrier.wait(timeout=60)
+            claimed = [
+                i
+                for i in _race_order(worker)
+                if store.claim(_race_job(i), worker, 300, now=T0).outcome is CLAIMED
+            ]
+        results.put((worker, claimed, None))
+    except Exception as error:  # report to the parent rather than die silently
+        results.put((worker, [], repr(error)))
+
+
+def test_sqlite_processes_claim_each_key_exactly_once(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    path = str(tmp_path / "race.db")
+    workers = [f"proc-{n}" for n in range(4)]
+    barrier, results = context.Barrier(len(workers)), context.Queue()
+    processes = [
+        context.Process(target=_claim_all_in_process, args=(path, w, barrier, results))
+        for w in workers
+    ]
+    started = time.monotonic()
+    for process in processes:
+        process.start()
+    reports = [results.get(timeout=100) for _ in processes]
+    for process in processes:
+        process.join(timeout=30)
+        assert process.exitcode == 0
+    results.close()
+    results.join_thread()
+    elapsed = time.monotonic() - started
+
+    assert [error for _, _, error in reports if error] == []
+    claims = Counter(i for _, claimed, _ in reports for i in claimed)
+    assert sum(claims.values()) == RACE_KEYS, f"{sum(claims.values())} claims in {elapsed:.1f} s"
+    assert set(claims) == set(range(RACE_KEYS))
+    assert max(claims.values()) == 1
+    with SQLiteStore(path) as store:
+        assert store.counts()[Status.RUNNING] == RACE_KEYS
+        holders = Counter(r.worker for r in store.find(limit=RACE_KEYS))
+    assert holders == Counter({w: len(c) for w, c, _ in reports if c})
+
+
+def _race_threads(store: Store, threads: int) -> Counter[int]:
+    barrier = threading.Barrier(threads)
+    claimed: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def run(worker: str) -> None:
+        try:
+            barrier.wait(timeout=30)
+            mine = [
+                i
+                for i in _race_order(worker)
+                if store.claim(_race_job(i), worker, 300, now=T0).outcome is CLAIMED
+            ]
+            with lock:
+                claimed.extend(mine)
+        except BaseException as error:
+            errors.append(error)
+
+    pool = [threading.Thread(target=run, args=(f"thread-{n}",)) for n in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(timeout=100)
+    assert errors == []
+    return Counter(claimed)
+
+
+def test_sqlite_threads_claim_each_key_exactly_once(
+    tmp_path: Path, make_store: Callable[[Callable[[], Store]], Store]
+) -> None:
+    store = make_store(lambda: SQLiteStore(tmp_path / "race.db"))
+
+    claims = _race_threads(store, 8)
+
+    assert set(claims) == set(range(RACE_KEYS))
+    assert max(claims.values()) == 1
+
+
+def test_postgres_threads_claim_each_key_exactly_once(
+    postgres_dsn: str, pg_schema: str, make_store: Callable[[Callable[[], Store]], Store]
+) -> None:
+    store = make_store(lambda: PostgresStore(postgres_dsn, schema=pg_schema, max_connections=8))
+
+    claims = _race_threads(store, 8)
+
+    assert set(claims) == set(range(RACE_KEYS))
+    assert max(claims.values()) == 1
+    assert store.counts()[Status.RUNNING] == RACE_KEYS
+
+
+def test_postgres_stores_starting_together_create_the_tables_once(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    stores: list[Store] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(6)
+
+    def start() -> None:
+        try:
+            barrier.wait(timeout=30)
+            stores.append(PostgresStore(postgres_dsn, schema=pg_schema, max_connections=1))
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=start) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    for opened in stores:
+        opened.close()
+    assert errors == []
+    assert len(stores) == 6
+
+
+# --- PostgreSQL: exactly-once effects -------------------------------------------------------------
+
+
+@pytest.fixture
+def pg(
+    postgres_dsn: str, pg_schema: str, make_store: Callable[[Callable[[], Store]], Store]
+) -> PostgresStore:
+    """A PostgresStore plus an ``effects`` table beside its records."""
+    store = PostgresStore(postgres_dsn, schema=pg_schema)
+    make_store(lambda: store)
+    with _admin(postgres_dsn) as conn:
+        conn.execute(f'CREATE TABLE "{pg_schema}".effects (key text PRIMARY KEY)')
+    return store
+
+
+def _effects_rows(dsn: str, schema: str) -> list[str]:
+    with _admin(dsn) as conn:
+        return [row[0] for row in conn.execute(f'SELECT key FROM "{schema}".effects')]
+
+
+def _write_effect(schema: str, key: str) -> Callable[[Any], None]:
+    def effects(conn: Any) -> None:
+        conn.execute(f'INSERT INTO "{schema}".effects (key) VALUES (%s)', (key,))
+
+    return effects
+
+
+def test_succeed_with_commits_effects_and_success_together(
+    pg: PostgresStore, postgres_dsn: str, pg_schema: str
+) -> None:
+    pg.claim(job(), A, LEASE, now=at(0))
+
+    pg.succeed_with("key-1", A, _write_effect(pg_schema, "key-1"), now=at(1))
+
+    assert _effects_rows(postgres_dsn, pg_schema) == ["key-1"]
+    record = pg.get("key-1")
+    assert record is not None
+    assert (record.status, record.updated_at, record.lease_until) == (
+        Status.SUCCEEDED,
+        at(1),
+        None,
+    )
+
+
+def test_succeed_with_rolls_back_when_the_lease_was_lost(
+    pg: PostgresStore, postgres_dsn: str, pg_schema: str
+) -> None:
+    pg.claim(job(), A, LEASE, now=at(0))
+    pg.claim(job(), B, LEASE, now=at(LEASE + 1))  # B took over
+
+    with pytest.raises(LeaseLostError, match="worker-b"):
+        pg.succeed_with("key-1", A, _write_effect(pg_schema, "key-1"), now=at(LEASE + 2))
+
+    assert _effects_rows(postgres_dsn, pg_schema) == []
+    assert pg.get("key-1").status is Status.RUNNING  # type: ignore[union-attr]
+
+
+def test_succeed_with_rolls_back_when_the_effects_fail(
+    pg: PostgresStore, postgres_dsn: str, pg_schema: str
+) -> None:
+    import psycopg  # noqa: PLC0415
+
+    pg.claim(job(), A, LEASE, now=at(0))
+
+    def half_done(conn: Any) -> None:
+        _write_effect(pg_schema, "first")(conn)
+        _write_effect(pg_schema, "first")(conn)  # duplicate key: the handler's own error
+
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        pg.succeed_with("key-1", A, half_done, now=at(1))
+
+    assert _effects_rows(postgres_dsn, pg_schema) == []
+    record = pg.get("key-1")
+    assert record is not None
+    assert (record.status, record.worker) == (Status.RUNNING, A)
+    pg.succeed_with("key-1", A, _write_effect(pg_schema, "second"), now=at(2))  # still ours
+    assert _effects_rows(postgres_dsn, pg_schema) == ["second"]
+
+
+def test_a_takeover_waits_for_succeed_with_and_sees_done(
+    pg: PostgresStore, postgres_dsn: str, pg_schema: str
+) -> None:
+    pg.claim(job(), A, LEASE, now=at(0))
+    outcomes: list[ClaimOutcome] = []
+
+    def effects(conn: Any) -> None:
+        _write_effect(pg_schema, "key-1")(conn)
+        # A's lease has expired by B's clock: B's claim must wait for our transaction.
+        taker = threading.Thread(
+            target=lambda: outcomes.append(pg.claim(job(), B, LEASE, now=at(LEASE + 5)).outcome)
+        )
+        taker.start()
+        _await_lock_wait(postgres_dsn)
+        assert outcomes == []
+        effects.taker = taker  # type: ignore[attr-defined]
+
+    pg.succeed_with("key-1", A, effects, now=at(LEASE + 1))
+    effects.taker.join(timeout=30)  # type: ignore[attr-defined]
+
+    assert outcomes == [DONE]
+    assert _effects_rows(postgres_dsn, pg_schema) == ["key-1"]
+
+
+def _await_lock_wait(dsn: str, within: float = 10.0) -> None:
+    """Until some session waits for a lock (the taker's claim on our locked row)."""
+    deadline = time.monotonic() + within
+    with _admin(dsn) as conn:
+        while time.monotonic() < deadline:
+            waiting = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            ).fetchone()[0]
+            if waiting:
+                return
+            time.sleep(0.01)
+    pytest.fail("the concurrent claim never waited for the row lock")
+
+
+# --- PostgreSQL: errors ---------------------------------------------------------------------
+
+
+def test_an_unreachable_database_is_a_store_error_without_the_password() -> None:
+    dsn = f"postgresql://shop:s3cret-pw@127.0.0.1:{closed_port()}/jobs?connect_timeout=2"
+    with pytest.raises(StoreError, match="reachable") as caught:
+        PostgresStore(dsn)
+    assert "s3cret-pw" not in str(caught.value)
+    assert "shop:***@127.0.0.1" in str(caught.value)
+
+
+def test_the_store_reconnects_after_its_connections_were_killed(
+    postgres_dsn: str, pg_schema: str, make_store: Callable[[Callable[[], Store]], Store]
+) -> None:
+    store = make_store(lambda: PostgresStore(postgres_dsn, schema=pg_schema))
+    store.claim(job(), A, LEASE, now=at(0))
+    with _admin(postgres_dsn) as conn:
+        killed = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = 'broker-jobs' AND pid <> pg_backend_pid()"
+        ).fetchone()[0]
+    assert killed >= 1
+
+    with pytest.raises(StoreError, match="reachable"):  # the call that meets the break
+        store.get("key-1")
+    assert store.get("key-1") is not None  # a new connection
+    assert store.claim(job(), B, LEASE, now=at(1)).outcome is BUSY
+
+
+def test_without_psycopg_the_error_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(postgres_module, "_MISSING", ImportError("No module named 'psycopg'"))
+    with pytest.raises(StoreError, match=r"pip install 'broker-jobs\[postgres\]'"):
+        PostgresStore("postgresql://localhost/db")
+
+
+def test_an_invalid_dsn_is_a_store_error() -> None:
+    with pytest.raises(StoreError, match="invalid PostgreSQL DSN") as caught:
+        PostgresStore("host=localhost password=hunter2 bogus_option=1")
+    assert "hunter2" not in str(caught.value)
+
+
+def closed_port() -> int:
+    """A local TCP port nobody listens on (bound once, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# --- SQLite: errors -----------------------------------------------------------------------
+
+
+def test_sqlite_in_a_missing_directory_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="Create the directory"):
+        SQLiteStore(tmp_path / "missing" / "jobs.db")
+
+
+def test_sqlite_on_a_file_that_is_not_a_database(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("this is not a database, " * 100)
+    with pytest.raises(StoreError, match="not a"):
+        SQLiteStore(path)
+
+
+def test_sqlite_refuses_an_in_memory_database() -> None:
+    with pytest.raises(StoreError, match="memory://"):
+        SQLiteStore(":memory:")
+
+
+def test_sqlite_uses_wal_and_a_schema_version(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    SQLiteStore(path).close()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert conn.execute("SELECT version FROM broker_jobs_schema").fetchall() == [(1,)]
+    finally:
+        conn.close()
+
+
+def test_sqlite_waits_for_another_writer_then_gives_up(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    with SQLiteStore(path, busy_timeout=0.2) as store:
+        blocker = sqlite3.connect(path, isolation_level=None)
+        try:
+            blocker.execute("BEGIN IMMEDIATE")
+            with pytest.raises(StoreError, match="locked by another process"):
+                store.claim(job(), A, LEASE, now=at(0))
+            blocker.execute("ROLLBACK")
+        finally:
+            blocker.close()
+        assert store.claim(job(), A, LEASE, now=at(0)).outcome is CLAIMED
+
+
+# --- URLs ---------------------------------------------------------------------------------
+
+
+def test_open_store_from_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with open_store("memory://") as memory:
+        assert isinstance(memory, MemoryStore)
+    with open_store("sqlite:///relative.db") as relative:
+        assert isinstance(relative, SQLiteStore)
+        assert relative.path == Path("relative.db")
+    assert (tmp_path / "relative.db").exists()
+    absolute = tmp_path / "sub" / "abs.db"
+    absolute.parent.mkdir()
+    with open_store(f"sqlite:///{absolute}") as opened:  # f"sqlite:///" + "/tmp/..."
+        assert isinstance(opened, SQLiteStore)
+        assert opened.path == absolute
+    assert absolute.exists()
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://localhost/0", "sqlite://host/x.db", "sqlite://", "jobs.db", "memory://x"]
+)
+def test_open_store_refuses_other_urls(url: str) -> None:
+    with pytest.raises(StoreError, match=r"sqlite:///|memory://"):
+        open_store(url)
+
+
+def test_open_store_postgres_urls_and_schema(postgres_dsn: str, pg_schema: str) -> None:
+    separator = "&" if "?" in postgres_dsn else "?"
+    for url in (postgres_dsn, postgres_dsn.replace("postgresql://", "postgres://", 1)):
+        with open_store(f"{url}{separator}schema={pg_schema}") as store:
+            assert isinstance(store, PostgresStore)
+            assert store.schema == pg_schema
+            store.claim(job(), A, LEASE, now=at(0))
+            assert store.get("key-1") is not None
+
+
+def test_mask_dsn() -> None:
+    assert mask_dsn("postgresql://u:pw@h:5432/db") == "postgresql://u:***@h:5432/db"
+    assert mask_dsn("error at postgres://u:p%40ss@h/db now") == "error at postgres://u:***@h/db now"
+    assert mask_dsn("host=h password=secret user=u") == "host=h password=*** user=u"
+    assert mask_dsn("host=h password='se cret' user=u") == "host=h password=*** user=u"
+    assert mask_dsn("postgresql://h/db?password=secret&x=1") == "postgresql://h/db?password=***&x=1"
+    assert mask_dsn("postgresql://u@h/db") == "postgresql://u@h/db"

@@ -1,0 +1,219 @@
+"""The worker against a real broker: each job's effect once, retries through the
+broker, dead letters with their reason, poison that does not stop the worker."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+import threading
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pika
+import pytest
+from click.testing import CliRunner
+from pydantic import BaseModel
+
+from broker_jobs import App, JobRequest, Publisher
+from broker_jobs.cli import main
+from broker_jobs.dead_letters import HEADER_ATTEMPTS, HEADER_ERROR, HEADER_REASON
+from broker_jobs.retry import PermanentError, RetryPolicy
+from broker_jobs.store.base import Status
+from broker_jobs.store.memory import MemoryStore
+from broker_jobs.worker import Worker, WorkerSettings
+from tests.support import Broker
+from topology import Topology, declare
+
+pytestmark = pytest.mark.broker
+
+
+class Add(BaseModel):
+    key: str
+    fail_times: int = 0
+
+
+class Effects:
+    """What handlers did, counted per key (thread-safe: sync handlers run in threads)."""
+
+    def __init__(self) -> None:
+        self.runs: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def record(self, key: str) -> int:
+        with self._lock:
+            self.runs[key] += 1
+            return self.runs[key]
+
+
+@pytest.fixture
+def effects() -> Effects:
+    return Effects()
+
+
+@pytest.fixture
+def app(make_app: Callable[[], App], effects: Effects) -> App:
+    app = make_app()
+    quick = RetryPolicy(max_attempts=3, base_delay=0.2, max_delay=0.2, jitter=False)
+
+    @app.task("counter.add", retry=quick)
+    def add(payload: Add) -> None:
+        run = effects.record(payload.key)
+        if run <= payload.fail_times:
+            raise ConnectionError(f"flaky, run {run}")
+
+    @app.task("counter.reject")
+    def reject(payload: Add) -> None:
+        effects.record(payload.key)
+        raise PermanentError("this input can never work")
+
+    return app
+
+
+def run_worker(broker: Broker, app: App, store: MemoryStore, **options: object) -> Counter[str]:
+    settings = WorkerSettings(burst=True, concurrency=4, **options)  # type: ignore[arg-type]
+    return asyncio.run(Worker(broker.url, app, store, settings).run())
+
+
+def dead_letters(
+    connection: pika.BlockingConnection, app: App, task: str
+) -> list[dict[str, object]]:
+    channel = connection.channel()
+    found = []
+    while True:
+        method, properties, _ = channel.basic_get(app.names.dead_letter_queue(task), auto_ack=True)
+        if method is None:
+            return found
+        found.append(dict(properties.headers or {}))
+
+
+def test_every_job_runs_once_and_the_ledger_says_succeeded(
+    broker: Broker, app: App, effects: Effects
+) -> None:
+    store = MemoryStore()
+    with Publisher(broker.url, app) as publisher:
+        jobs = publisher.publish_many(
+            [JobRequest("counter.add", {"key": f"k{n}"}) for n in range(50)]
+        )
+    outcomes = run_worker(broker, app, store)
+    assert outcomes["succeeded"] == 50
+    assert effects.runs == Counter({f"k{n}": 1 for n in range(50)})
+    assert all(store.get(job.idempotency_key).status is Status.SUCCEEDED for job in jobs)  # type: ignore[union-attr]
+
+
+def test_one_idempotency_key_published_twice_runs_once(
+    broker: Broker, app: App, effects: Effects
+) -> None:
+    store = MemoryStore()
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish("counter.add", {"key": "invoice-42"}, idempotency_key="invoice-42")
+        publisher.publish("counter.add", {"key": "invoice-42"}, idempotency_key="invoice-42")
+    outcomes = run_worker(broker, app, store)
+    assert effects.runs["invoice-42"] == 1
+    assert (outcomes["succeeded"], outcomes["duplicate"]) == (1, 1)
+
+
+def test_a_failing_job_is_retried_through_the_broker_until_it_succeeds(
+    broker: Broker, app: App, effects: Effects
+) -> None:
+    store = MemoryStore()
+    with Publisher(broker.url, app) as publisher:
+        job = publisher.publish("counter.add", {"key": "flaky", "fail_times": 2})
+    outcomes = run_worker(broker, app, store)
+    assert effects.runs["flaky"] == 3
+    assert (outcomes["retried"], outcomes["succeeded"]) == (2, 1)
+    record = store.get(job.idempotency_key)
+    assert record is not None
+    assert (record.status, record.attempts) == (Status.SUCCEEDED, 3)
+
+
+def test_exhausted_and_permanent_failures_are_dead_lettered_with_the_reason(
+    broker: Broker, app: App, effects: Effects, connection: pika.BlockingConnection
+) -> None:
+    store = MemoryStore()
+    with Publisher(broker.url, app) as publisher:
+        hopeless = publisher.publish("counter.add", {"key": "hopeless", "fail_times": 99})
+        rejected = publisher.publish("counter.reject", {"key": "rejected"})
+    run_worker(broker, app, store)
+    assert effects.runs["hopeless"] == 3  # max_attempts
+    assert effects.runs["rejected"] == 1
+    (exhausted,) = dead_letters(connection, app, "counter.add")
+    assert exhausted[HEADER_REASON] == "exhausted"
+    assert exhausted[HEADER_ATTEMPTS] == 3
+    assert "ConnectionError: flaky, run 3" in str(exhausted[HEADER_ERROR])
+    (permanent,) = dead_letters(connection, app, "counter.reject")
+    assert permanent[HEADER_REASON] == "permanent"
+    assert store.get(hopeless.idempotency_key).status is Status.DEAD  # type: ignore[union-attr]
+    assert store.get(rejected.idempotency_key).status is Status.DEAD  # type: ignore[union-attr]
+
+
+def test_poison_messages_are_dead_lettered_and_the_worker_carries_on(
+    broker: Broker, app: App, effects: Effects, connection: pika.BlockingConnection
+) -> None:
+    declare(connection, app.topology(ladder=False))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    queue = app.names.task_queue("counter.add")
+
+    def raw(body: bytes, **properties: object) -> None:
+        fields: dict[str, object] = {
+            "content_type": "application/json",
+            "message_id": "m",
+            "type": "counter.add",
+            "delivery_mode": 2,
+        }
+        fields.update(properties)
+        channel.basic_publish("", queue, body, pika.BasicProperties(**fields))
+
+    raw(b"{not json")
+    raw(b"\x80\x03pickle", content_type="application/x-python-pickle")
+    raw(b'{"wrong": "schema"}')
+    raw(b"{}", type="counter.unknown")
+    raw(b'{"key": "big", "blob": "' + b"x" * 10_000_000 + b'"}', type="nonsense task")
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish("counter.add", {"key": "fine"})
+    outcomes = run_worker(broker, app, MemoryStore())
+    assert effects.runs == Counter({"fine": 1})
+    reasons = sorted(
+        str(headers[HEADER_REASON]) for headers in dead_letters(connection, app, "counter.add")
+    )
+    assert reasons == sorted(["json", "content-type", "schema", "unknown-task", "envelope"])
+    assert outcomes["succeeded"] == 1
+
+
+def test_the_worker_command_runs_an_app_in_burst_mode(
+    broker: Broker,
+    namespace: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cleanup_topology: Callable[[Topology], Topology],
+) -> None:
+    (tmp_path / "cli_worker_app.py").write_text(
+        textwrap.dedent(f"""
+            from pydantic import BaseModel
+            from broker_jobs import App
+
+            class Note(BaseModel):
+                text: str
+
+            app = App(namespace={namespace!r})
+            done = []
+
+            @app.task("note.add")
+            def add(payload: Note) -> None:
+                done.append(payload.text)
+        """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from cli_worker_app import app as cli_app  # type: ignore[import-not-found]  # noqa: PLC0415
+
+    cleanup_topology(cli_app.topology())
+    with Publisher(broker.url, cli_app) as publisher:
+        for text in ("a", "b", "c"):
+            publisher.publish("note.add", {"text": text})
+    result = CliRunner().invoke(
+        main,
+        ["worker", "--url", broker.url, "cli_worker_app:app", "--burst", "--store", "memory://"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "succeeded: 3" in result.output
