@@ -32,7 +32,9 @@ class Executor:
 
     def __init__(self, concurrency: int) -> None:
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="broker-jobs-handler")
-        self._slots = asyncio.Semaphore(concurrency)
+        #: Held from before a job is claimed until it is settled, so a job waiting
+        #: for a slot holds no claim (and, on shutdown, can go back unclaimed).
+        self.slots = asyncio.Semaphore(concurrency)
 
     async def run(
         self,
@@ -42,17 +44,17 @@ class Executor:
         renew_lease: Callable[[], Awaitable[None]],
         renew_every: float,
     ) -> Any:
-        """Run ``handler(payload)``; raise what it raises, or TimeLimitExceeded."""
-        async with self._slots:
-            renewer = asyncio.create_task(_renew_forever(renew_lease, renew_every))
-            try:
-                return await asyncio.wait_for(self._start(handler, payload), time_limit)
-            except TimeoutError:
-                raise TimeLimitExceeded(f"ran longer than {time_limit:g} s") from None
-            finally:
-                renewer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await renewer
+        """Run ``handler(payload)``; raise what it raises, or TimeLimitExceeded. The
+        caller holds one of :attr:`slots`."""
+        renewer = asyncio.create_task(_renew_forever(renew_lease, renew_every))
+        try:
+            return await asyncio.wait_for(self._start(handler, payload), time_limit)
+        except TimeoutError:
+            raise TimeLimitExceeded(f"ran longer than {time_limit:g} s") from None
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
 
     def _start(self, handler: Callable[..., Any], payload: BaseModel) -> Awaitable[Any]:
         if inspect.iscoroutinefunction(handler):

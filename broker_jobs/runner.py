@@ -80,12 +80,19 @@ class Runner:
         self._channel = channel
         self._settings = settings
         self.outcomes = Outcomes()
+        #: Set by the worker on shutdown: jobs not started yet are left unsettled.
+        self.stopping = False
         self._deliveries = itertools.count(1)
 
     async def handle(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> None:
         """Process one delivery from ``task``'s queue; ack it once settled."""
         try:
             outcome = await self._process(message, task)
+            if outcome is None:
+                # Stopping before the job started: leave it unsettled; closing the
+                # channel returns it to the queue for another worker.
+                self.outcomes.add("left")
+                return
         except Exception:
             # Our own failure (the store or the broker unreachable): give the
             # delivery back; its redelivery meets the store's record again.
@@ -96,7 +103,9 @@ class Runner:
         await message.ack()
         self.outcomes.add(outcome)
 
-    async def _process(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> str:
+    async def _process(
+        self, message: aio_pika.abc.AbstractIncomingMessage, task: str
+    ) -> str | None:
         try:
             job = decode(wire_message(message))
             spec = self._app.get(job.task)
@@ -119,7 +128,10 @@ class Runner:
             )
             return "rerouted"
         await asyncio.sleep(hold)
-        return await self._claim_and_run(message, job, spec, payload)
+        async with self._executor.slots:
+            if self.stopping:
+                return None
+            return await self._claim_and_run(message, job, spec, payload)
 
     async def _claim_and_run(
         self,

@@ -28,6 +28,7 @@ from broker_jobs.execution import Executor
 from broker_jobs.runner import Runner, RunnerSettings
 from broker_jobs.store.base import Store
 from broker_jobs.urls import BrokerURL
+from topology.delay import MAX_HOLD
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ class WorkerSettings:
     lease: float = 60.0
     declare: bool = True
     worker_id: str | None = None
+    #: The broker's consumer_timeout in seconds (RabbitMQ's default: 30 min). A
+    #: delivery unacked for longer gets its channel closed and is redelivered.
+    consumer_timeout: float = 1800.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -71,10 +75,12 @@ class Worker:
         self._store = store
         self._settings = settings
         self._tasks = self._select_tasks()
+        self._check_time_limits()
         self._worker_id = settings.worker_id or (
             f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         )
         self._stopping = asyncio.Event()
+        self._runner: Runner | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
 
     @property
@@ -82,8 +88,11 @@ class Worker:
         return self._worker_id
 
     def stop(self) -> None:
-        """Ask for a graceful stop (safe to call from a signal handler)."""
+        """Ask for a graceful stop (safe to call from a signal handler): no job
+        starts from now on; running ones finish within the grace period."""
         self._stopping.set()
+        if self._runner is not None:
+            self._runner.stopping = True
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT stop gracefully; a second one exits at once (the broker
@@ -129,11 +138,13 @@ class Worker:
                 channel=channel,
                 settings=RunnerSettings(self._worker_id, lease=settings.lease),
             )
+            self._runner = runner
             consumers = await self._consume(channel, runner)
             log.info("worker %s consuming %s", self._worker_id, ", ".join(self._tasks))
             await (self._until_drained(channel) if settings.burst else self._stopping.wait())
             for queue, tag in consumers:
                 await queue.cancel(tag)
+            runner.stopping = True
             await self._finish_in_flight()
             return runner.outcomes.counts
         finally:
@@ -181,6 +192,28 @@ class Worker:
             job.cancel()
         if pending:
             log.warning("%d jobs did not finish within the grace period", len(pending))
+
+    def _check_time_limits(self) -> None:
+        """Refuse a time limit the broker's consumer_timeout would cut short; warn
+        about tasks without one."""
+        timeout = self._settings.consumer_timeout
+        for task in self._tasks:
+            limit = self._app.get(task).time_limit
+            if limit is None:
+                log.warning(
+                    "task %s has no time limit: a run longer than the broker's"
+                    " consumer_timeout (%g s) loses its channel and is redelivered",
+                    task,
+                    timeout,
+                )
+            elif limit + MAX_HOLD >= timeout:
+                raise ConfigurationError(
+                    f"task {task!r} may run {limit:g} s, but the broker's consumer_timeout"
+                    f" is {timeout:g} s: RabbitMQ would close the channel mid-run and"
+                    " redeliver the job. Lower the task's time_limit, or raise"
+                    " consumer_timeout in rabbitmq.conf and tell the worker"
+                    " (--consumer-timeout)"
+                )
 
     def _select_tasks(self) -> tuple[str, ...]:
         runnable = [spec.name for spec in self._app if spec.handler is not None]

@@ -42,6 +42,12 @@ DEFAULT_STORE = "sqlite:///broker-jobs.db"
 @click.option(
     "--no-declare", is_flag=True, help="Declare nothing; the topology is operator-managed."
 )
+@click.option(
+    "--consumer-timeout",
+    default=1800.0,
+    show_default=True,
+    help="The broker's consumer_timeout in seconds; longer task time limits are refused.",
+)
 def worker_command(  # noqa: PLR0917 - click passes every option positionally
     url: str,
     app_path: str,
@@ -52,6 +58,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     burst: bool,
     grace: float,
     no_declare: bool,
+    consumer_timeout: float,
 ) -> None:
     """Consume and run jobs of MODULE:APP, acking each only once its outcome is recorded.
 
@@ -71,6 +78,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
             burst=burst,
             grace=grace,
             declare=not no_declare,
+            consumer_timeout=consumer_timeout,
         )
         with open_store(store_url) as store:
             outcomes = asyncio.run(_run(url, app, store, settings))

@@ -18,11 +18,12 @@ from pydantic import BaseModel
 from broker_jobs import App, JobRequest, Publisher
 from broker_jobs.cli import main
 from broker_jobs.dead_letters import HEADER_ATTEMPTS, HEADER_ERROR, HEADER_REASON
+from broker_jobs.errors import ConfigurationError
 from broker_jobs.retry import PermanentError, RetryPolicy
 from broker_jobs.store.base import Status
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.worker import Worker, WorkerSettings
-from tests.support import Broker
+from tests.support import Broker, drain_at_least
 from topology import Topology, declare
 
 pytestmark = pytest.mark.broker
@@ -217,3 +218,54 @@ def test_the_worker_command_runs_an_app_in_burst_mode(
     )
     assert result.exit_code == 0, result.output
     assert "succeeded: 3" in result.output
+
+
+def test_a_stopped_worker_finishes_running_jobs_and_leaves_the_rest_queued(
+    broker: Broker, make_app: Callable[[], App], connection: pika.BlockingConnection
+) -> None:
+    app = make_app()
+    started: list[str] = []
+    two_running = threading.Event()
+    release = threading.Event()
+
+    @app.task("slow.job")
+    def slow(payload: Add) -> None:
+        started.append(payload.key)
+        if len(started) == 2:
+            two_running.set()
+        release.wait(timeout=30)
+
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish_many([JobRequest("slow.job", {"key": f"k{n}"}) for n in range(6)])
+    store = MemoryStore()
+    worker = Worker(broker.url, app, store, WorkerSettings(concurrency=2, grace=30))
+
+    async def scenario() -> Counter[str]:
+        running = asyncio.create_task(worker.run())
+        await asyncio.to_thread(two_running.wait, 30)
+        worker.stop()  # as on SIGTERM: no new starts; the two running jobs finish
+        release.set()
+        return await running
+
+    outcomes = asyncio.run(scenario())
+    assert len(started) == 2
+    assert outcomes["succeeded"] == 2
+    assert outcomes["left"] == 4
+    assert store.counts().get(Status.SUCCEEDED) == 2
+    # Nothing lost: the four jobs that never started are back in the queue.
+    remaining = drain_at_least(connection, app.names.task_queue("slow.job"), 4)
+    assert sorted(job.payload["key"] for job in remaining) == sorted(
+        f"k{n}" for n in range(6) if f"k{n}" not in started
+    )
+
+
+def test_a_time_limit_beyond_the_brokers_consumer_timeout_is_refused(broker: Broker) -> None:
+    app = App(namespace="unused")
+
+    @app.task("report.build", time_limit=3600)
+    def build(payload: Add) -> None:
+        del payload
+
+    with pytest.raises(ConfigurationError, match=r"consumer_timeout is 1800 s"):
+        Worker(broker.url, app, MemoryStore(), WorkerSettings())
+    Worker(broker.url, app, MemoryStore(), WorkerSettings(consumer_timeout=7200))
