@@ -45,9 +45,19 @@ class RunnerSettings:
     worker_id: str
     #: Seconds a claim stays ours without renewal; renewed every third of it.
     lease: float = 60.0
-    #: Seconds before a job held by a live lease elsewhere is looked at again.
-    recheck_after: float = 5.0
     confirm_timeout: float = 10.0
+
+    @property
+    def recheck_every(self) -> float:
+        """How often a delivery whose job runs under a live lease looks again."""
+        return min(5.0, self.lease / 4)
+
+    @property
+    def hold_busy_for(self) -> float:
+        """How long such a delivery is held before it is handed back to the ladder:
+        two leases cover a holder that died (its lease lapses), far below the
+        broker's consumer_timeout."""
+        return 2 * self.lease
 
 
 @dataclass
@@ -128,10 +138,34 @@ class Runner:
             )
             return "rerouted"
         await asyncio.sleep(hold)
-        async with self._executor.slots:
-            if self.stopping:
-                return None
-            return await self._claim_and_run(message, job, spec, payload)
+        return await self._run_when_free(message, job, spec, payload)
+
+    async def _run_when_free(
+        self,
+        message: aio_pika.abc.AbstractIncomingMessage,
+        job: Job,
+        spec: TaskSpec,
+        payload: BaseModel,
+    ) -> str | None:
+        """Claim and run, holding the delivery while the job runs under a live lease
+        elsewhere. A worker that died mid-job leaves its lease to lapse and this
+        delivery (the same message, redelivered) takes over: its delivery count is
+        kept, so a job that kills every worker still meets the queue's delivery
+        limit. A holder that stays alive longer gets a re-check through the ladder.
+        """
+        settings = self._settings
+        deadline = asyncio.get_running_loop().time() + settings.hold_busy_for
+        while True:
+            async with self._executor.slots:
+                if self.stopping:
+                    return None
+                outcome = await self._claim_and_run(message, job, spec, payload)
+            if outcome != "busy":
+                return outcome
+            if asyncio.get_running_loop().time() >= deadline:
+                await self._republish(job, delay=settings.hold_busy_for)
+                return "busy"
+            await asyncio.sleep(settings.recheck_every)
 
     async def _claim_and_run(
         self,
@@ -148,7 +182,6 @@ class Runner:
         if claim.outcome in (ClaimOutcome.DONE, ClaimOutcome.STALE):
             return "duplicate"
         if claim.outcome is ClaimOutcome.BUSY:
-            await self._republish(job, delay=settings.recheck_after)
             return "busy"
         if spec.handler is None:
             cause = DeathCause("no-handler", "this app has no handler")

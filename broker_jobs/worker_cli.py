@@ -43,6 +43,12 @@ DEFAULT_STORE = "sqlite:///broker-jobs.db"
     "--no-declare", is_flag=True, help="Declare nothing; the topology is operator-managed."
 )
 @click.option(
+    "--lease",
+    default=60.0,
+    show_default=True,
+    help="Seconds a claim lasts without renewal; a dead worker's jobs wait this long.",
+)
+@click.option(
     "--consumer-timeout",
     default=1800.0,
     show_default=True,
@@ -58,6 +64,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     burst: bool,
     grace: float,
     no_declare: bool,
+    lease: float,
     consumer_timeout: float,
 ) -> None:
     """Consume and run jobs of MODULE:APP, acking each only once its outcome is recorded.
@@ -78,6 +85,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
             burst=burst,
             grace=grace,
             declare=not no_declare,
+            lease=lease,
             consumer_timeout=consumer_timeout,
         )
         with open_store(store_url) as store:

@@ -4,6 +4,8 @@ broker, dead letters with their reason, poison that does not stop the worker."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import textwrap
 import threading
 from collections import Counter
@@ -269,3 +271,55 @@ def test_a_time_limit_beyond_the_brokers_consumer_timeout_is_refused(broker: Bro
     with pytest.raises(ConfigurationError, match=r"consumer_timeout is 1800 s"):
         Worker(broker.url, app, MemoryStore(), WorkerSettings())
     Worker(broker.url, app, MemoryStore(), WorkerSettings(consumer_timeout=7200))
+
+
+def test_a_job_that_kills_its_worker_every_time_is_dead_lettered_by_the_delivery_limit(
+    broker: Broker,
+    namespace: str,
+    tmp_path: Path,
+    connection: pika.BlockingConnection,
+    cleanup_topology: Callable[[Topology], Topology],
+) -> None:
+    (tmp_path / "crash_app.py").write_text(
+        textwrap.dedent(f"""
+            import os
+            from pydantic import BaseModel
+            from broker_jobs import App, QueueOptions
+
+            class Bomb(BaseModel):
+                fuse: int
+
+            app = App(namespace={namespace!r})
+
+            @app.task("bomb.explode", queue=QueueOptions(delivery_limit=2))
+            def explode(payload: Bomb) -> None:
+                os._exit(payload.fuse)  # like a segfault or an OOM kill
+        """)
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from crash_app import app as crash_app  # type: ignore[import-not-found]  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(tmp_path))
+    cleanup_topology(crash_app.topology())
+    with Publisher(broker.url, crash_app) as publisher:
+        bomb = publisher.publish("bomb.explode", {"fuse": 3})
+    command = [
+        sys.executable, "-c", "from broker_jobs.cli import main; main()",
+        "worker", "--url", broker.url, "crash_app:app", "--burst", "--lease", "1",
+        "--store", f"sqlite:///{tmp_path / 'ledger.db'}",
+    ]  # fmt: skip
+    exits = []
+    for _ in range(6):  # bounded: the delivery limit of 2 allows 3 deliveries
+        run = subprocess.run(command, cwd=tmp_path, capture_output=True, timeout=60, check=False)
+        exits.append(run.returncode)
+        if run.returncode == 0:
+            break
+    assert exits == [3, 3, 3, 0], exits
+    dead = connection.channel().basic_get(
+        crash_app.names.dead_letter_queue("bomb.explode"), auto_ack=True
+    )
+    method, properties, _ = dead
+    assert method is not None
+    assert properties.message_id == bomb.id
+    assert properties.headers["x-death"][0]["reason"] == "delivery_limit"
