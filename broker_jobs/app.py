@@ -42,6 +42,9 @@ class TaskSpec:
     #: Seconds a run may take; None for no limit (the broker's consumer_timeout,
     #: 30 min by default, still applies to the delivery).
     time_limit: float | None = None
+    #: The handler takes the store's database connection as second argument and
+    #: its writes commit in the same transaction as the job's success record.
+    transactional: bool = False
 
     def validate(self, payload: BaseModel | Mapping[str, Any]) -> BaseModel:
         """The payload as an instance of the task's model, or ``PayloadValidationError``."""
@@ -96,17 +99,35 @@ class App:
         queue: QueueOptions | None = None,
         retry: RetryPolicy | None = None,
         time_limit: float | None = None,
+        transactional: bool = False,
     ) -> Callable[[HandlerT], HandlerT]:
         """Decorator declaring a task whose handler takes the payload model as its
         first parameter (annotated): ``@app.task("image.resize") def resize(p: Resize)``.
         ``retry`` decides retries (default: 5 attempts, exponential backoff);
-        ``time_limit`` bounds one run in seconds.
+        ``time_limit`` bounds one run in seconds. ``transactional=True``: the handler
+        is ``def handle(payload: Model, db) -> None`` and its writes through ``db``
+        (the store's sqlite3 or psycopg connection) commit in one transaction with the
+        job's success, so they happen exactly once (no time limit then: a transaction
+        cannot be cut short from outside).
         """
+        if transactional and time_limit is not None:
+            raise ConfigurationError(
+                f"task {name!r}: a transactional handler cannot have a time_limit; bound"
+                " its work inside the transaction (e.g. a statement timeout) instead"
+            )
         if time_limit is not None and time_limit <= 0:
             raise ConfigurationError(f"time_limit of task {name!r} must be positive seconds")
 
         def register(handler: HandlerT) -> HandlerT:
             model = _payload_model_of(name, handler)
+            if transactional and (
+                inspect.iscoroutinefunction(handler)
+                or len(inspect.signature(handler).parameters) != 2
+            ):
+                raise ConfigurationError(
+                    f"transactional task {name!r} needs a sync handler taking"
+                    " (payload, db): it runs inside the store's database transaction"
+                )
             spec = TaskSpec(
                 _task_name(name),
                 model,
@@ -114,6 +135,7 @@ class App:
                 handler,
                 retry or RetryPolicy(),
                 time_limit,
+                transactional,
             )
             self._add(spec)
             return handler

@@ -186,6 +186,8 @@ class Runner:
         if spec.handler is None:
             cause = DeathCause("no-handler", "this app has no handler")
             return await self._dead_letter(message, job.task, cause, job, holder)
+        if spec.transactional:
+            return await self._run_in_transaction(message, job, spec, payload, holder)
         try:
             await self._executor.run(
                 spec.handler,
@@ -200,6 +202,30 @@ class Runner:
             await asyncio.to_thread(store.succeed, job.idempotency_key, holder)
         except LeaseLostError:
             log.warning("job %s finished after its lease was taken over", job.id)
+        return "succeeded"
+
+    async def _run_in_transaction(
+        self,
+        message: aio_pika.abc.AbstractIncomingMessage,
+        job: Job,
+        spec: TaskSpec,
+        payload: BaseModel,
+        holder: str,
+    ) -> str:
+        """The handler's writes and the success record in one store transaction."""
+        handler = spec.handler
+        assert handler is not None
+
+        def effects(db: object) -> None:
+            handler(payload, db)
+
+        try:
+            await asyncio.to_thread(self._store.succeed_with, job.idempotency_key, holder, effects)
+        except LeaseLostError:
+            log.warning("job %s: lease taken over before its transaction; not run", job.id)
+            return "duplicate"
+        except Exception as error:  # rolled back: decided by the task's policy
+            return await self._after_failure(message, job, spec, error, holder)
         return "succeeded"
 
     async def _after_failure(

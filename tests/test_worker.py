@@ -4,10 +4,13 @@ broker, dead letters with their reason, poison that does not stop the worker."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -323,3 +326,75 @@ def test_a_job_that_kills_its_worker_every_time_is_dead_lettered_by_the_delivery
     assert method is not None
     assert properties.message_id == bomb.id
     assert properties.headers["x-death"][0]["reason"] == "delivery_limit"
+
+
+def test_a_worker_killed_mid_batch_leaves_each_effect_exactly_once(
+    broker: Broker,
+    namespace: str,
+    tmp_path: Path,
+    connection: pika.BlockingConnection,
+    cleanup_topology: Callable[[Topology], Topology],
+) -> None:
+    """kill -9 of a worker in the middle of 2,000 jobs whose handler writes in the
+    store's transaction: after a restart every job's effect is there exactly once."""
+    (tmp_path / "effects_app.py").write_text(
+        textwrap.dedent(f"""
+            from pydantic import BaseModel
+            from broker_jobs import App
+
+            class Add(BaseModel):
+                key: str
+
+            app = App(namespace={namespace!r})
+
+            @app.task("counter.add", transactional=True)
+            def add(payload: Add, db) -> None:
+                db.execute("INSERT INTO effects (key) VALUES (?)", (payload.key,))
+        """)
+    )
+    ledger = tmp_path / "ledger.db"
+    with contextlib.closing(sqlite3.connect(ledger)) as db:
+        db.execute("CREATE TABLE effects (key TEXT NOT NULL)")
+        db.commit()
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from effects_app import app as effects_app  # type: ignore[import-not-found]  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(tmp_path))
+    cleanup_topology(effects_app.topology())
+    keys = [f"k{n}" for n in range(2000)]
+    with Publisher(broker.url, effects_app) as publisher:
+        publisher.publish_many([JobRequest("counter.add", {"key": key}) for key in keys])
+    command = [
+        sys.executable, "-c", "from broker_jobs.cli import main; main()",
+        "worker", "--url", broker.url, "effects_app:app", "--concurrency", "4",
+        "--lease", "2", "--store", f"sqlite:///{ledger}",
+    ]  # fmt: skip
+
+    def effects_count() -> int:
+        with contextlib.closing(sqlite3.connect(ledger)) as db:
+            return int(db.execute("SELECT COUNT(*) FROM effects").fetchone()[0])
+
+    victim = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while effects_count() < 300 and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling a counter the worker writes
+        assert effects_count() >= 300, "the worker made no progress"
+    finally:
+        victim.kill()  # SIGKILL: no shutdown of any kind
+        victim.wait()
+    assert effects_count() < 2000, "the worker finished before the kill; nothing tested"
+
+    rerun = subprocess.run(
+        [*command, "--burst"], cwd=tmp_path, capture_output=True, timeout=180, check=False
+    )
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    with contextlib.closing(sqlite3.connect(ledger)) as db:
+        counts = dict(db.execute("SELECT key, COUNT(*) FROM effects GROUP BY key").fetchall())
+    assert sorted(counts) == sorted(keys), "an effect is missing"
+    assert set(counts.values()) == {1}, "an effect happened twice"
+    names = effects_app.names
+    channel = connection.channel()
+    for queue in (names.task_queue("counter.add"), names.dead_letter_queue("counter.add")):
+        assert channel.queue_declare(queue, passive=True).method.message_count == 0

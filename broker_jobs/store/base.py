@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Any, Protocol, Self
 
 from broker_jobs.envelope import Job
 from broker_jobs.errors import BrokerJobsError
@@ -137,6 +137,20 @@ class Store(ABC):
     @abstractmethod
     def succeed(self, key: str, worker: str, *, now: datetime | None = None) -> None:
         """RUNNING (ours) -> SUCCEEDED; LeaseLostError if not ours."""
+
+    @abstractmethod
+    def succeed_with(
+        self,
+        key: str,
+        worker: str,
+        effects: Callable[[Any], None],
+        *,
+        now: datetime | None = None,
+    ) -> None:
+        """Run ``effects(connection)`` and record SUCCEEDED in one transaction of the
+        store's database, so a handler's own writes happen exactly once: both commit
+        or neither. ``connection`` is the store's (sqlite3 or psycopg; None for the
+        memory store, which has no transactions)."""
 
     @abstractmethod
     def retry(
@@ -349,6 +363,9 @@ def mask_dsn(text: str) -> str:
 class Records(Protocol):
     """The view of the records inside an exclusive section."""
 
+    #: The database connection of the section (None for the memory store).
+    connection: Any
+
     def load(self, key: str) -> JobRecord | None: ...
 
     def save(self, record: JobRecord) -> None:
@@ -383,6 +400,27 @@ class ExclusiveStore(Store):
 
     def succeed(self, key: str, worker: str, *, now: datetime | None = None) -> None:
         self._finish(key, worker, "record success of", now=now, status=Status.SUCCEEDED)
+
+    def succeed_with(
+        self,
+        key: str,
+        worker: str,
+        effects: Callable[[Any], None],
+        *,
+        now: datetime | None = None,
+    ) -> None:
+        moment = utc(now)
+        with self._held(key, worker, "record success of") as (records, record):
+            effects(records.connection)
+            records.save(
+                replace(
+                    record,
+                    status=Status.SUCCEEDED,
+                    updated_at=moment,
+                    lease_until=None,
+                    due_at=None,
+                )
+            )
 
     def retry(
         self, key: str, worker: str, error: str, due_at: datetime, *, now: datetime | None = None

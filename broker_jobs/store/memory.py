@@ -21,6 +21,9 @@ from broker_jobs.store.base import (
 
 
 class _DictRecords:
+    #: A dict has no transactions: effects run, then the record changes.
+    connection = None
+
     def __init__(self, records: dict[str, JobRecord]) -> None:
         self._records = records
 

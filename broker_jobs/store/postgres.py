@@ -378,7 +378,7 @@ class PostgresStore(Store):
         self,
         key: str,
         worker: str,
-        effects: Callable[[psycopg.Connection[Any]], None],
+        effects: Callable[[Any], None],
         *,
         now: datetime | None = None,
     ) -> None:

@@ -274,6 +274,8 @@ _NEWEST_FIRST = "ORDER BY updated_at DESC, idempotency_key"
 class _SQLiteRecords:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+        #: Inside BEGIN IMMEDIATE: a handler's writes commit with the record.
+        self.connection = conn
 
     def load(self, key: str) -> JobRecord | None:
         row = self._conn.execute(
