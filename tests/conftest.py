@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,11 +20,13 @@ import pika.exceptions
 import pytest
 
 from broker_jobs import App, Publisher
+from broker_jobs.testing.postgres_node import PostgresNode
 from broker_jobs.testing.rabbit_node import RabbitNode
 from tests.support import AnyPublisher, AsyncFacade, Broker, docker_answers, unavailable
 from topology import Topology
 
 URL_VARIABLE = "BROKER_JOBS_TEST_AMQP_URL"
+POSTGRES_URL_VARIABLE = "BROKER_JOBS_TEST_POSTGRES_URL"
 
 
 @pytest.fixture(scope="session")
@@ -127,3 +130,36 @@ def make_publisher(
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Fault tests stop or kill the shared broker: run them after everything else."""
     items.sort(key=lambda item: item.get_closest_marker("fault") is not None)
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if url := os.environ.get(POSTGRES_URL_VARIABLE):
+        yield url
+        return
+
+    if docker_answers():
+        try:
+            from testcontainers.community.postgres import PostgresContainer  # noqa: PLC0415
+        except ImportError:
+            from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
+
+        with PostgresContainer("postgres:16-alpine", driver=None) as container:
+            yield container.get_connection_url()
+        return
+    if not PostgresNode.available():
+        unavailable(
+            f"no PostgreSQL: set {POSTGRES_URL_VARIABLE}, start Docker, or"
+            " apt-get install postgresql"
+        )
+    node = PostgresNode.create(tmp_path_factory.mktemp("postgres"))
+    try:
+        started = time.monotonic()
+        node.start()
+        print(
+            f"\nthrowaway PostgreSQL on port {node.port} booted in"
+            f" {time.monotonic() - started:.2f} s"
+        )
+        yield node.dsn
+    finally:
+        node.cleanup()

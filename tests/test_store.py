@@ -11,7 +11,6 @@ them, PostgreSQL tests skip locally and fail in CI. Each test gets a schema of i
 from __future__ import annotations
 
 import multiprocessing
-import os
 import random
 import socket
 import sqlite3
@@ -43,8 +42,6 @@ from broker_jobs.store import (
 )
 from broker_jobs.store import postgres as postgres_module
 from broker_jobs.store.base import mask_dsn
-from broker_jobs.testing.postgres_node import PostgresNode
-from tests.support import docker_answers, unavailable
 
 POSTGRES_URL_VARIABLE = "BROKER_JOBS_TEST_POSTGRES_URL"
 
@@ -70,39 +67,6 @@ def job(key: str = "key-1", attempt: int = 1, task: str = "image.resize") -> Job
 
 
 # --- fixtures -----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def postgres_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if url := os.environ.get(POSTGRES_URL_VARIABLE):
-        yield url
-        return
-
-    if docker_answers():
-        try:
-            from testcontainers.community.postgres import PostgresContainer  # noqa: PLC0415
-        except ImportError:
-            from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
-
-        with PostgresContainer("postgres:16-alpine", driver=None) as container:
-            yield container.get_connection_url()
-        return
-    if not PostgresNode.available():
-        unavailable(
-            f"no PostgreSQL: set {POSTGRES_URL_VARIABLE}, start Docker, or"
-            " apt-get install postgresql"
-        )
-    node = PostgresNode.create(tmp_path_factory.mktemp("postgres"))
-    try:
-        started = time.monotonic()
-        node.start()
-        print(
-            f"\nthrowaway PostgreSQL on port {node.port} booted in"
-            f" {time.monotonic() - started:.2f} s"
-        )
-        yield node.dsn
-    finally:
-        node.cleanup()
 
 
 def _admin(dsn: str) -> Any:

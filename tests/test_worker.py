@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -328,17 +329,49 @@ def test_a_job_that_kills_its_worker_every_time_is_dead_lettered_by_the_delivery
     assert properties.headers["x-death"][0]["reason"] == "delivery_limit"
 
 
+class EffectsDatabase:
+    """The database the store and the handler share: SQLite file or PostgreSQL."""
+
+    def __init__(self, kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+        self.kind = kind
+        self.table = f"effects_{uuid.uuid4().hex[:8]}"
+        if kind == "sqlite":
+            self.path = tmp_path / "ledger.db"
+            self.store_url = f"sqlite:///{self.path}"
+        else:
+            self.dsn: str = request.getfixturevalue("postgres_dsn")
+            self.store_url = f"{self.dsn}?schema=t_{uuid.uuid4().hex[:10]}"
+        self.execute(f"CREATE TABLE {self.table} (key TEXT NOT NULL)")
+
+    def execute(self, sql: str) -> list[tuple[object, ...]]:
+        if self.kind == "sqlite":
+            with contextlib.closing(sqlite3.connect(self.path)) as db:
+                rows = db.execute(sql).fetchall()
+                db.commit()
+                return rows
+        import psycopg  # noqa: PLC0415
+
+        with psycopg.connect(self.dsn, autocommit=True) as db:
+            cursor = db.execute(sql)
+            return cursor.fetchall() if cursor.description else []
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_a_worker_killed_mid_batch_leaves_each_effect_exactly_once(
     broker: Broker,
     namespace: str,
     tmp_path: Path,
     connection: pika.BlockingConnection,
     cleanup_topology: Callable[[Topology], Topology],
+    kind: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """kill -9 of a worker in the middle of 2,000 jobs whose handler writes in the
     store's transaction: after a restart every job's effect is there exactly once."""
+    database = EffectsDatabase(kind, tmp_path, request)
     (tmp_path / "effects_app.py").write_text(
         textwrap.dedent(f"""
+            import sqlite3
             from pydantic import BaseModel
             from broker_jobs import App
 
@@ -349,13 +382,11 @@ def test_a_worker_killed_mid_batch_leaves_each_effect_exactly_once(
 
             @app.task("counter.add", transactional=True)
             def add(payload: Add, db) -> None:
-                db.execute("INSERT INTO effects (key) VALUES (?)", (payload.key,))
+                mark = "?" if isinstance(db, sqlite3.Connection) else "%s"
+                db.execute(f"INSERT INTO {database.table} (key) VALUES ({{mark}})", (payload.key,))
         """)
     )
-    ledger = tmp_path / "ledger.db"
-    with contextlib.closing(sqlite3.connect(ledger)) as db:
-        db.execute("CREATE TABLE effects (key TEXT NOT NULL)")
-        db.commit()
+    sys.modules.pop("effects_app", None)
     sys.path.insert(0, str(tmp_path))
     try:
         from effects_app import app as effects_app  # type: ignore[import-not-found]  # noqa: PLC0415
@@ -368,12 +399,11 @@ def test_a_worker_killed_mid_batch_leaves_each_effect_exactly_once(
     command = [
         sys.executable, "-c", "from broker_jobs.cli import main; main()",
         "worker", "--url", broker.url, "effects_app:app", "--concurrency", "4",
-        "--lease", "2", "--store", f"sqlite:///{ledger}",
+        "--lease", "2", "--store", database.store_url,
     ]  # fmt: skip
 
     def effects_count() -> int:
-        with contextlib.closing(sqlite3.connect(ledger)) as db:
-            return int(db.execute("SELECT COUNT(*) FROM effects").fetchone()[0])
+        return int(database.execute(f"SELECT COUNT(*) FROM {database.table}")[0][0])
 
     victim = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.DEVNULL)
     try:
@@ -390,8 +420,8 @@ def test_a_worker_killed_mid_batch_leaves_each_effect_exactly_once(
         [*command, "--burst"], cwd=tmp_path, capture_output=True, timeout=180, check=False
     )
     assert rerun.returncode == 0, rerun.stderr[-2000:]
-    with contextlib.closing(sqlite3.connect(ledger)) as db:
-        counts = dict(db.execute("SELECT key, COUNT(*) FROM effects GROUP BY key").fetchall())
+    rows = database.execute(f"SELECT key, COUNT(*) FROM {database.table} GROUP BY key")
+    counts = {str(key): int(count) for key, count in rows}
     assert sorted(counts) == sorted(keys), "an effect is missing"
     assert set(counts.values()) == {1}, "an effect happened twice"
     names = effects_app.names
