@@ -35,6 +35,7 @@ from broker_jobs.envelope import Job, WireMessage, decode, utc_now
 from broker_jobs.errors import BrokerJobsError, DecodeError
 from broker_jobs.execution import Executor
 from broker_jobs.store.base import ClaimOutcome, LeaseLostError, Store
+from topology import names as n
 from topology.delay import MAX_HOLD
 
 log = logging.getLogger(__name__)
@@ -275,11 +276,19 @@ class Runner:
         )
         if job is not None:
             await asyncio.to_thread(
+                self._store.dead, job.idempotency_key, holder, cause.error, job=job
+            )
+        elif properties.message_id:
+            # A poison message never became a job: the ledger still says it is dead,
+            # under its idempotency key if it had a readable one, else its id.
+            key = message.headers.get(n.HEADER_IDEMPOTENCY_KEY)
+            await asyncio.to_thread(
                 self._store.dead,
-                job.idempotency_key,
-                holder,
-                cause.error,
-                job=job,
+                key if isinstance(key, str) and key else properties.message_id,
+                None,
+                f"{cause.reason}: {cause.error}",
+                job_id=properties.message_id,
+                task=task,
             )
         log.warning("dead-lettered a %s job (%s): %s", task, cause.reason, cause.error[:200])
         return f"dead:{cause.reason}"

@@ -162,10 +162,13 @@ def test_poison_messages_are_dead_lettered_and_the_worker_carries_on(
     channel.confirm_delivery()
     queue = app.names.task_queue("counter.add")
 
+    poison_ids: list[str] = []
+
     def raw(body: bytes, **properties: object) -> None:
+        poison_ids.append(f"poison-{len(poison_ids)}")
         fields: dict[str, object] = {
             "content_type": "application/json",
-            "message_id": "m",
+            "message_id": poison_ids[-1],
             "type": "counter.add",
             "delivery_mode": 2,
         }
@@ -179,8 +182,10 @@ def test_poison_messages_are_dead_lettered_and_the_worker_carries_on(
     raw(b'{"key": "big", "blob": "' + b"x" * 10_000_000 + b'"}', type="nonsense task")
     with Publisher(broker.url, app) as publisher:
         publisher.publish("counter.add", {"key": "fine"})
-    outcomes = run_worker(broker, app, MemoryStore())
+    store = MemoryStore()
+    outcomes = run_worker(broker, app, store)
     assert effects.runs == Counter({"fine": 1})
+    assert all(store.get(poison).status is Status.DEAD for poison in poison_ids)  # type: ignore[union-attr]
     reasons = sorted(
         str(headers[HEADER_REASON]) for headers in dead_letters(connection, app, "counter.add")
     )
@@ -428,3 +433,28 @@ def test_a_worker_killed_mid_batch_leaves_each_effect_exactly_once(
     channel = connection.channel()
     for queue in (names.task_queue("counter.add"), names.dead_letter_queue("counter.add")):
         assert channel.queue_declare(queue, passive=True).method.message_count == 0
+
+
+def test_a_cpu_bound_handler_does_not_starve_the_heartbeats(
+    broker: Broker, make_app: Callable[[], App]
+) -> None:
+    """With a 1 s heartbeat, a handler spinning the CPU for 6 s (in its thread)
+    must not cost the worker its connection: the job succeeds on its only delivery."""
+    app = make_app()
+
+    @app.task("cpu.burn")
+    def burn(payload: Add) -> None:
+        del payload
+        deadline = time.monotonic() + 6
+        spins = 0
+        while time.monotonic() < deadline:
+            spins += 1  # pure Python: holds the GIL but for the interpreter's switches
+
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish("cpu.burn", {"key": "burn"})
+    separator = "&" if "?" in broker.url else "?"
+    url = f"{broker.url}{separator}heartbeat=1"
+    outcomes = asyncio.run(
+        Worker(url, app, MemoryStore(), WorkerSettings(burst=True, concurrency=1)).run()
+    )
+    assert outcomes == Counter({"succeeded": 1})
