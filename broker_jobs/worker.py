@@ -16,6 +16,7 @@ import socket
 import uuid
 from collections import Counter
 from dataclasses import dataclass
+from datetime import timedelta
 
 import aio_pika
 import aio_pika.abc
@@ -23,10 +24,11 @@ import aio_pika.abc
 from broker_jobs.app import App
 from broker_jobs.async_publisher import AsyncPublisher
 from broker_jobs.declaring import declare_topology
+from broker_jobs.envelope import utc_now
 from broker_jobs.errors import ConfigurationError
 from broker_jobs.execution import Executor
 from broker_jobs.runner import Runner, RunnerSettings
-from broker_jobs.store.base import Store
+from broker_jobs.store.base import DEFAULT_RETENTION, Store, StoreError
 from broker_jobs.urls import BrokerURL
 from topology.delay import MAX_HOLD
 
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds between checks of the queues' depth in burst mode.
 BURST_POLL = 0.1
+#: Seconds between prunings of the ledger.
+PRUNE_EVERY = 3600.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class WorkerSettings:
     #: The broker's consumer_timeout in seconds (RabbitMQ's default: 30 min). A
     #: delivery unacked for longer gets its channel closed and is redelivered.
     consumer_timeout: float = 1800.0
+    #: Finished records older than this are pruned (hourly) from the ledger.
+    retention: timedelta = DEFAULT_RETENTION
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -139,12 +145,14 @@ class Worker:
                 settings=RunnerSettings(self._worker_id, lease=settings.lease),
             )
             self._runner = runner
+            pruner = asyncio.create_task(self._prune_forever())
             consumers = await self._consume(channel, runner)
             log.info("worker %s consuming %s", self._worker_id, ", ".join(self._tasks))
             await (self._until_drained(channel) if settings.burst else self._stopping.wait())
             for queue, tag in consumers:
                 await queue.cancel(tag)
             runner.stopping = True
+            pruner.cancel()
             await self._finish_in_flight()
             return runner.outcomes.counts
         finally:
@@ -183,6 +191,20 @@ class Worker:
                 declared = await channel.declare_queue(name, passive=True)
                 depth += declared.declaration_result.message_count or 0
             quiet = quiet + 1 if depth == 0 and not self._in_flight else 0
+
+    async def _prune_forever(self) -> None:
+        """Keep the ledger bounded: finished records older than the retention go.
+        The retention must cover redeliveries and beat's catch-up window."""
+        while True:
+            cutoff = utc_now() - self._settings.retention
+            try:
+                pruned = await asyncio.to_thread(self._store.prune, cutoff)
+            except StoreError:
+                log.warning("pruning the ledger failed; trying again in an hour", exc_info=True)
+            else:
+                if pruned:
+                    log.info("pruned %d finished records older than %s", pruned, cutoff)
+            await asyncio.sleep(PRUNE_EVERY)
 
     async def _finish_in_flight(self) -> None:
         if not self._in_flight:

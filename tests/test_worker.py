@@ -14,6 +14,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pika
@@ -21,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
 
-from broker_jobs import App, JobRequest, Publisher
+from broker_jobs import App, Job, JobRequest, Publisher
 from broker_jobs.cli import main
 from broker_jobs.dead_letters import HEADER_ATTEMPTS, HEADER_ERROR, HEADER_REASON
 from broker_jobs.errors import ConfigurationError
@@ -458,3 +459,18 @@ def test_a_cpu_bound_handler_does_not_starve_the_heartbeats(
         Worker(url, app, MemoryStore(), WorkerSettings(burst=True, concurrency=1)).run()
     )
     assert outcomes == Counter({"succeeded": 1})
+
+
+def test_the_worker_prunes_finished_records_past_the_retention(
+    broker: Broker, app: App
+) -> None:
+    store = MemoryStore()
+    long_ago = datetime.now(UTC) - timedelta(days=30)
+    old = Job(task="counter.add", payload={"key": "old"})
+    store.claim(old, "w", 60, now=long_ago)
+    store.succeed(old.idempotency_key, "w", now=long_ago)
+    pending = Job(task="counter.add", payload={"key": "pending"})
+    store.claim(pending, "w", 60, now=long_ago)  # a RUNNING record is never pruned
+    run_worker(broker, app, store)
+    assert store.get(old.idempotency_key) is None
+    assert store.get(pending.idempotency_key) is not None
