@@ -154,6 +154,7 @@ class Worker:
             runner.stopping = True
             pruner.cancel()
             await self._finish_in_flight()
+            runner.close()
             return runner.outcomes.counts
         finally:
             executor.shutdown()
