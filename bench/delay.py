@@ -25,7 +25,6 @@ import json
 import math
 import multiprocessing
 import os
-import platform
 import random
 import secrets
 import statistics
@@ -35,7 +34,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from importlib.metadata import version
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
@@ -43,8 +41,8 @@ import aio_pika
 import aio_pika.abc
 from pydantic import BaseModel
 
-from bench.publish import URL_ENV, Admin, broker
-from broker_jobs import App, AsyncPublisher, JobRequest, PublishBatchError, mask_url
+from bench.publish import URL_ENV, Admin, broker, describe_broker
+from broker_jobs import App, AsyncPublisher, JobRequest, PublishBatchError
 from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job, WireMessage, decode, utc_now
 from broker_jobs.errors import DecodeError
@@ -635,16 +633,8 @@ def problems(rounds: Sequence[Figures]) -> list[str]:
 def describe_config(
     options: Options, url: str, node: RabbitNode | None, admin: Admin
 ) -> dict[str, Any]:
-    server = admin.server_version()
-    if server is None and node is not None:
-        server = node.server_version()
     return {
-        "broker": mask_url(url),
-        "broker_origin": "throwaway node" if node is not None else "given",
-        "rabbitmq": server or "unknown",
-        "python": platform.python_version(),
-        "aio_pika": version("aio-pika"),
-        "cpus": os.cpu_count(),
+        **describe_broker(url, node, admin),
         "rate_jobs_per_s": options.rate,
         "seconds": options.seconds,
         "jobs_per_round": options.jobs,

@@ -445,9 +445,8 @@ def run_rounds(options: Options, target: Target, admin: Admin) -> Results:
 # -- reporting --------------------------------------------------------------------------
 
 
-def describe_config(
-    options: Options, url: str, node: RabbitNode | None, admin: Admin
-) -> dict[str, Any]:
+def describe_broker(url: str, node: RabbitNode | None, admin: Admin) -> dict[str, Any]:
+    """What every benchmark prints about the broker, the client and the machine."""
     server = admin.server_version()
     if server is None and node is not None:
         server = node.server_version()
@@ -458,9 +457,17 @@ def describe_config(
         "python": platform.python_version(),
         "pika": version("pika"),
         "aio_pika": version("aio-pika"),
+        "cpus": os.cpu_count(),
+    }
+
+
+def describe_config(
+    options: Options, url: str, node: RabbitNode | None, admin: Admin
+) -> dict[str, Any]:
+    return {
+        **describe_broker(url, node, admin),
         "jobs_per_round": options.jobs,
         "rounds": options.rounds,
-        "cpus": os.cpu_count(),
         "queue": "durable quorum, persistent messages, publisher confirms, mandatory",
         "body_bytes": len(BODY),
     }

@@ -27,7 +27,6 @@ import logging
 import math
 import multiprocessing
 import os
-import platform
 import secrets
 import statistics
 import sys
@@ -37,7 +36,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from importlib.metadata import version
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -46,8 +44,8 @@ import aio_pika
 import aio_pika.abc
 from pydantic import BaseModel
 
-from bench.publish import URL_ENV, Admin, broker
-from broker_jobs import App, JobRequest, Publisher, mask_url
+from bench.publish import URL_ENV, Admin, broker, describe_broker
+from broker_jobs import App, JobRequest, Publisher
 from broker_jobs.store import MemoryStore, SQLiteStore, Store
 from broker_jobs.testing.rabbit_node import RabbitNode
 from broker_jobs.worker import Worker, WorkerSettings
@@ -596,16 +594,8 @@ def run_rounds(options: Options, url: str, admin: Admin) -> Results:
 def describe_config(
     options: Options, url: str, node: RabbitNode | None, admin: Admin
 ) -> dict[str, Any]:
-    server = admin.server_version()
-    if server is None and node is not None:
-        server = node.server_version()
     return {
-        "broker": mask_url(url),
-        "broker_origin": "throwaway node" if node is not None else "given",
-        "rabbitmq": server or "unknown",
-        "python": platform.python_version(),
-        "aio_pika": version("aio-pika"),
-        "cpus": os.cpu_count(),
+        **describe_broker(url, node, admin),
         "drain_jobs": options.jobs,
         "rounds": options.rounds,
         "steady": f"{options.rate:g} jobs/s for {options.seconds:g} s",
