@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import aio_pika
@@ -118,7 +118,12 @@ class Runner:
             await message.nack(requeue=True)
             self.outcomes.add("returned")
             return
-        await message.ack()
+        try:
+            await message.ack()
+        except Exception:  # the outcome is recorded: the redelivery will find it done
+            log.warning("acking a %s delivery failed; it will be redelivered", task)
+            self.outcomes.add("ack-failed")
+            return
         self.outcomes.add(outcome)
 
     async def _in_store(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -146,13 +151,7 @@ class Runner:
         if hold > MAX_HOLD:
             # Published for later without going through the ladder (by hand, or by a
             # foreign publisher): send it through the ladder rather than hold it.
-            await self._publisher.publish(
-                job.task,
-                job.payload,
-                job_id=job.id,
-                idempotency_key=job.idempotency_key,
-                eta=job.due_at,
-            )
+            await self._republish(job, eta=job.due_at)
             return "rerouted"
         await asyncio.sleep(hold)
         return await self._run_when_free(message, job, spec, payload)
@@ -309,14 +308,21 @@ class Runner:
         log.warning("dead-lettered a %s job (%s): %s", task, cause.reason, cause.error[:200])
         return f"dead:{cause.reason}"
 
-    async def _republish(self, job: Job, delay: float) -> None:
+    async def _republish(
+        self, job: Job, *, delay: float | None = None, eta: datetime | None = None
+    ) -> None:
+        """Publish ``job`` again, same id, key, attempt and trace, through the delay
+        path; confirmed before the caller acks the delivery it replaces."""
         await self._publisher.publish(
             job.task,
             job.payload,
             job_id=job.id,
             idempotency_key=job.idempotency_key,
             attempt=job.attempt,
+            traceparent=job.traceparent,
+            tracestate=job.tracestate,
             delay=delay,
+            eta=eta,
         )
 
     def _renewer(self, job: Job, holder: str) -> Callable[[], Awaitable[None]]:

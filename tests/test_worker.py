@@ -474,3 +474,29 @@ def test_the_worker_prunes_finished_records_past_the_retention(
     run_worker(broker, app, store)
     assert store.get(old.idempotency_key) is None
     assert store.get(pending.idempotency_key) is not None
+
+
+def test_a_job_due_later_but_published_without_the_ladder_is_rerouted_not_held(
+    broker: Broker, app: App, effects: Effects, connection: pika.BlockingConnection
+) -> None:
+    declare(connection, app.topology())
+    due = datetime.now(UTC) + timedelta(seconds=3)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.basic_publish(  # a foreign publisher that sets bj-due-at on the work exchange
+        app.names.work_exchange,
+        "counter.add",
+        b'{"key": "later"}',
+        pika.BasicProperties(
+            content_type="application/json",
+            delivery_mode=2,
+            message_id="later-1",
+            type="counter.add",
+            headers={"bj-due-at": due.isoformat(), "bj-attempt": 1},
+        ),
+        mandatory=True,
+    )
+    outcomes = run_worker(broker, app, MemoryStore())
+    assert (outcomes["rerouted"], outcomes["succeeded"]) == (1, 1)
+    assert effects.runs["later"] == 1
+    assert datetime.now(UTC) >= due
