@@ -20,16 +20,17 @@ from datetime import timedelta
 
 import aio_pika
 import aio_pika.abc
+import aio_pika.exceptions
 
 from broker_jobs.app import App
 from broker_jobs.async_publisher import AsyncPublisher
 from broker_jobs.declaring import declare_topology
 from broker_jobs.envelope import utc_now
-from broker_jobs.errors import ConfigurationError
+from broker_jobs.errors import BrokerConnectionError, ConfigurationError, TopologyMissingError
 from broker_jobs.execution import Executor
 from broker_jobs.runner import Runner, RunnerSettings
 from broker_jobs.store.base import DEFAULT_RETENTION, Store, StoreError
-from broker_jobs.urls import BrokerURL
+from broker_jobs.urls import BrokerURL, mask_text
 from topology.delay import MAX_HOLD
 
 log = logging.getLogger(__name__)
@@ -125,10 +126,7 @@ class Worker:
                 timeout=10.0,
                 connection_name=f"broker-jobs worker {self._worker_id} (declare)",
             )
-        connection = await aio_pika.connect(
-            self._url.url,
-            client_properties={"connection_name": f"broker-jobs worker {self._worker_id}"},
-        )
+        connection = await self._connect()
         publisher = AsyncPublisher(
             self._url.url, self._app, declare=False, connection_name="broker-jobs worker retries"
         )
@@ -161,6 +159,18 @@ class Worker:
             await publisher.close()
             await connection.close()
 
+    async def _connect(self) -> aio_pika.abc.AbstractConnection:
+        try:
+            return await aio_pika.connect(
+                self._url.url,
+                client_properties={"connection_name": f"broker-jobs worker {self._worker_id}"},
+            )
+        except aio_pika.exceptions.CONNECTION_EXCEPTIONS as error:
+            raise BrokerConnectionError(
+                f"cannot connect to the broker at {self._url.host}:{self._url.port}"
+                f" ({self._url.masked}): {type(error).__name__}: {mask_text(str(error))}"
+            ) from None
+
     async def _consume(
         self, channel: aio_pika.abc.AbstractChannel, runner: Runner
     ) -> list[tuple[aio_pika.abc.AbstractQueue, str]]:
@@ -175,7 +185,10 @@ class Worker:
                 self._in_flight.add(job)
                 job.add_done_callback(self._in_flight.discard)
 
-            consumers.append((queue, await queue.consume(on_message)))
+            try:
+                consumers.append((queue, await queue.consume(on_message)))
+            except aio_pika.exceptions.ChannelNotFoundEntity as error:
+                raise TopologyMissingError(mask_text(str(error.args[-1]))) from None
         return consumers
 
     async def _until_drained(self, channel: aio_pika.abc.AbstractChannel) -> None:

@@ -500,3 +500,36 @@ def test_a_job_due_later_but_published_without_the_ladder_is_rerouted_not_held(
     assert (outcomes["rerouted"], outcomes["succeeded"]) == (1, 1)
     assert effects.runs["later"] == 1
     assert datetime.now(UTC) >= due
+
+
+def test_worker_command_errors_are_clear_and_masked(
+    broker: Broker, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "errors_app.py").write_text(
+        textwrap.dedent(f"""
+            from pydantic import BaseModel
+            from broker_jobs import App
+
+            class Note(BaseModel):
+                text: str
+
+            app = App(namespace={namespace!r})
+
+            @app.task("note.add")
+            def add(payload: Note) -> None:
+                del payload
+        """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    runner = CliRunner()
+    base = ["worker", "errors_app:app", "--burst", "--store", "memory://"]
+    down = runner.invoke(main, [*base, "--no-declare", "--url", "amqp://u:hunter2@127.0.0.1:1/"])
+    assert down.exit_code == 1
+    assert "cannot connect to the broker at 127.0.0.1:1" in down.output
+    assert "hunter2" not in down.output
+    missing = runner.invoke(main, [*base, "--no-declare", "--url", broker.url])
+    assert missing.exit_code == 1
+    assert "topology apply" in missing.output
+    unknown = runner.invoke(main, [*base, "--task", "note.remove", "--url", broker.url])
+    assert unknown.exit_code == 1
+    assert "unknown task 'note.remove'" in unknown.output
