@@ -132,7 +132,8 @@ class Worker:
         )
         executor = Executor(settings.concurrency)
         try:
-            channel = await connection.channel(publisher_confirms=True)
+            # Returned dead letters raise (no dead-letter queue): never ack what was dropped.
+            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             await channel.set_qos(prefetch_count=settings.prefetch_count)
             runner = Runner(
                 self._app,
