@@ -147,7 +147,7 @@ class Worker:
             pruner = asyncio.create_task(self._prune_forever())
             consumers = await self._consume(channel, runner)
             log.info("worker %s consuming %s", self._worker_id, ", ".join(self._tasks))
-            await (self._until_drained(channel) if settings.burst else self._stopping.wait())
+            await (self._until_drained(connection) if settings.burst else self._stopping.wait())
             for queue, tag in consumers:
                 await queue.cancel(tag)
             runner.stopping = True
@@ -192,20 +192,31 @@ class Worker:
                 raise TopologyMissingError(mask_text(str(error.args[-1]))) from None
         return consumers
 
-    async def _until_drained(self, channel: aio_pika.abc.AbstractChannel) -> None:
+    async def _until_drained(self, connection: aio_pika.abc.AbstractConnection) -> None:
         """Burst mode: return once nothing runs and the task queues and the delay
-        ladder (where retries wait) are empty, twice in a row."""
+        ladder (where retries wait) are empty, twice in a row.
+
+        Depths are read on a channel of their own: a passive declare of a missing
+        queue (a ladder never declared) closes its channel, which must not be the
+        one holding our deliveries."""
         names = self._app.names
         queues = [names.task_queue(task) for task in self._tasks]
         queues += [queue.name for queue in self._app.topology().queues if ".delay." in queue.name]
+        probe = await connection.channel()
         quiet = 0
         while quiet < 2 and not self._stopping.is_set():
             await asyncio.sleep(BURST_POLL)
             depth = 0
-            for name in queues:
-                declared = await channel.declare_queue(name, passive=True)
+            for name in list(queues):
+                try:
+                    declared = await probe.declare_queue(name, passive=True)
+                except aio_pika.exceptions.ChannelNotFoundEntity:
+                    queues.remove(name)  # nothing can wait in a queue that does not exist
+                    probe = await connection.channel()
+                    continue
                 depth += declared.declaration_result.message_count or 0
             quiet = quiet + 1 if depth == 0 and not self._in_flight else 0
+        await probe.close()
 
     async def _prune_forever(self) -> None:
         """Keep the ledger bounded: finished records older than the retention go.

@@ -533,3 +533,14 @@ def test_worker_command_errors_are_clear_and_masked(
     unknown = runner.invoke(main, [*base, "--task", "note.remove", "--url", broker.url])
     assert unknown.exit_code == 1
     assert "unknown task 'note.remove'" in unknown.output
+
+
+def test_burst_mode_works_without_a_declared_ladder(
+    broker: Broker, app: App, effects: Effects, connection: pika.BlockingConnection
+) -> None:
+    declare(connection, app.topology(ladder=False))  # operator-managed, no delays yet
+    with Publisher(broker.url, app, declare=False) as publisher:
+        publisher.publish("counter.add", {"key": "plain"})
+    outcomes = run_worker(broker, app, MemoryStore(), declare=False)
+    assert outcomes["succeeded"] == 1
+    assert effects.runs["plain"] == 1
