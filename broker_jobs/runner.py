@@ -127,6 +127,9 @@ class Runner:
         self.outcomes.add(outcome)
 
     async def _in_store(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        batched = getattr(self._store, "call", None)
+        if batched is not None and getattr(call, "__self__", None) is self._store:
+            return await batched(call.__name__, *args, **kwargs)  # type: ignore[no-any-return]
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._store_thread, functools.partial(call, *args, **kwargs)

@@ -12,23 +12,34 @@ processes; network file systems break SQLite's locking).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import queue as _queue
 import sqlite3
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from os import PathLike
 from pathlib import Path
 from typing import Any
 
+from broker_jobs.envelope import Job
 from broker_jobs.store.base import (
     TERMINAL,
+    Claim,
+    ClaimOutcome,
     ExclusiveStore,
     JobRecord,
+    LeaseLostError,
     Records,
     Status,
     StoreError,
+    check_lease,
     check_limit,
+    claimed_record,
+    clip_error,
+    decide,
     utc,
 )
 
@@ -87,6 +98,8 @@ class SQLiteStore(ExclusiveStore):
         self._lock = threading.Lock()  # guards _connections and _closed
         self._connections: list[sqlite3.Connection] = []
         self._closed = False
+        self._queue: _queue.SimpleQueue[Any] = _queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
         try:
             self._migrate()
         except BaseException:
@@ -98,8 +111,11 @@ class SQLiteStore(ExclusiveStore):
 
     # --- connections and transactions ---------------------------------------------
 
-    def _connection(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+    def _connection(self, synchronous: str = "FULL") -> sqlite3.Connection:
+        attr = "conn" if synchronous == "FULL" else "conn_" + synchronous
+        conn: sqlite3.Connection | None = getattr(self._local, attr, None)
+        if conn is not None and not self._closed:
+            return conn
         with self._lock:
             if self._closed:
                 raise StoreError(f"{self!r} is closed; open a new store")
@@ -113,12 +129,12 @@ class SQLiteStore(ExclusiveStore):
                     check_same_thread=False,  # only its thread uses it; close() may be elsewhere
                 )
                 try:
-                    conn.execute("PRAGMA synchronous = FULL")
+                    conn.execute(f"PRAGMA synchronous = {synchronous}")
                 except BaseException:
                     conn.close()
                     raise
             self._connections.append(conn)
-        self._local.conn = conn
+        setattr(self._local, attr, conn)
         return conn
 
     @contextmanager
@@ -201,6 +217,159 @@ class SQLiteStore(ExclusiveStore):
                     " Upgrade broker-jobs on this host, or use another file"
                 )
 
+    # --- the hot path: claim and finish without the generic sections -------------------
+
+    def claim(self, job: Job, worker: str, lease: float, *, now: datetime | None = None) -> Claim:
+        # synchronous=NORMAL: a claim lost to a power cut only lets the (unacked,
+        # redelivered) job be claimed again; the next FULL commit of an outcome makes
+        # the WAL, claims included, durable.
+        lease, moment = check_lease(lease), utc(now)
+        batch = getattr(self._local, "batch", None)
+        if batch is not None:
+            row = batch.execute(_SELECT_ONE, (job.idempotency_key,)).fetchone()
+            record = _record(row) if row else None
+            outcome = decide(record, job, worker, moment)
+            if outcome is not ClaimOutcome.CLAIMED:
+                assert record is not None
+                return Claim(outcome, record)
+            new = claimed_record(record, job, worker, lease, moment)
+            batch.execute(_SAVE, _row(new))
+            return Claim(outcome, new)
+        conn = self._connection("NORMAL")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = conn.execute(_SELECT_ONE, (job.idempotency_key,)).fetchone()
+                record = _record(row) if row else None
+                outcome = decide(record, job, worker, moment)
+                if outcome is not ClaimOutcome.CLAIMED:
+                    assert record is not None
+                    conn.execute("COMMIT")
+                    return Claim(outcome, record)
+                new = claimed_record(record, job, worker, lease, moment)
+                conn.execute(_SAVE, _row(new))
+                conn.execute("COMMIT")
+                return Claim(outcome, new)
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as error:
+            raise self._store_error("change a record", error) from error
+
+    def _finish(
+        self,
+        key: str,
+        worker: str,
+        action: str,
+        *,
+        now: datetime | None,
+        status: Status,
+        error: str | None = None,
+        due_at: datetime | None = None,
+    ) -> None:
+        # One UPDATE guarded by the lease: atomic on its own (autocommit).
+        moment = utc(now)
+        conn = getattr(self._local, "batch", None) or self._connection()
+        try:
+            if error is None:
+                cursor = conn.execute(
+                    _FINISH, (status.value, _text(moment), _text(due_at), key, worker)
+                )
+            else:
+                cursor = conn.execute(
+                    _FINISH_ERROR,
+                    (status.value, _text(moment), clip_error(error), _text(due_at), key, worker),
+                )
+        except sqlite3.Error as exc:
+            raise self._store_error("change a record", exc) from exc
+        if cursor.rowcount != 1:
+            raise LeaseLostError(key, worker, self.get(key), action)
+
+    # --- group commit -----------------------------------------------------------------
+
+    #: Methods that may share one transaction with others (they write nothing before
+    #: they can fail with LeaseLostError, so one failing leaves the others intact).
+    _BATCHABLE = frozenset({"claim", "succeed", "retry", "fail"})
+
+    async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``getattr(self, name)(*args, **kwargs)`` on the store's thread. Claims
+        and outcomes waiting together commit in one transaction; each caller resumes
+        only after that commit."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._serve, name="broker-jobs-store", daemon=True
+                    )
+                    self._thread.start()
+        self._queue.put((loop, future, name, args, kwargs))
+        return await future
+
+    def _serve(self) -> None:
+        queue = self._queue
+        while True:
+            item = queue.get()
+            if item is None:
+                return
+            items = [item]
+            while True:
+                try:
+                    more = queue.get_nowait()
+                except _queue.Empty:
+                    break
+                if more is None:
+                    queue.put(None)
+                    break
+                items.append(more)
+            batch = [i for i in items if i[2] in self._BATCHABLE]
+            results: list[tuple[Any, Any, bool, Any]] = []
+            if batch:
+                results.extend(self._run_batch(batch))
+            for loop, future, name, args, kwargs in items:
+                if name in self._BATCHABLE:
+                    continue
+                try:
+                    results.append((loop, future, True, getattr(self, name)(*args, **kwargs)))
+                except BaseException as error:
+                    results.append((loop, future, False, error))
+            by_loop: dict[Any, list[tuple[Any, bool, Any]]] = {}
+            for loop, future, ok, value in results:
+                by_loop.setdefault(loop, []).append((future, ok, value))
+            for loop, settled in by_loop.items():
+                with contextlib.suppress(RuntimeError):  # the loop is closed
+                    loop.call_soon_threadsafe(_settle, settled)
+
+    def _run_batch(self, batch: list[Any]) -> list[tuple[Any, Any, bool, Any]]:
+        outcomes = any(i[2] != "claim" for i in batch)
+        try:
+            conn = self._connection("FULL" if outcomes else "NORMAL")
+        except BaseException as error:
+            return [(i[0], i[1], False, error) for i in batch]
+        results = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            self._local.batch = conn
+            try:
+                for loop, future, name, args, kwargs in batch:
+                    try:
+                        results.append((loop, future, True, getattr(self, name)(*args, **kwargs)))
+                    except (LeaseLostError, ValueError) as error:
+                        results.append((loop, future, False, error))
+            finally:
+                self._local.batch = None
+            conn.execute("COMMIT")
+        except BaseException as error:
+            if conn.in_transaction:
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            if isinstance(error, sqlite3.Error):
+                error = self._store_error("change a record", error)
+            return [(i[0], i[1], False, error) for i in batch]
+        return results
+
     # --- queries ------------------------------------------------------------------
 
     def _select(self, where: str, params: tuple[Any, ...], tail: str = "") -> list[JobRecord]:
@@ -261,6 +430,10 @@ class SQLiteStore(ExclusiveStore):
             return cursor.rowcount
 
     def close(self) -> None:
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            self._queue.put(None)
+            thread.join()
         with self._lock:
             self._closed = True
             connections, self._connections = self._connections, []
@@ -284,23 +457,48 @@ class _SQLiteRecords:
         return _record(row) if row else None
 
     def save(self, record: JobRecord) -> None:
-        self._conn.execute(
-            f"INSERT OR REPLACE INTO broker_jobs_records ({_COLUMNS})"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                record.idempotency_key,
-                record.job_id,
-                record.task,
-                record.status.value,
-                record.attempts,
-                _text(record.created_at),
-                _text(record.updated_at),
-                record.worker,
-                _text(record.lease_until),
-                record.last_error,
-                _text(record.due_at),
-            ),
-        )
+        self._conn.execute(_SAVE, _row(record))
+
+
+_SELECT_ONE = f"SELECT {_COLUMNS} FROM broker_jobs_records WHERE idempotency_key = ?"
+_SAVE = (
+    f"INSERT OR REPLACE INTO broker_jobs_records ({_COLUMNS})"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_FINISH = (
+    "UPDATE broker_jobs_records SET status = ?, updated_at = ?, lease_until = NULL, due_at = ?"
+    " WHERE idempotency_key = ? AND status = 'running' AND worker = ?"
+)
+_FINISH_ERROR = (
+    "UPDATE broker_jobs_records SET status = ?, updated_at = ?, lease_until = NULL,"
+    " last_error = ?, due_at = ? WHERE idempotency_key = ? AND status = 'running' AND worker = ?"
+)
+
+
+def _row(record: JobRecord) -> tuple[Any, ...]:
+    return (
+        record.idempotency_key,
+        record.job_id,
+        record.task,
+        record.status.value,
+        record.attempts,
+        _text(record.created_at),
+        _text(record.updated_at),
+        record.worker,
+        _text(record.lease_until),
+        record.last_error,
+        _text(record.due_at),
+    )
+
+
+def _settle(settled: list[tuple[Any, bool, Any]]) -> None:
+    for future, ok, value in settled:
+        if future.done():
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
 
 
 def _text(moment: datetime | None) -> str | None:
