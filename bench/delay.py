@@ -24,7 +24,6 @@ import contextlib
 import json
 import math
 import multiprocessing
-import os
 import random
 import secrets
 import statistics
@@ -41,7 +40,7 @@ import aio_pika
 import aio_pika.abc
 from pydantic import BaseModel
 
-from bench.publish import URL_ENV, Admin, broker, describe_broker
+from bench.publish import Admin, add_url_argument, broker, describe_broker
 from broker_jobs import App, AsyncPublisher, JobRequest, PublishBatchError
 from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job, WireMessage, decode, utc_now
@@ -104,11 +103,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser = argparse.ArgumentParser(
         prog="python -m bench.delay", description=__doc__.split("\n\n", 1)[0]
     )
-    parser.add_argument(
-        "--url",
-        default=os.environ.get(URL_ENV),
-        help=f"AMQP URL (default: ${URL_ENV}; neither: start a throwaway RabbitMQ node)",
-    )
+    add_url_argument(parser)
     parser.add_argument(
         "--seconds",
         type=float,

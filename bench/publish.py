@@ -95,15 +95,20 @@ class Options:
     quick: bool
 
 
-def parse_args(argv: Sequence[str] | None) -> Options:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.publish", description=__doc__.split("\n\n", 1)[0]
-    )
+def add_url_argument(parser: argparse.ArgumentParser) -> None:
+    """``--url``, shared by every benchmark: the broker to measure."""
     parser.add_argument(
         "--url",
         default=os.environ.get(URL_ENV),
         help=f"AMQP URL (default: ${URL_ENV}; neither: start a throwaway RabbitMQ node)",
     )
+
+
+def parse_args(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.publish", description=__doc__.split("\n\n", 1)[0]
+    )
+    add_url_argument(parser)
     parser.add_argument("--jobs", type=int, default=None, help=f"jobs per round ({DEFAULT_JOBS})")
     parser.add_argument("--rounds", type=int, default=None, help=f"rounds ({DEFAULT_ROUNDS})")
     parser.add_argument(

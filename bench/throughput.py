@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import multiprocessing
-import os
 import secrets
 import statistics
 import sys
@@ -44,7 +43,7 @@ import aio_pika
 import aio_pika.abc
 from pydantic import BaseModel
 
-from bench.publish import URL_ENV, Admin, broker, describe_broker
+from bench.publish import Admin, add_url_argument, broker, describe_broker
 from broker_jobs import App, JobRequest, Publisher
 from broker_jobs.store import MemoryStore, SQLiteStore, Store
 from broker_jobs.testing.rabbit_node import RabbitNode
@@ -104,11 +103,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser = argparse.ArgumentParser(
         prog="python -m bench.throughput", description=__doc__.split("\n\n", 1)[0]
     )
-    parser.add_argument(
-        "--url",
-        default=os.environ.get(URL_ENV),
-        help=f"AMQP URL (default: ${URL_ENV}; neither: start a throwaway RabbitMQ node)",
-    )
+    add_url_argument(parser)
     parser.add_argument("--jobs", type=int, default=None, help=f"drained jobs ({DEFAULT_JOBS})")
     parser.add_argument("--rounds", type=int, default=None, help=f"rounds ({DEFAULT_ROUNDS})")
     parser.add_argument(
