@@ -20,6 +20,7 @@ from broker_jobs.errors import (
     describe_validation_error,
 )
 from broker_jobs.retry import RetryPolicy
+from broker_jobs.schedule_decl import At, ScheduleDeclaration, Seconds, add_declaration
 from topology import InvalidNameError, Names, QueueOptions, Topology, namespace_topology
 from topology.names import DEFAULT_NAMESPACE, check_task_name
 
@@ -77,6 +78,7 @@ class App:
         except InvalidNameError as error:
             raise ConfigurationError(str(error)) from None
         self._tasks: dict[str, TaskSpec] = {}
+        self._schedules: dict[str, ScheduleDeclaration] = {}
 
     @property
     def namespace(self) -> str:
@@ -141,6 +143,45 @@ class App:
             return handler
 
         return register
+
+    def schedule(
+        self,
+        name: str,
+        task: str,
+        *,
+        cron: str | None = None,
+        every: Seconds | None = None,
+        at: At | None = None,
+        payload: Mapping[str, Any] | BaseModel | None = None,
+        timezone: str | None = None,
+        catch_up: str = "all",
+        lookback: Seconds = 3600.0,
+        jitter: Seconds = 0.0,
+        grace: Seconds = 2.0,
+    ) -> ScheduleDeclaration:
+        """Declare a job the beat publishes on a timing: exactly one of ``cron``
+        (5 fields, or 6 with seconds first), ``every`` (seconds or timedelta) or ``at``
+        (an instant). Only recorded here; ``scheduler.load_schedules`` validates it.
+        """
+        declaration = ScheduleDeclaration(
+            name=name,
+            task=task,
+            cron=cron,
+            every=every,
+            at=at,
+            payload=payload,
+            timezone=timezone,
+            catch_up=catch_up,
+            lookback=lookback,
+            jitter=jitter,
+            grace=grace,
+        )
+        return add_declaration(self._schedules, declaration)
+
+    @property
+    def schedules(self) -> tuple[ScheduleDeclaration, ...]:
+        """The declared schedules, in declaration order."""
+        return tuple(self._schedules.values())
 
     def get(self, name: str) -> TaskSpec:
         try:

@@ -102,7 +102,7 @@ class AsyncPublisher(PublisherBase):
                 break
             route = self._factory.current_route(item)
             exchange = await self._exchange(channel, route.exchange)
-            message = _amqp_message(item.message)
+            message = amqp_message(item.message)
             batch.add(item.job, exchange.publish(message, route.routing_key, mandatory=True))
             sent += 1
         await batch.wait_below(1)
@@ -141,7 +141,7 @@ class AsyncPublisher(PublisherBase):
         try:
             exchange = await self._exchange(channel, route.exchange)
             await exchange.publish(
-                _amqp_message(prepared.message),
+                amqp_message(prepared.message),
                 routing_key=route.routing_key,
                 mandatory=True,
                 timeout=self._settings.confirm_timeout,
@@ -234,7 +234,8 @@ class AsyncPublisher(PublisherBase):
                 await connection.close()
 
 
-def _amqp_message(message: WireMessage) -> aio_pika.Message:
+def amqp_message(message: WireMessage) -> aio_pika.Message:
+    """The AMQP form of a job: persistent, with its properties and headers."""
     return aio_pika.Message(
         message.body,
         content_type=message.content_type,

@@ -8,6 +8,7 @@ import sys
 import click
 
 from broker_jobs import __version__
+from broker_jobs.beat_cli import beat_group
 from broker_jobs.cli_options import url_option
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.publisher import Publisher
@@ -64,3 +65,4 @@ def publish(  # noqa: PLR0917 - click passes every option positionally
 
 main.add_command(topology_group)
 main.add_command(worker_command)
+main.add_command(beat_group)

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 
 import click
 
 from broker_jobs.app import App
 from broker_jobs.app_loader import load_app
-from broker_jobs.cli_options import url_option
+from broker_jobs.cli_options import configure_logging, store_option, url_option
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.store.base import Store
 from broker_jobs.store.urls import open_store
 from broker_jobs.worker import Worker, WorkerSettings
-
-DEFAULT_STORE = "sqlite:///broker-jobs.db"
 
 
 @click.command("worker")
@@ -29,14 +26,7 @@ DEFAULT_STORE = "sqlite:///broker-jobs.db"
 @click.option(
     "--prefetch", type=int, help="Unacked deliveries held (default 2 x concurrency + 64)."
 )
-@click.option(
-    "--store",
-    "store_url",
-    envvar="BROKER_JOBS_STORE",
-    default=DEFAULT_STORE,
-    show_default=True,
-    help="Idempotency store: sqlite:///path.db, postgresql://..., memory://.",
-)
+@store_option
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty (tests, batch jobs).")
 @click.option("--grace", default=30.0, show_default=True, help="Seconds to finish jobs on SIGTERM.")
 @click.option(
@@ -73,9 +63,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     Example:
       broker-jobs worker myproject.tasks:app --task image.resize --concurrency 8
     """
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging()
     try:
         app = load_app(app_path)
         settings = WorkerSettings(

@@ -6,14 +6,17 @@ import asyncio
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pika
 import pytest
 
 from broker_jobs import AsyncPublisher, Job, JobRequest, Publisher, WireMessage, decode
 from broker_jobs.testing.rabbit_node import RabbitNode
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -127,3 +130,17 @@ def docker_answers() -> bool:
             return b" 200 " in probe.recv(256)
         except OSError:
             return False
+
+
+def wait_until(condition: Callable[[], T | None], *, within: float, what: str) -> T:
+    """Poll ``condition`` until it returns something truthy, which is returned; fail
+    naming ``what`` after ``within`` seconds. For state in another process (a store
+    row, a log line) that has no event to await."""
+    deadline = time.monotonic() + within
+    while True:
+        found = condition()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {within:g} s")
+        time.sleep(0.02)

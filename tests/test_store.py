@@ -41,7 +41,7 @@ from broker_jobs.store import (
     open_store,
 )
 from broker_jobs.store import postgres as postgres_module
-from broker_jobs.store.base import mask_dsn
+from broker_jobs.store.base import LeaderRecord, mask_dsn
 
 POSTGRES_URL_VARIABLE = "BROKER_JOBS_TEST_POSTGRES_URL"
 
@@ -532,6 +532,218 @@ def test_prune_deletes_old_outcomes_only(store: Store) -> None:
     assert store.prune(at(1000)) == 0
 
 
+# --- beat records ---------------------------------------------------------------------------
+
+
+def fire(minutes: int, micros: int = 0) -> datetime:
+    """A fire time on the test clock, with microseconds that must survive the store."""
+    return T0 + timedelta(minutes=minutes, microseconds=micros)
+
+
+def test_a_fire_round_trips_with_microseconds(store: Store) -> None:
+    assert store.last_fire("shop/report") is None
+
+    store.record_fire("shop/report", fire(5, 123_456))
+    paris = timezone(timedelta(hours=1))
+    store.record_fire("shop/paris", datetime(2026, 3, 1, 13, 0, 0, 1, tzinfo=paris))
+
+    last = store.last_fire("shop/report")
+    assert last == fire(5, 123_456)
+    assert last is not None
+    assert last.microsecond == 123_456
+    assert last.tzinfo is not None
+    assert last.utcoffset() == timedelta(0)
+    stored_as_utc = store.last_fire("shop/paris")
+    assert stored_as_utc == fire(0, 1)
+    assert stored_as_utc is not None
+    assert stored_as_utc.tzinfo == UTC
+    assert store.last_fires() == {"shop/paris": fire(0, 1), "shop/report": fire(5, 123_456)}
+
+
+def test_fires_never_move_backwards(store: Store) -> None:
+    store.record_fire("shop/s", fire(60))
+
+    store.record_fire("shop/s", fire(30))  # older: ignored
+    assert store.last_fire("shop/s") == fire(60)
+    store.record_fire("shop/s", fire(60))  # the same again: nothing changes
+    assert store.last_fire("shop/s") == fire(60)
+    store.record_fire("shop/s", fire(60, 1))  # one microsecond newer: moves
+    assert store.last_fire("shop/s") == fire(60, 1)
+    store.record_fire("shop/s", fire(60))
+    assert store.last_fires("shop/") == {"shop/s": fire(60, 1)}
+
+
+def test_fires_are_kept_per_schedule(store: Store) -> None:
+    store.record_fire("a/x", fire(1))
+    store.record_fire("a/y", fire(2))
+    store.record_fire("b/x", fire(3))
+    store.record_fire("a/x", fire(10))
+    store.record_fire("b/x", fire(0))  # older for b/x; must not touch a/x
+
+    assert store.last_fire("a/x") == fire(10)
+    assert store.last_fire("a/y") == fire(2)
+    assert store.last_fire("b/x") == fire(3)
+    assert store.last_fire("a") is None  # a key, not a prefix
+    assert store.last_fire("A/x") is None
+
+
+def test_last_fires_lists_the_keys_with_a_prefix(store: Store) -> None:
+    keys = ["shop/nightly", "shop/hourly", "shop/é", "shopping/x", "Shop/upper", "x/shop/z"]
+    keys += ["shop%/_x", "shop_/y"]  # LIKE wildcards must match only themselves
+    for n, key in enumerate(keys):
+        store.record_fire(key, fire(n, n))
+    every = {key: fire(n, n) for n, key in enumerate(keys)}
+
+    assert store.last_fires("shop/") == {
+        k: every[k] for k in ("shop/nightly", "shop/hourly", "shop/é")
+    }
+    assert set(store.last_fires("shop")) == {
+        "shop/nightly",
+        "shop/hourly",
+        "shop/é",
+        "shopping/x",
+        "shop%/_x",
+        "shop_/y",
+    }
+    assert store.last_fires("shop%") == {"shop%/_x": every["shop%/_x"]}
+    assert store.last_fires("shop_") == {"shop_/y": every["shop_/y"]}
+    assert store.last_fires("shop/é") == {"shop/é": every["shop/é"]}
+    assert store.last_fires("shop/nightly/") == {}
+    assert store.last_fires("nothing/") == {}
+    assert store.last_fires() == every
+    assert store.last_fires("") == every
+
+
+def test_the_leader_is_the_last_writer(store: Store) -> None:
+    assert store.leader("shop") is None
+
+    store.record_leader("shop", "host-1:101", at(0), now=at(0.5))
+    assert store.leader("shop") == LeaderRecord("shop", "host-1:101", at(0), at(0.5))
+    store.record_leader("shop", "host-1:101", at(0), now=at(10.25))  # announces again
+    assert store.leader("shop") == LeaderRecord("shop", "host-1:101", at(0), at(10.25))
+
+    store.record_leader("shop", "host-2:202", at(20), now=at(20.000001))
+    store.record_leader("other", "host-3:303", at(5), now=at(5))
+    assert store.leader("shop") == LeaderRecord("shop", "host-2:202", at(20), at(20.000001))
+    # the last writer wins, even with older times: the broker decides who leads
+    store.record_leader("shop", "host-1:101", at(0), now=at(15))
+    assert store.leader("shop") == LeaderRecord("shop", "host-1:101", at(0), at(15))
+    assert store.leader("other") == LeaderRecord("other", "host-3:303", at(5), at(5))
+    assert store.leader("nobody") is None
+
+
+def test_the_leader_is_seen_now_by_default(store: Store) -> None:
+    before = datetime.now(UTC) - timedelta(seconds=5)
+    store.record_leader("shop", "host-1:101", T0)
+    after = datetime.now(UTC) + timedelta(seconds=5)
+
+    leader = store.leader("shop")
+    assert leader is not None
+    assert leader.since == T0
+    assert before <= leader.seen_at <= after
+    assert leader.seen_at.tzinfo is not None
+    assert leader.seen_at.utcoffset() == timedelta(0)
+
+
+def test_prune_keeps_the_beat_records(store: Store) -> None:
+    _ledger(store)
+    store.record_fire("shop/s", fire(-10_000))
+    store.record_leader("shop", "host-1:101", at(0), now=at(0))
+
+    assert store.prune(at(100_000)) == 3
+
+    assert store.last_fire("shop/s") == fire(-10_000)
+    assert store.last_fires() == {"shop/s": fire(-10_000)}
+    assert store.leader("shop") is not None
+
+
+def test_beat_times_must_be_timezone_aware(store: Store) -> None:
+    naive = datetime(2026, 3, 1, 12, 0)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        store.record_fire("shop/s", naive)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        store.record_leader("shop", "host-1:101", naive, now=at(0))
+    with pytest.raises(ValueError, match="timezone-aware"):
+        store.record_leader("shop", "host-1:101", at(0), now=naive)
+    assert store.last_fires() == {}
+    assert store.leader("shop") is None
+
+
+def test_concurrent_fires_end_with_the_newest(store: Store) -> None:
+    """Threads record fires of one schedule in orders of their own: the newest stays."""
+    threads, per_thread = 6, 40
+    barrier = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def run(n: int) -> None:
+        mine = [fire(i * threads + n, n) for i in range(per_thread)]
+        random.Random(n).shuffle(mine)
+        try:
+            barrier.wait(timeout=30)
+            for moment in mine:
+                store.record_fire("shop/race", moment)
+                last = store.last_fire("shop/race")
+                assert last is not None
+                assert last >= moment  # never behind a fire already recorded
+        except BaseException as error:
+            errors.append(error)
+
+    pool = [threading.Thread(target=run, args=(n,)) for n in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(timeout=60)
+    assert errors == []
+    assert store.last_fire("shop/race") == fire((per_thread - 1) * threads + threads - 1, 5)
+
+
+def test_a_closed_store_refuses_beat_calls(kit: Kit) -> None:
+    kit.store.close()
+    calls: list[Callable[[], object]] = [
+        lambda: kit.store.record_fire("shop/s", fire(0)),
+        lambda: kit.store.last_fire("shop/s"),
+        lambda: kit.store.last_fires("shop/"),
+        lambda: kit.store.record_leader("shop", "host-1:101", at(0)),
+        lambda: kit.store.leader("shop"),
+    ]
+    for call in calls:
+        with pytest.raises(StoreError, match="closed"):
+            call()
+
+
+@durable_only
+def test_beat_records_persist_and_are_shared(kit: Kit) -> None:
+    kit.store.record_fire("shop/s", fire(1, 999_999))
+    kit.store.record_leader("shop", "host-1:101", at(0), now=at(1))
+    with kit.reopen() as other:  # another process's view, while the first is open
+        assert other.last_fire("shop/s") == fire(1, 999_999)
+        other.record_fire("shop/s", fire(2))
+    assert kit.store.last_fire("shop/s") == fire(2)
+    kit.store.close()
+
+    with kit.reopen() as reopened:
+        assert reopened.last_fire("shop/s") == fire(2)
+        assert reopened.last_fires("shop/") == {"shop/s": fire(2)}
+        assert reopened.leader("shop") == LeaderRecord("shop", "host-1:101", at(0), at(1))
+
+
+@durable_only
+def test_a_database_from_before_the_beat_gains_its_tables(kit: Kit) -> None:
+    assert kit.sql is not None
+    kit.store.claim(job(), A, LEASE, now=at(0))
+    kit.store.close()
+    kit.sql("DROP TABLE broker_jobs_beat_fires")
+    kit.sql("DROP TABLE broker_jobs_beat_leaders")
+
+    with kit.reopen() as reopened:
+        assert reopened.get("key-1") is not None  # the ledger is untouched
+        reopened.record_fire("shop/s", fire(3))
+        reopened.record_leader("shop", "host-1:101", at(0), now=at(1))
+        assert reopened.last_fire("shop/s") == fire(3)
+        assert reopened.leader("shop") is not None
+    assert kit.sql("SELECT version FROM broker_jobs_schema") == [(1,)]
+
+
 # --- arguments, lifecycle, schema -------------------------------------------------------------
 
 
@@ -744,6 +956,160 @@ def test_postgres_stores_starting_together_create_the_tables_once(
         opened.close()
     assert errors == []
     assert len(stores) == 6
+
+
+def _record_fires_in_process(
+    path: str, n: int, per_worker: int, barrier: Any, results: Any
+) -> None:
+    """Child process: two threads record increasing fires of one schedule, one of them
+    through the store thread (``SQLiteStore.call``), checking they never see one older
+    than their own."""
+    import asyncio  # noqa: PLC0415
+
+    errors: list[str] = []
+
+    def moments(thread: int) -> list[datetime]:
+        return [fire(i * 4 + n * 2 + thread, i) for i in range(per_worker)]
+
+    def direct(store: SQLiteStore) -> None:
+        for moment in moments(0):
+            store.record_fire("shop/race", moment)
+            last = store.last_fire("shop/race")
+            if last is None or last < moment:
+                errors.append(f"{moment} recorded, then read {last}")
+
+    async def through_the_store_thread(store: SQLiteStore) -> None:
+        for moment in moments(1):
+            await store.call("record_fire", "shop/race", moment)
+            last = await store.call("last_fire", "shop/race")
+            if last is None or last < moment:
+                errors.append(f"{moment} recorded, then read {last}")
+
+    try:
+        with SQLiteStore(path) as store:
+            barrier.wait(timeout=60)
+            thread = threading.Thread(target=direct, args=(store,))
+            thread.start()
+            asyncio.run(through_the_store_thread(store))
+            thread.join(timeout=60)
+        results.put(errors)
+    except Exception as error:  # report to the parent rather than die silently
+        results.put([repr(error)])
+
+
+def test_sqlite_processes_recording_fires_end_with_the_newest(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    path = str(tmp_path / "beat.db")
+    per_worker = 60
+    barrier, results = context.Barrier(2), context.Queue()
+    processes = [
+        context.Process(
+            target=_record_fires_in_process, args=(path, n, per_worker, barrier, results)
+        )
+        for n in range(2)
+    ]
+    for process in processes:
+        process.start()
+    reports = [results.get(timeout=100) for _ in processes]
+    for process in processes:
+        process.join(timeout=30)
+        assert process.exitcode == 0
+    results.close()
+    results.join_thread()
+
+    assert reports == [[], []]
+    with SQLiteStore(path) as store:
+        newest = fire((per_worker - 1) * 4 + 3, per_worker - 1)
+        assert store.last_fire("shop/race") == newest
+        assert store.last_fires() == {"shop/race": newest}
+
+
+def test_sqlite_beat_calls_group_commit_on_the_store_thread(
+    tmp_path: Path, make_store: Callable[[Callable[[], Store]], Store]
+) -> None:
+    import asyncio  # noqa: PLC0415
+
+    store = make_store(lambda: SQLiteStore(tmp_path / "jobs.db"))
+    assert isinstance(store, SQLiteStore)
+
+    async def together() -> list[Any]:
+        return list(
+            await asyncio.gather(
+                store.call("claim", job(), A, LEASE, now=at(0)),
+                store.call("record_fire", "shop/s", fire(2)),
+                store.call("record_fire", "shop/s", fire(1)),  # older, in the same batch
+                store.call("record_fire", "shop/bad", datetime(2026, 3, 1)),  # naive: refused
+                store.call("record_leader", "shop", "host-1:101", at(0), now=at(1)),
+                store.call("record_fire", "shop/t", fire(3)),
+                return_exceptions=True,
+            )
+        )
+
+    results = asyncio.run(together())
+
+    assert results[0].outcome is CLAIMED
+    assert results[1:3] == [None, None]
+    assert isinstance(results[3], ValueError)
+    assert results[4:] == [None, None]  # one refused call leaves the others of its batch
+    assert store.last_fires() == {"shop/s": fire(2), "shop/t": fire(3)}
+    assert store.leader("shop") == LeaderRecord("shop", "host-1:101", at(0), at(1))
+
+    async def read() -> tuple[Any, Any, Any]:
+        return (
+            await store.call("last_fire", "shop/s"),
+            await store.call("last_fires", "shop/"),
+            await store.call("leader", "shop"),
+        )
+
+    assert asyncio.run(read()) == (
+        fire(2),
+        {"shop/s": fire(2), "shop/t": fire(3)},
+        LeaderRecord("shop", "host-1:101", at(0), at(1)),
+    )
+
+
+def test_postgres_a_role_without_create_opens_a_database_from_before_the_beat(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    """A worker upgraded with a role that may not create tables keeps working; the
+    beat's calls say what to do until the tables exist."""
+    from psycopg.conninfo import make_conninfo  # noqa: PLC0415
+
+    PostgresStore(postgres_dsn, schema=pg_schema).close()
+    role = f"r_{uuid.uuid4().hex[:12]}"
+    limited_dsn = make_conninfo(postgres_dsn, options=f"-c role={role}")
+    with _admin(postgres_dsn) as conn:
+        conn.execute(f'DROP TABLE "{pg_schema}".broker_jobs_beat_fires')
+        conn.execute(f'DROP TABLE "{pg_schema}".broker_jobs_beat_leaders')
+        conn.execute(f'CREATE ROLE "{role}"')
+        conn.execute(f'GRANT USAGE ON SCHEMA "{pg_schema}" TO "{role}"')
+        conn.execute(
+            f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{pg_schema}".broker_jobs_records TO "{role}"'
+        )
+        conn.execute(f'GRANT SELECT ON "{pg_schema}".broker_jobs_schema TO "{role}"')
+    try:
+        with PostgresStore(limited_dsn, schema=pg_schema) as limited:
+            assert limited.claim(job(), A, LEASE, now=at(0)).outcome is CLAIMED
+            with pytest.raises(StoreError, match="beat's tables are missing"):
+                limited.record_fire("shop/s", fire(1))
+            with pytest.raises(StoreError, match="beat's tables are missing"):
+                limited.leader("shop")
+
+        PostgresStore(postgres_dsn, schema=pg_schema).close()  # a role that may create them
+        with PostgresStore(limited_dsn, schema=pg_schema) as limited:
+            with pytest.raises(StoreError, match="Grant the beat's user"):
+                limited.record_fire("shop/s", fire(1))
+            with _admin(postgres_dsn) as conn:
+                conn.execute(
+                    f'GRANT SELECT, INSERT, UPDATE ON "{pg_schema}".broker_jobs_beat_fires,'
+                    f' "{pg_schema}".broker_jobs_beat_leaders TO "{role}"'
+                )
+            limited.record_fire("shop/s", fire(1))
+            assert limited.last_fire("shop/s") == fire(1)
+    finally:
+        with _admin(postgres_dsn) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')
 
 
 # --- PostgreSQL: exactly-once effects -------------------------------------------------------------

@@ -420,6 +420,7 @@ def test_permissions_print_escaped_least_privilege_patterns() -> None:
     assert role_permissions(Role.WORKER, names, None).read == r"^ns-1\.task\..+$"
     beat = role_permissions(Role.BEAT, names, None)
     assert beat.configure == beat.read == r"^ns-1\.beat\.leader$"
+    assert beat.write == r"^(ns-1\.work|ns-1\.beat\.leader|ns-1\.delay\.[0-9]{2})$"
     result = topology("permissions", "--role", "publisher", "--namespace", "ns-1")
     assert result.exit_code == 0
     assert result.stdout.splitlines()[-1] == (

@@ -10,8 +10,9 @@ operator (``broker-jobs topology apply``), no role needs configure:
 - worker: read its task queues; write the work exchange (immediate retries), the
   ladder's exchanges (delayed retries) and the dead-letter exchange (jobs it gives
   up on). Dead-lettering by the queue itself needs no permission;
-- beat: what a publisher has, plus configure and read on ``<ns>.beat.leader``, the
-  queue its leader election will use (provisional: beat does not exist yet).
+- beat: what a publisher has, plus configure, write and read on ``<ns>.beat.leader``:
+  its leader election declares a quorum queue and a fanout exchange of that name,
+  binds them, publishes tokens to the exchange and consumes the queue.
 
 Passive declares (checking that an object exists) need no permission: measured on
 RabbitMQ 3.10, a user with ``^$`` everywhere may passive-declare any exchange or
@@ -53,7 +54,7 @@ class Permissions:
 
 
 def beat_leader_queue(names: Names) -> str:
-    """The queue beat's leader election will hold (provisional)."""
+    """The queue (and fanout exchange) of beat's leader election."""
     return f"{names.namespace}.beat.leader"
 
 
@@ -90,12 +91,12 @@ def role_permissions(role: Role, names: Names, tasks: Sequence[str] | None) -> P
     return Permissions(
         role,
         exact([leader]),
-        exact([names.work_exchange], patterns=[ladder]),
+        exact([names.work_exchange, leader], patterns=[ladder]),
         exact([leader]),
         (
-            f"configure: declare {leader} (leader election; provisional)",
-            publishes,
-            f"read: consume {leader} (leader election; provisional)",
+            f"configure: declare the queue and exchange {leader} (leader election)",
+            f"{publishes}; tokens to {leader}",
+            f"read: consume {leader} and bind it to its exchange",
         ),
     )
 

@@ -15,6 +15,7 @@ from broker_jobs.store.base import (
     Claim,
     ClaimOutcome,
     JobRecord,
+    LeaderRecord,
     LeaseLostError,
     Status,
     Store,
@@ -33,6 +34,7 @@ __all__ = [
     "Claim",
     "ClaimOutcome",
     "JobRecord",
+    "LeaderRecord",
     "Status",
     # errors
     "StoreError",

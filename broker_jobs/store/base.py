@@ -88,6 +88,16 @@ class Claim:
     record: JobRecord  # the record after the claim (CLAIMED) or the one that decided it
 
 
+@dataclass(frozen=True)
+class LeaderRecord:
+    """The beat leader a group last heard of (for ``beat status``); times are aware UTC."""
+
+    group: str
+    identity: str  # who leads
+    since: datetime  # when it became leader (its own account)
+    seen_at: datetime  # when it last announced itself
+
+
 class StoreError(BrokerJobsError):
     """The store failed: unreachable database, a schema from a newer version, a store
     used after close... The message says what to do; passwords are masked."""
@@ -210,6 +220,36 @@ class Store(ABC):
     def prune(self, older_than: datetime) -> int:
         """Delete SUCCEEDED, FAILED and DEAD records updated before ``older_than``;
         never RUNNING or RETRYING ones. Returns how many were deleted."""
+
+    # --- beat records: two small facts the beat keeps beside the ledger -----------------
+
+    @abstractmethod
+    def record_fire(self, schedule: str, fire_at: datetime) -> None:
+        """Remember ``fire_at`` as the last emitted fire of ``schedule`` (an opaque key;
+        the beat passes ``"<namespace>/<schedule name>"``). Monotonic: a fire older than
+        (or equal to) the stored one changes nothing, whatever the order in which threads
+        or processes call. Durable when it returns. :meth:`prune` never deletes fires."""
+
+    @abstractmethod
+    def last_fire(self, schedule: str) -> datetime | None:
+        """The last fire recorded for ``schedule`` (aware UTC), None if none was."""
+
+    @abstractmethod
+    def last_fires(self, prefix: str = "") -> dict[str, datetime]:
+        """The last fire of every schedule whose key starts with ``prefix`` (all when
+        empty; case-sensitive)."""
+
+    @abstractmethod
+    def record_leader(
+        self, group: str, identity: str, since: datetime, *, now: datetime | None = None
+    ) -> None:
+        """``identity`` leads the beat of ``group`` since ``since``, seen at ``now``: one
+        record per group, the last writer wins (the broker decides who leads; the record
+        only answers ``beat status``)."""
+
+    @abstractmethod
+    def leader(self, group: str) -> LeaderRecord | None:
+        """The last leader recorded for ``group``, None if none was."""
 
     @abstractmethod
     def close(self) -> None:

@@ -12,6 +12,7 @@ from broker_jobs.store.base import (
     TERMINAL,
     ExclusiveStore,
     JobRecord,
+    LeaderRecord,
     Records,
     Status,
     StoreError,
@@ -46,16 +47,24 @@ class MemoryStore(ExclusiveStore):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._records: dict[str, JobRecord] = {}
+        self._fires: dict[str, datetime] = {}
+        self._leaders: dict[str, LeaderRecord] = {}
         self._closed = False
 
     def __repr__(self) -> str:
         return "MemoryStore()"
 
     @contextmanager
-    def _exclusive(self) -> Iterator[Records]:
+    def _open(self) -> Iterator[None]:
+        """Hold the lock of an open store."""
         with self._lock:
             if self._closed:
                 raise StoreError("this MemoryStore is closed; open a new store")
+            yield
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[Records]:
+        with self._open():
             yield _DictRecords(self._records)
 
     def _snapshot(self) -> list[JobRecord]:
@@ -106,10 +115,40 @@ class MemoryStore(ExclusiveStore):
                 del self._records[key]
             return len(doomed)
 
+    # --- beat records -------------------------------------------------------------
+
+    def record_fire(self, schedule: str, fire_at: datetime) -> None:
+        moment = utc(fire_at)
+        with self._open():
+            last = self._fires.get(schedule)
+            if last is None or moment > last:
+                self._fires[schedule] = moment
+
+    def last_fire(self, schedule: str) -> datetime | None:
+        with self._open():
+            return self._fires.get(schedule)
+
+    def last_fires(self, prefix: str = "") -> dict[str, datetime]:
+        with self._open():
+            return {k: v for k, v in sorted(self._fires.items()) if k.startswith(prefix)}
+
+    def record_leader(
+        self, group: str, identity: str, since: datetime, *, now: datetime | None = None
+    ) -> None:
+        record = LeaderRecord(group, identity, utc(since), utc(now))
+        with self._open():
+            self._leaders[group] = record
+
+    def leader(self, group: str) -> LeaderRecord | None:
+        with self._open():
+            return self._leaders.get(group)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
             self._records.clear()
+            self._fires.clear()
+            self._leaders.clear()
 
 
 def _newest_first(records: Iterable[JobRecord]) -> list[JobRecord]:

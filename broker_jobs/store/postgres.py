@@ -8,6 +8,10 @@ why (DONE, BUSY or STALE). State changes are single ``UPDATE ... WHERE status =
 clock unless a ``now`` is given, so clock skew between worker hosts cannot shorten a
 lease.
 
+The beat's records are single statements too: a fire is ``INSERT ... ON CONFLICT DO
+UPDATE SET fire_at = GREATEST(...)``, so it never moves backwards, whatever the
+callers' order; the leader of a group is a plain upsert (the last writer wins).
+
 :meth:`PostgresStore.succeed_with` runs a handler's own writes and the SUCCEEDED
 record in one transaction: exactly-once effects for writes into the same database.
 
@@ -32,6 +36,7 @@ from broker_jobs.store.base import (
     Claim,
     ClaimOutcome,
     JobRecord,
+    LeaderRecord,
     LeaseLostError,
     Status,
     Store,
@@ -96,6 +101,8 @@ class _Queries:
 
         self.records = name("broker_jobs_records")
         self.version_table = name("broker_jobs_schema")
+        self.fires = name("broker_jobs_beat_fires")
+        self.leaders = name("broker_jobs_beat_leaders")
         self.schema = sql.Identifier(schema) if schema else None
         assert _COLS is not None
 
@@ -154,6 +161,29 @@ class _Queries:
             "DELETE FROM {records} WHERE status = ANY(%(terminal)s) AND updated_at < %(cutoff)s"
         )
 
+        def beat(template: str) -> sql.Composed:
+            return sql.SQL(template).format(fires=self.fires, leaders=self.leaders)
+
+        self.record_fire = beat(
+            "INSERT INTO {fires} AS f (schedule, fire_at) VALUES (%(schedule)s, %(fire_at)s)"
+            " ON CONFLICT (schedule) DO UPDATE SET fire_at = GREATEST(f.fire_at, excluded.fire_at)"
+        )
+        self.last_fire = beat("SELECT fire_at FROM {fires} WHERE schedule = %(schedule)s")
+        self.last_fires = beat(
+            "SELECT schedule, fire_at FROM {fires} WHERE starts_with(schedule, %(prefix)s)"
+            ' ORDER BY schedule COLLATE "C"'
+        )
+        self.record_leader = beat(
+            "INSERT INTO {leaders} (group_name, identity, since, seen_at)"
+            f" VALUES (%(group)s, %(identity)s, %(since)s, {_NOW})"
+            " ON CONFLICT (group_name) DO UPDATE SET identity = excluded.identity,"
+            "  since = excluded.since, seen_at = excluded.seen_at"
+        )
+        self.leader = beat(
+            "SELECT group_name, identity, since, seen_at FROM {leaders}"
+            " WHERE group_name = %(group)s"
+        )
+
     def find(self, conditions: list[str]) -> sql.Composed:
         where = f"WHERE {' AND '.join(conditions)} " if conditions else ""
         return sql.SQL(
@@ -184,6 +214,25 @@ class _Queries:
             index("broker_jobs_records_status", "status, updated_at"),
             index("broker_jobs_records_task", "task, updated_at"),
             index("broker_jobs_records_job_id", "job_id"),
+            *self.create_beat(),
+        ]
+
+    def create_beat(self) -> list[sql.Composed]:
+        """The beat's tables, added after version 1 without changing the others (older
+        code ignores them): also created in a database of that version that lacks them."""
+        return [
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {fires} ("
+                " schedule text PRIMARY KEY,"
+                " fire_at timestamptz NOT NULL)"
+            ).format(fires=self.fires),
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {leaders} ("
+                " group_name text PRIMARY KEY,"
+                " identity text NOT NULL,"
+                " since timestamptz NOT NULL,"
+                " seen_at timestamptz NOT NULL)"
+            ).format(leaders=self.leaders),
         ]
 
 
@@ -255,11 +304,25 @@ class PostgresStore(Store):
     def _raise(self, action: str, error: psycopg.Error) -> NoReturn:
         text = mask_dsn(str(error).strip())
         where = f"PostgreSQL store {self.masked_dsn}"
+        if isinstance(error, pg_errors.InsufficientPrivilege) and "broker_jobs_beat_" in text:
+            raise StoreError(
+                f"{where}: cannot {action}: {text}. Grant the beat's user SELECT, INSERT"
+                f" and UPDATE on {self._q.fires.as_string()} and"
+                f" {self._q.leaders.as_string()}, see docs/store.md"
+            ) from None
         if isinstance(error, pg_errors.InsufficientPrivilege):
             raise StoreError(
                 f"{where}: cannot {action}: {text}. Grant this user SELECT, INSERT, UPDATE"
                 f" and DELETE on {self._q.records.as_string()} (and CREATE on the schema for"
                 " the first start), see docs/store.md"
+            ) from None
+        if isinstance(error, pg_errors.UndefinedTable) and "broker_jobs_beat_" in text:
+            raise StoreError(
+                f"{where}: cannot {action}: {text}. The beat's tables are missing (the"
+                " database predates them and this role may not create tables): open the"
+                " store once as a role with CREATE on the schema, then grant this one"
+                f" SELECT, INSERT and UPDATE on {self._q.fires.as_string()} and"
+                f" {self._q.leaders.as_string()}, see docs/store.md"
             ) from None
         if isinstance(error, psycopg.OperationalError):
             raise StoreError(
@@ -301,6 +364,29 @@ class PostgresStore(Store):
                     f" (schema version {version}; this one knows up to {SCHEMA_VERSION})."
                     " Upgrade broker-jobs on this host, or use another schema or database"
                 )
+            if not self._beat_tables_exist(conn):
+                self._create_beat_tables(conn)
+
+    def _beat_tables_exist(self, conn: psycopg.Connection[Any]) -> bool:
+        names = (self._q.fires.as_string(conn), self._q.leaders.as_string(conn))
+        (exists,) = _one(
+            conn.execute(
+                "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL", names
+            )
+        )
+        return bool(exists)
+
+    def _create_beat_tables(self, conn: psycopg.Connection[Any]) -> None:
+        """Add the beat's tables to a database created before them. A role without
+        CREATE on the schema still opens the store (a worker needs no beat tables); the
+        beat's calls then say what to do."""
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                for statement in self._q.create_beat():
+                    conn.execute(statement)
+        except pg_errors.InsufficientPrivilege:
+            pass
 
     def _version(self, conn: psycopg.Connection[Any]) -> int | None:
         table = self._q.version_table.as_string(conn)
@@ -505,6 +591,38 @@ class PostgresStore(Store):
         params = {"terminal": sorted(s.value for s in TERMINAL), "cutoff": utc(older_than)}
         with self._pool.connection() as conn, self._translate("prune records"):
             return conn.execute(self._q.prune, params).rowcount
+
+    # --- beat records -------------------------------------------------------------
+
+    def record_fire(self, schedule: str, fire_at: datetime) -> None:
+        params = {"schedule": schedule, "fire_at": utc(fire_at)}
+        with self._pool.connection() as conn, self._translate("record a fire"):
+            conn.execute(self._q.record_fire, params)
+
+    def last_fire(self, schedule: str) -> datetime | None:
+        with self._pool.connection() as conn, self._translate("read the beat's fires"):
+            row = conn.execute(self._q.last_fire, {"schedule": schedule}).fetchone()
+        return _aware(row[0]) if row else None
+
+    def last_fires(self, prefix: str = "") -> dict[str, datetime]:
+        with self._pool.connection() as conn, self._translate("read the beat's fires"):
+            rows = conn.execute(self._q.last_fires, {"prefix": prefix}).fetchall()
+        return {schedule: _aware(fire_at) for schedule, fire_at in rows}
+
+    def record_leader(
+        self, group: str, identity: str, since: datetime, *, now: datetime | None = None
+    ) -> None:
+        params = {"group": group, "identity": identity, "since": utc(since), "now": _opt_utc(now)}
+        with self._pool.connection() as conn, self._translate("record the beat leader"):
+            conn.execute(self._q.record_leader, params)
+
+    def leader(self, group: str) -> LeaderRecord | None:
+        with self._pool.connection() as conn, self._translate("read the beat leader"):
+            row = conn.execute(self._q.leader, {"group": group}).fetchone()
+        if row is None:
+            return None
+        name, identity, since, seen_at = row
+        return LeaderRecord(name, identity, _aware(since), _aware(seen_at))
 
     def close(self) -> None:
         self._pool.close()

@@ -6,6 +6,10 @@ change is ``BEGIN IMMEDIATE`` (take the write lock first), read, decide, write,
 makes writers queue instead of failing. ``synchronous=FULL``: a recorded outcome
 survives a power cut, so a finished job is not run again after one.
 
+The beat's records (the last fire of each schedule, the leader of each group) live in
+two small tables beside the ledger, each written with one statement: a fire is an
+UPSERT that only moves forward, so it stays monotonic whatever the callers' order.
+
 The file must live on a local file system (WAL needs shared memory between the
 processes; network file systems break SQLite's locking).
 """
@@ -31,6 +35,7 @@ from broker_jobs.store.base import (
     ClaimOutcome,
     ExclusiveStore,
     JobRecord,
+    LeaderRecord,
     LeaseLostError,
     Records,
     Status,
@@ -72,6 +77,21 @@ _CREATE = (
     "CREATE INDEX broker_jobs_records_status ON broker_jobs_records (status, updated_at)",
     "CREATE INDEX broker_jobs_records_task ON broker_jobs_records (task, updated_at)",
     "CREATE INDEX broker_jobs_records_job_id ON broker_jobs_records (job_id)",
+)
+
+#: The beat's tables, added after version 1 without changing the layout of the others
+#: (older code ignores them): created if missing whenever a store opens the file.
+_CREATE_BEAT = (
+    """CREATE TABLE IF NOT EXISTS broker_jobs_beat_fires (
+        schedule TEXT PRIMARY KEY,
+        fire_at TEXT NOT NULL
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS broker_jobs_beat_leaders (
+        group_name TEXT PRIMARY KEY,
+        identity TEXT NOT NULL,
+        since TEXT NOT NULL,
+        seen_at TEXT NOT NULL
+    ) WITHOUT ROWID""",
 )
 
 
@@ -216,6 +236,8 @@ class SQLiteStore(ExclusiveStore):
                     f" (schema version {version}; this one knows up to {SCHEMA_VERSION})."
                     " Upgrade broker-jobs on this host, or use another file"
                 )
+            for statement in _CREATE_BEAT:
+                conn.execute(statement)
 
     # --- the hot path: claim and finish without the generic sections -------------------
 
@@ -289,8 +311,12 @@ class SQLiteStore(ExclusiveStore):
     # --- group commit -----------------------------------------------------------------
 
     #: Methods that may share one transaction with others (they write nothing before
-    #: they can fail with LeaseLostError, so one failing leaves the others intact).
-    _BATCHABLE = frozenset({"claim", "succeed", "retry", "fail"})
+    #: they can fail with LeaseLostError or ValueError, so one failing leaves the
+    #: others intact).
+    _BATCHABLE = frozenset({"claim", "succeed", "retry", "fail", "record_fire", "record_leader"})
+    #: Those whose commit may be synchronous=NORMAL (a loss to a power cut is harmless,
+    #: see claim); a batch holding any other commits with FULL.
+    _LAZY = frozenset({"claim", "record_leader"})
 
     async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``getattr(self, name)(*args, **kwargs)`` on the store's thread. Claims
@@ -343,9 +369,9 @@ class SQLiteStore(ExclusiveStore):
                     loop.call_soon_threadsafe(_settle, settled)
 
     def _run_batch(self, batch: list[Any]) -> list[tuple[Any, Any, bool, Any]]:
-        outcomes = any(i[2] != "claim" for i in batch)
+        durable = any(i[2] not in self._LAZY for i in batch)
         try:
-            conn = self._connection("FULL" if outcomes else "NORMAL")
+            conn = self._connection("FULL" if durable else "NORMAL")
         except BaseException as error:
             return [(i[0], i[1], False, error) for i in batch]
         results = []
@@ -429,6 +455,61 @@ class SQLiteStore(ExclusiveStore):
             )
             return cursor.rowcount
 
+    # --- beat records -------------------------------------------------------------
+
+    def _write(
+        self, statement: str, params: tuple[Any, ...], synchronous: str, action: str
+    ) -> None:
+        """One statement, atomic on its own: in the store thread's batch when there is
+        one (it commits with the batch), else autocommitted."""
+        with self._translate(action):
+            conn = getattr(self._local, "batch", None) or self._connection(synchronous)
+            conn.execute(statement, params)
+
+    def record_fire(self, schedule: str, fire_at: datetime) -> None:
+        # synchronous=FULL, as for outcomes: a fire lost to a power cut would be emitted
+        # again by the beat's catch-up.
+        self._write(_RECORD_FIRE, (schedule, _text(utc(fire_at))), "FULL", "record a fire")
+
+    def last_fire(self, schedule: str) -> datetime | None:
+        conn = self._connection()
+        with self._translate("read the beat's fires"):
+            row = conn.execute(
+                "SELECT fire_at FROM broker_jobs_beat_fires WHERE schedule = ?", (schedule,)
+            ).fetchone()
+        return _time(row[0]) if row else None
+
+    def last_fires(self, prefix: str = "") -> dict[str, datetime]:
+        conn = self._connection()
+        with self._translate("read the beat's fires"):
+            rows = conn.execute(
+                "SELECT schedule, fire_at FROM broker_jobs_beat_fires"
+                " WHERE substr(schedule, 1, length(?1)) = ?1 ORDER BY schedule",
+                (prefix,),
+            ).fetchall()
+        return {schedule: _aware_time(fire_at) for schedule, fire_at in rows}
+
+    def record_leader(
+        self, group: str, identity: str, since: datetime, *, now: datetime | None = None
+    ) -> None:
+        # synchronous=NORMAL: the record is re-announced periodically; losing the last
+        # one to a power cut only shows an older announcement.
+        params = (group, identity, _text(utc(since)), _text(utc(now)))
+        self._write(_RECORD_LEADER, params, "NORMAL", "record the beat leader")
+
+    def leader(self, group: str) -> LeaderRecord | None:
+        conn = self._connection()
+        with self._translate("read the beat leader"):
+            row = conn.execute(
+                "SELECT group_name, identity, since, seen_at FROM broker_jobs_beat_leaders"
+                " WHERE group_name = ?",
+                (group,),
+            ).fetchone()
+        if row is None:
+            return None
+        name, identity, since, seen_at = row
+        return LeaderRecord(name, identity, _aware_time(since), _aware_time(seen_at))
+
     def close(self) -> None:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -474,6 +555,16 @@ _FINISH_ERROR = (
     " last_error = ?, due_at = ? WHERE idempotency_key = ? AND status = 'running' AND worker = ?"
 )
 
+_RECORD_FIRE = (
+    "INSERT INTO broker_jobs_beat_fires (schedule, fire_at) VALUES (?, ?)"
+    " ON CONFLICT (schedule) DO UPDATE SET fire_at = excluded.fire_at"
+    " WHERE excluded.fire_at > broker_jobs_beat_fires.fire_at"  # fixed-width UTC text
+)
+_RECORD_LEADER = (
+    "INSERT OR REPLACE INTO broker_jobs_beat_leaders (group_name, identity, since, seen_at)"
+    " VALUES (?, ?, ?, ?)"
+)
+
 
 def _row(record: JobRecord) -> tuple[Any, ...]:
     return (
@@ -510,6 +601,12 @@ def _text(moment: datetime | None) -> str | None:
 
 def _time(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text) if text is not None else None
+
+
+def _aware_time(text: str) -> datetime:
+    moment = _time(text)
+    assert moment is not None  # NOT NULL columns
+    return moment
 
 
 def _record(row: tuple[Any, ...]) -> JobRecord:

@@ -1,0 +1,249 @@
+"""The beat process: several run, the one leading emits the schedules' fires.
+
+Leadership comes from RabbitMQ (:mod:`scheduler.leadership`); the leader emits over
+the channel it leads on, so a leader cut off from the broker cannot emit. A term of
+leadership goes:
+
+    elected -> read each schedule's last fire from the store
+            -> emit what is due: missed fires by the schedule's catch-up policy
+               (within its lookback), on-time fires always
+            -> sleep until the next fire; repeat while still leading
+
+Each fire is published (confirmed) before it is recorded as the schedule's last
+fire. A leader that dies between the two leaves the fire to its successor, which
+emits it again under the same fence key: the workers run it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from broker_jobs.app import App
+from broker_jobs.declaring import declare_topology
+from broker_jobs.envelope import Job, utc_now
+from broker_jobs.errors import BrokerConnectionError, ConfigurationError, PublishError
+from broker_jobs.publishing import JobFactory
+from broker_jobs.store.base import Store
+from broker_jobs.urls import BrokerURL
+from scheduler.emitter import Emitter
+from scheduler.leadership import Leadership
+from scheduler.schedules import Schedule
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: Longest sleep between two looks at the schedules and the leadership.
+MAX_NAP = 1.0
+#: How long a failed emission waits before the next try.
+RETRY_EMIT_AFTER = 1.0
+
+#: Called after each emitted fire (tests, benchmarks, metrics).
+OnEmitted = Callable[[Schedule, datetime, Job], None]
+
+
+@dataclass(frozen=True)
+class BeatSettings:
+    #: Shown by ``beat status`` and in the broker's connection list; default host:pid.
+    identity: str | None = None
+    #: AMQP heartbeat in seconds: a paused or cut-off leader loses its leadership
+    #: about two heartbeats later.
+    heartbeat: int = 5
+    confirm_timeout: float = 10.0
+    declare: bool = True
+    #: Seconds between two announcements of the leader in the store (beat status).
+    announce_every: float = 5.0
+    #: Testing only: emit whenever connected, as if leading (simulates a split brain).
+    force_leader: bool = False
+
+    def __post_init__(self) -> None:
+        if self.heartbeat < 1:
+            raise ConfigurationError("heartbeat must be at least 1 second")
+        if not self.confirm_timeout > 0:
+            raise ConfigurationError("confirm_timeout must be a positive number of seconds")
+
+
+class _StandDown(Exception):
+    """Leadership was lost in the middle of a term."""
+
+
+class Beat:
+    """One beat process. ``await beat.run()`` until :meth:`stop`."""
+
+    def __init__(
+        self,
+        url: str,
+        app: App,
+        schedules: Sequence[Schedule],
+        store: Store,
+        settings: BeatSettings | None = None,
+        *,
+        on_emitted: OnEmitted | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        """``clock`` gives the time the schedules are evaluated at (tests fix it)."""
+        self._url = BrokerURL(url)
+        self._app = app
+        self._schedules = tuple(schedules)
+        self._store = store
+        self._settings = settings or BeatSettings()
+        self._on_emitted = on_emitted
+        self._clock = clock
+        self._identity = self._settings.identity or (
+            f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        )
+        self._emitter = Emitter(
+            JobFactory(app, None), confirm_timeout=self._settings.confirm_timeout
+        )
+        self._stopping = asyncio.Event()
+        # One thread for the store's calls, as in the worker: SQLite writes queue anyway.
+        self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="broker-jobs-beat-store")
+
+    @property
+    def identity(self) -> str:
+        return self._identity
+
+    def fire_key(self, schedule: Schedule) -> str:
+        """The store's key of a schedule's last fire."""
+        return fire_key(self._app.namespace, schedule.name)
+
+    def stop(self) -> None:
+        """Stop (safe from a signal handler): a leader stops emitting at once and
+        its leadership passes to another beat when its connection closes."""
+        self._stopping.set()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.stop)
+
+    async def run(self) -> None:
+        settings = self._settings
+        if settings.declare:
+            await asyncio.to_thread(
+                declare_topology,
+                self._url,
+                self._app.topology(),
+                timeout=10.0,
+                connection_name=f"broker-jobs beat {self._identity} (declare)",
+            )
+        leadership = Leadership(
+            self._url.url,
+            self._app.namespace,
+            self._identity,
+            heartbeat=settings.heartbeat,
+            force_leader=settings.force_leader,
+        )
+        await leadership.start()
+        log.info(
+            "beat %s started: %d schedules, waiting for the leadership",
+            self._identity,
+            len(self._schedules),
+        )
+        try:
+            while await self._until_leader(leadership):
+                try:
+                    await self._lead(leadership)
+                except _StandDown:
+                    log.warning("beat %s lost the leadership; standing down", self._identity)
+        finally:
+            await leadership.stop()
+            self._store_thread.shutdown(wait=True)
+
+    async def _until_leader(self, leadership: Leadership) -> bool:
+        """Wait to lead; False when stopping first."""
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        leading = asyncio.ensure_future(leadership.wait_until_leader())
+        await asyncio.wait((stopping, leading), return_when=asyncio.FIRST_COMPLETED)
+        for waiter in (stopping, leading):
+            waiter.cancel()
+        return not self._stopping.is_set()
+
+    async def _lead(self, leadership: Leadership) -> None:
+        elected = self._clock()
+        log.info("beat %s leads %s", self._identity, self._app.namespace)
+        cursors = {s.name: await self._cursor(s, elected) for s in self._schedules}
+        announce_at = 0.0
+        loop = asyncio.get_running_loop()
+        while not self._stopping.is_set():
+            self._check_leading(leadership)
+            if loop.time() >= announce_at:
+                await self._in_store(
+                    self._store.record_leader, self._app.namespace, self._identity, elected
+                )
+                announce_at = loop.time() + self._settings.announce_every
+            now = self._clock()
+            for schedule in self._schedules:
+                cursors[schedule.name] = await self._emit_due(
+                    leadership, schedule, cursors[schedule.name], now
+                )
+            await self._nap(self._next_wake(cursors, now))
+
+    async def _cursor(self, schedule: Schedule, elected: datetime) -> datetime:
+        """Where a term starts for a schedule: its last emitted fire, or (never
+        fired) the election minus the schedule's grace."""
+        last = await self._in_store(self._store.last_fire, self.fire_key(schedule))
+        return last if last is not None else elected - schedule.grace
+
+    async def _emit_due(
+        self, leadership: Leadership, schedule: Schedule, cursor: datetime, now: datetime
+    ) -> datetime:
+        """Emit the schedule's due fires; return the new cursor: ``now`` once all
+        fires up to now were emitted or deliberately skipped, else the last fire
+        emitted (the rest are tried again)."""
+        for fire in schedule.due_fires(cursor, now):
+            self._check_leading(leadership)
+            try:
+                job = await self._emitter.emit(leadership.channel, schedule, fire)
+            except BrokerConnectionError as error:
+                log.warning("emitting %s failed: %s", schedule.name, error)
+                raise _StandDown from None
+            except PublishError as error:
+                # An operator's problem (a deleted queue, a full one): say it loudly,
+                # without a traceback, and keep the fire for the next try.
+                log.error("emitting %s failed: %s; trying again", schedule.name, error)  # noqa: TRY400
+                await asyncio.sleep(RETRY_EMIT_AFTER)
+                return cursor
+            await self._in_store(self._store.record_fire, self.fire_key(schedule), fire)
+            cursor = fire
+            log.info("emitted %s %s", schedule.name, job.idempotency_key)
+            if self._on_emitted is not None:
+                self._on_emitted(schedule, fire, job)
+        return max(cursor, now)
+
+    def _next_wake(self, cursors: dict[str, datetime], now: datetime) -> float:
+        """Seconds until the earliest next fire, at most :data:`MAX_NAP`."""
+        nap = MAX_NAP
+        for schedule in self._schedules:
+            upcoming = schedule.timing.next_fire(cursors[schedule.name])
+            if upcoming is not None:
+                nap = min(nap, (upcoming - now) / timedelta(seconds=1))
+        return max(nap, 0.0)
+
+    async def _nap(self, seconds: float) -> None:
+        if seconds > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    def _check_leading(self, leadership: Leadership) -> None:
+        if not leadership.is_leader():
+            raise _StandDown
+
+    async def _in_store(self, call: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._store_thread, call, *args)
+
+
+def fire_key(namespace: str, schedule: str) -> str:
+    """The store's key of a schedule's last fire: schedules are per namespace."""
+    return f"{namespace}/{schedule}"

@@ -1,0 +1,388 @@
+"""The beat against a real broker: failover, catch-up, split brain (docs/beat.md).
+
+Every fire is checked in the job ledger after a worker ran the emitted jobs: each
+fire of the window executed, and executed once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from broker_jobs.envelope import Job
+from broker_jobs.publishing import JobFactory
+from broker_jobs.store import SQLiteStore, Status
+from broker_jobs.worker import Worker, WorkerSettings
+from scheduler import Beat, BeatSettings, Schedule, load_schedules
+from scheduler.beat import fire_key
+from scheduler.emitter import Emitter
+from tests.beat_app import TASK, Tick, build_app
+from tests.support import Broker, wait_until
+
+REPO = Path(__file__).resolve().parent.parent
+SECOND = timedelta(seconds=1)
+
+
+def executions(broker: Broker, namespace: str, store: SQLiteStore) -> Counter[str]:
+    """Run the emitted jobs with a burst worker; return how often each label ran
+    (one label per schedule) and check every job ran once: the ledger holds one
+    succeeded record per fire and the handler ran once per record."""
+    ran: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def count(payload: Tick) -> None:
+        with lock:
+            ran[payload.label] += 1
+
+    app = build_app(namespace, on_tick=count)
+    settings = WorkerSettings(burst=True, concurrency=4, declare=False)
+    asyncio.run(Worker(broker.url, app, store, settings).run())
+    return ran
+
+
+def ledger_fires(store: SQLiteStore, schedule: str) -> list[datetime]:
+    """The fire times of a schedule's succeeded jobs in the ledger."""
+    prefix = f"beat:{schedule}:"
+    records = store.find(status=Status.SUCCEEDED, task=TASK, limit=100_000)
+    return sorted(
+        datetime.fromisoformat(record.idempotency_key.removeprefix(prefix))
+        for record in records
+        if record.idempotency_key.startswith(prefix)
+    )
+
+
+def every_second(first: datetime, last: datetime) -> list[datetime]:
+    return [first + n * SECOND for n in range(int((last - first) / SECOND) + 1)]
+
+
+class BeatProcesses:
+    """Beat subprocesses sharing one SQLite store and one schedules file."""
+
+    def __init__(self, broker: Broker, namespace: str, tmp_path: Path, schedules: str) -> None:
+        self.broker, self.namespace, self.tmp_path = broker, namespace, tmp_path
+        self.db = tmp_path / "beat.db"
+        self.schedules = tmp_path / "schedules.toml"
+        self.schedules.write_text(schedules)
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, identity: str, *, heartbeat: int = 2) -> subprocess.Popen[bytes]:
+        command = [
+            sys.executable, "-c", "from broker_jobs.cli import main; main()",
+            "beat", "tests.beat_app:app", "--url", self.broker.url,
+            "--schedules", str(self.schedules), "--store", f"sqlite:///{self.db}",
+            "--identity", identity, "--heartbeat", str(heartbeat),
+        ]  # fmt: skip
+        env = {**os.environ, "BROKER_JOBS_TEST_NAMESPACE": self.namespace}
+        with (self.tmp_path / f"{identity}.log").open("ab") as log:
+            process = subprocess.Popen(
+                command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        self.running[identity] = process
+        return process
+
+    def restart(self, identity: str) -> None:
+        """Start ``identity`` again and wait until it runs (signals handled)."""
+        starts = self.log(identity).count(" started: ")
+        self.start(identity)
+        wait_until(
+            lambda: self.log(identity).count(" started: ") > starts,
+            within=20,
+            what=f"{identity} restarted",
+        )
+
+    def log(self, identity: str) -> str:
+        return (self.tmp_path / f"{identity}.log").read_text()
+
+    def stop_all(self) -> None:
+        for process in self.running.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.terminate()
+        for identity, process in self.running.items():
+            assert process.wait(timeout=30) in (0, -signal.SIGKILL), self.log(identity)
+
+
+@pytest.fixture
+def beats(
+    broker: Broker, namespace: str, tmp_path: Path, cleanup_topology: Callable[..., object]
+) -> Iterator[Callable[[str], BeatProcesses]]:
+    cleanup_topology(build_app(namespace).topology())
+    made: list[BeatProcesses] = []
+
+    def make(schedules: str) -> BeatProcesses:
+        made.append(BeatProcesses(broker, namespace, tmp_path, schedules))
+        return made[-1]
+
+    yield make
+    for group in made:
+        for process in group.running.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+EVERY_SECOND = """
+[[schedule]]
+name = "every-second"
+task = "beat.tick"
+every = 1
+"""
+
+
+def test_killing_the_leader_five_times_loses_and_doubles_no_fire(
+    broker: Broker, namespace: str, beats: Callable[[str], BeatProcesses]
+) -> None:
+    group = beats(EVERY_SECOND)
+    for n in range(3):
+        group.start(f"beat-{n}")
+    store = SQLiteStore(group.db)
+    key = fire_key(namespace, "every-second")
+    wait_until(lambda: store.last_fire(key), within=30, what="a first fire")
+    failovers = []
+    for _ in range(5):
+        leader = wait_until(lambda: store.leader(namespace), within=10, what="a leader")
+        # Let the leader emit a few fires of its own, then kill it mid-stride.
+        start = store.last_fire(key)
+        assert start is not None
+        wait_until(
+            lambda start=start: (store.last_fire(key) or start) >= start + 8 * SECOND,
+            within=20,
+            what=f"{leader.identity} emitting",
+        )
+        group.running[leader.identity].kill()
+        killed_at = datetime.now(UTC)
+        successor = wait_until(
+            lambda killed_at=killed_at: (
+                (found := store.leader(namespace)) and found.since > killed_at and found
+            ),
+            within=10,
+            what="a new leader",
+        )
+        emitted = wait_until(
+            lambda killed_at=killed_at: (
+                (fire := store.last_fire(key)) and fire > killed_at and fire
+            ),
+            within=10,
+            what="a fire from the new leader",
+        )
+        failovers.append(
+            f"{leader.identity} -> {successor.identity}:"
+            f" elected after {(successor.since - killed_at).total_seconds() * 1000:.0f} ms,"
+            f" next fire {emitted.isoformat(timespec='milliseconds')}"
+        )
+        group.running[leader.identity].wait()
+        group.restart(leader.identity)  # back as a follower
+    group.stop_all()
+    print("\nfailovers:\n  " + "\n  ".join(failovers))
+
+    last = store.last_fire(key)
+    ran = executions(broker, namespace, store)
+    fires = ledger_fires(store, "every-second")
+    assert fires, "no fire reached the ledger"
+    assert fires == every_second(fires[0], last), "a fire of the window is missing"
+    assert ran["tick"] == len(fires), "a fire executed more than once"
+    assert fires[-1] - fires[0] >= 40 * SECOND
+
+
+def test_a_paused_leader_is_replaced_and_stands_down_when_resumed(
+    broker: Broker, namespace: str, beats: Callable[[str], BeatProcesses]
+) -> None:
+    group = beats(EVERY_SECOND)
+    for n in range(2):
+        group.start(f"beat-{n}", heartbeat=1)
+    store = SQLiteStore(group.db)
+    key = fire_key(namespace, "every-second")
+    wait_until(lambda: store.last_fire(key), within=30, what="a first fire")
+    leader = wait_until(lambda: store.leader(namespace), within=10, what="a leader")
+    paused = group.running[leader.identity]
+    paused.send_signal(signal.SIGSTOP)
+    paused_at = datetime.now(UTC)
+    successor = wait_until(
+        lambda: (found := store.leader(namespace)) and found.since > paused_at and found,
+        within=15,
+        what="a leader after the pause",
+    )
+    assert successor.identity != leader.identity
+    print(f"\npaused leader replaced after {(successor.since - paused_at).total_seconds():.2f} s")
+    log_at_resume = len(group.log(leader.identity))
+    paused.send_signal(signal.SIGCONT)
+    wait_until(
+        lambda: (
+            "standing down" in group.log(leader.identity)
+            or "lost the leadership" in group.log(leader.identity)
+        ),
+        within=15,
+        what="the resumed beat standing down",
+    )
+    resumed_at = store.last_fire(key)
+    assert resumed_at is not None
+    wait_until(
+        lambda: (store.last_fire(key) or resumed_at) >= resumed_at + 3 * SECOND,
+        within=10,
+        what="fires after the resume",
+    )
+    # A publish in flight when the process stopped may be confirmed after it resumes;
+    # nothing due after the pause may be emitted by it.
+    late = [
+        datetime.fromisoformat(line.rsplit("every-second:", 1)[1])
+        for line in group.log(leader.identity)[log_at_resume:].splitlines()
+        if "emitted every-second" in line
+    ]
+    assert all(fire <= paused_at for fire in late), late
+    assert (found := store.leader(namespace)) is not None
+    assert found.identity == successor.identity
+    group.stop_all()
+    last = store.last_fire(key)
+    ran = executions(broker, namespace, store)
+    fires = ledger_fires(store, "every-second")
+    assert fires
+    assert last is not None
+    assert fires == every_second(fires[0], last), "a fire of the window is missing"
+    assert ran["tick"] == len(fires), "a fire executed more than once"
+
+
+CATCH_UP = """
+[[schedule]]
+name = "all"
+task = "beat.tick"
+every = 1
+catch_up = "all"
+payload = {label = "all"}
+
+[[schedule]]
+name = "latest"
+task = "beat.tick"
+every = 1
+catch_up = "latest"
+payload = {label = "latest"}
+
+[[schedule]]
+name = "skip"
+task = "beat.tick"
+every = 1
+catch_up = "skip"
+payload = {label = "skip"}
+
+[[schedule]]
+name = "bounded"
+task = "beat.tick"
+every = 1
+catch_up = "all"
+lookback = 4
+payload = {label = "bounded"}
+"""
+
+
+def run_beat_until(beat: Beat, done: Callable[[], bool]) -> None:
+    """Run ``beat`` on its own loop until ``done()``, then stop it."""
+
+    async def main() -> None:
+        running = asyncio.create_task(beat.run())
+        while not done() and not running.done():
+            await asyncio.sleep(0.02)  # polling the emitted fires the callback collects
+        beat.stop()
+        await running
+
+    asyncio.run(main())
+
+
+def test_catch_up_follows_each_policy(
+    broker: Broker, namespace: str, tmp_path: Path, cleanup_topology: Callable[..., object]
+) -> None:
+    """All beats stopped for ten fires, then one started: every missed fire (all),
+    the latest missed one (latest), none (skip), or those within the lookback."""
+    app = build_app(namespace)
+    cleanup_topology(app.topology())
+    (tmp_path / "catch-up.toml").write_text(CATCH_UP)
+    schedules = load_schedules(app, [tmp_path / "catch-up.toml"])
+    store = SQLiteStore(tmp_path / "beat.db")
+    stopped = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+    emitted: dict[str, list[datetime]] = defaultdict(list)
+
+    def collect(schedule: Schedule, fire: datetime, job: Job) -> None:
+        emitted[schedule.name].append(fire)
+
+    def last_fires_reach(moment: datetime) -> bool:
+        return all(store.last_fire(fire_key(namespace, s.name)) == moment for s in schedules)
+
+    # Before the outage: one beat at `stopped` emits the fires due then.
+    before = Beat(broker.url, app, schedules, store, on_emitted=collect, clock=lambda: stopped)
+    run_beat_until(before, lambda: last_fires_reach(stopped))
+    assert all(fires[-1] == stopped for fires in emitted.values())
+    emitted.clear()
+
+    # Ten fires later (and a quarter second), another beat starts.
+    now = stopped + 10.25 * SECOND
+    after = Beat(broker.url, app, schedules, store, on_emitted=collect, clock=lambda: now)
+    run_beat_until(after, lambda: last_fires_reach(stopped + 10 * SECOND))
+
+    # Fires late by more than the grace (2 s) are missed: stopped+1 .. stopped+8.
+    on_time = [stopped + 9 * SECOND, stopped + 10 * SECOND]
+    assert emitted["all"] == [stopped + n * SECOND for n in range(1, 11)]
+    assert emitted["latest"] == [stopped + 8 * SECOND, *on_time]
+    assert emitted["skip"] == on_time
+    assert emitted["bounded"] == [stopped + n * SECOND for n in range(7, 11)]
+    ran = executions(broker, namespace, store)
+    # Plus the two fires each schedule emitted before the outage.
+    assert ran == {"all": 12, "latest": 5, "skip": 4, "bounded": 6}
+
+
+def test_two_leaders_at_once_still_run_each_fire_once(
+    broker: Broker, namespace: str, tmp_path: Path, cleanup_topology: Callable[..., object]
+) -> None:
+    """A simulated split brain: two beats emit as leaders at the same time."""
+    app = build_app(namespace)
+    app.schedule("fast", TASK, every=0.2)
+    cleanup_topology(app.topology())
+    schedules = load_schedules(app)
+    store = SQLiteStore(tmp_path / "beat.db")
+    emitted: dict[str, list[datetime]] = defaultdict(list)
+
+    async def both() -> None:
+        pair = [
+            Beat(
+                broker.url,
+                app,
+                schedules,
+                store,
+                BeatSettings(identity=identity, force_leader=True),
+                on_emitted=lambda s, fire, job, identity=identity: emitted[identity].append(fire),
+            )
+            for identity in ("left", "right")
+        ]
+        running = [asyncio.create_task(beat.run()) for beat in pair]
+        while min(len(emitted["left"]), len(emitted["right"])) < 15:
+            await asyncio.sleep(0.02)  # polling the emitted fires
+        for beat in pair:
+            beat.stop()
+        await asyncio.gather(*running)
+
+    asyncio.run(both())
+    both_emitted = set(emitted["left"]) & set(emitted["right"])
+    assert len(both_emitted) >= 10, "the two beats did not emit the same fires"
+    ran = executions(broker, namespace, store)
+    fires = ledger_fires(store, "fast")
+    assert set(fires) == set(emitted["left"]) | set(emitted["right"])
+    assert ran["tick"] == len(fires)
+
+
+def test_jitter_delays_a_fire_the_same_for_every_leader(namespace: str) -> None:
+    app = build_app(namespace)
+    app.schedule("herd", TASK, cron="0 * * * *", jitter=300)
+    (schedule,) = load_schedules(app)
+    fire = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=2)
+    jobs = [Emitter(JobFactory(app, None)).job_for(schedule, fire)[0] for _ in range(2)]
+    assert jobs[0].id == jobs[1].id
+    assert jobs[0].idempotency_key == f"beat:herd:{fire:%Y-%m-%dT%H}:00:00Z"
+    assert jobs[0].due_at == jobs[1].due_at == fire + timedelta(seconds=schedule.jitter_for(fire))
+    assert fire < jobs[0].due_at < fire + 300 * SECOND
