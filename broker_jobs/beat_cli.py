@@ -109,9 +109,7 @@ async def _run(
 @click.argument("app_path", metavar="MODULE:APP")
 @schedules_option
 @store_option
-def status_command(
-    url: str, app_path: str, schedule_files: tuple[Path, ...], store_url: str
-) -> None:
+def status_command(app_path: str, schedule_files: tuple[Path, ...], store_url: str) -> None:
     """Show the leader (as it last announced itself) and each schedule's last and next fire."""
     try:
         app = load_app(app_path)
@@ -136,11 +134,16 @@ def status_lines(app: App, schedules: Sequence[Schedule], store: Store, now: dat
             f"leader: {leader.identity} since {_when(leader.since)},"
             f" last seen {age:.0f} s ago{' (stale: no beat leads now?)' if stale else ''}"
         ]
-    lines.append(f"{'schedule':<24} {'task':<24} {'last fire':<26} next fire")
+    lines.append(
+        f"{'schedule':<20} {'task':<20} {'when':<28} {'catch-up':<8} {'last fire':<20} next fire"
+    )
     for schedule in schedules:
         last = store.last_fire(fire_key(app.namespace, schedule.name))
         upcoming = schedule.timing.next_fire(now)
-        lines.append(f"{schedule.name:<24} {schedule.task:<24} {_when(last):<26} {_when(upcoming)}")
+        lines.append(
+            f"{schedule.name:<20} {schedule.task:<20} {schedule.timing!s:<28}"
+            f" {schedule.catch_up.value:<8} {_when(last):<20} {_when(upcoming)}"
+        )
     return lines
 
 

@@ -201,6 +201,9 @@ class Cron:
         object.__setattr__(self, "_text", " ".join(fields))
         object.__setattr__(self, "_hour_wildcard", hour.startswith("*"))
 
+    def __str__(self) -> str:
+        return f"cron {self.expression} {self.timezone}"
+
     def fires(self, after: datetime, until: datetime) -> Iterator[datetime]:
         until = as_utc(until, "until")
         return takewhile(lambda fire: fire <= until, self._instants(as_utc(after, "after")))
@@ -310,6 +313,9 @@ class Interval:
     def next_fire(self, after: datetime) -> datetime | None:
         return next(self._from(self._index_after(after)), None)
 
+    def __str__(self) -> str:
+        return f"every {self.every.total_seconds():g} s"
+
     def _index_after(self, after: datetime) -> int:
         # Exact integer arithmetic on microseconds: no float drift over long spans.
         return (as_utc(after, "after") - self.anchor) // self.every + 1
@@ -338,6 +344,9 @@ class OneOff:
                 ]
             )
         object.__setattr__(self, "at", self.at.astimezone(UTC))
+
+    def __str__(self) -> str:
+        return f"at {self.at.isoformat().replace('+00:00', 'Z')}"
 
     def fires(self, after: datetime, until: datetime) -> Iterator[datetime]:
         after, until = as_utc(after, "after"), as_utc(until, "until")

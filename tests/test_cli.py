@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pika
 import pytest
@@ -11,6 +13,8 @@ from pydantic import BaseModel
 
 from broker_jobs import App
 from broker_jobs.cli import main
+from broker_jobs.store import SQLiteStore
+from scheduler.beat import fire_key
 from tests.support import Broker, drain
 from topology import declare
 
@@ -81,3 +85,61 @@ def test_errors_exit_1_with_a_masked_message(namespace: str) -> None:
     assert result.exit_code == 1
     assert "cannot connect to the broker at 127.0.0.1:1" in result.output
     assert "hunter2" not in result.output
+
+
+def test_beat_refuses_bad_schedules_at_start_up_naming_each(tmp_path: Path) -> None:
+    schedules = tmp_path / "beat.toml"
+    schedules.write_text(
+        '[[schedule]]\nname = "nightly"\ntask = "report.nope"\ncron = "61 * * * *"\n'
+        '[[schedule]]\nname = "often"\ntask = "beat.tick"\nevery = 0\n'
+    )
+    store = tmp_path / "beat.db"
+    result = CliRunner().invoke(
+        main,
+        [
+            "beat",
+            "tests.beat_app:app",
+            "--schedules",
+            str(schedules),
+            "--store",
+            f"sqlite:///{store}",
+        ],
+    )
+    assert result.exit_code == 1
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.output.splitlines()
+    assert lines[0] == "error: 3 schedule problems:"
+    assert any(
+        line.startswith("  - nightly (") and "unknown task 'report.nope'" in line for line in lines
+    )
+    assert any(
+        line.startswith("  - nightly (") and "invalid cron expression" in line for line in lines
+    )
+    assert any(
+        line.startswith("  - often (") and "every must be positive" in line for line in lines
+    )
+    assert not store.exists(), "nothing may start before the schedules are valid"
+
+
+def test_beat_status_shows_the_leader_and_each_schedules_fires(tmp_path: Path) -> None:
+    from tests.beat_app import app  # noqa: PLC0415 - the module the command imports too
+
+    schedules = tmp_path / "beat.toml"
+    schedules.write_text('[[schedule]]\nname = "hourly"\ntask = "beat.tick"\ncron = "0 * * * *"\n')
+    last = datetime(2026, 11, 29, 13, 0, tzinfo=UTC)
+    with SQLiteStore(tmp_path / "beat.db") as store:
+        store.record_fire(fire_key(app.namespace, "hourly"), last)
+        store.record_leader(app.namespace, "host-a:42", last - timedelta(minutes=5))
+    result = CliRunner().invoke(
+        main,
+        [
+            "beat", "status", "tests.beat_app:app",
+            "--schedules", str(schedules), "--store", f"sqlite:///{tmp_path / 'beat.db'}",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    leader, header, row = result.output.splitlines()
+    assert leader.startswith("leader: host-a:42 since 2026-11-29T12:55:00Z")
+    assert header.split()[:3] == ["schedule", "task", "when"]
+    assert row.split()[:6] == ["hourly", "beat.tick", "cron", "0", "*", "*"]
+    assert "2026-11-29T13:00:00Z" in row
