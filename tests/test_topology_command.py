@@ -4,6 +4,7 @@ with ``BROKER_JOBS_TEST_AMQP_URL``."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import json
@@ -22,9 +23,11 @@ import pytest
 from click.testing import CliRunner, Result
 from pydantic import BaseModel
 
-from broker_jobs import App, Publisher
+from broker_jobs import App, Job, Publisher
 from broker_jobs.cli import main
+from broker_jobs.store import MemoryStore
 from broker_jobs.testing.rabbit_node import RabbitNode
+from scheduler import Beat, BeatSettings, load_schedules
 from tests.support import Broker, drain
 from topology import Names, Topology, declare
 from topology.file import TopologyFileError, load_file, parse
@@ -495,6 +498,47 @@ def test_worker_permissions_allow_consuming_its_queues_only(
         assert method is not None
     dead = names.dead_letter_queue("mail.send")
     assert _refused(url, lambda channel: channel.basic_get(dead)).startswith("403")
+
+
+def test_beat_permissions_allow_leading_and_emitting(
+    broker: Broker,
+    app_path: str,
+    namespace: str,
+    connection: pika.BlockingConnection,
+    user: Callable[[], tuple[str, str]],
+) -> None:
+    """A beat user with the printed permissions declares its election queue and
+    exchange, wins the election and emits, on a topology an operator applied."""
+    node = broker.controllable()
+    assert topology("apply", "--url", broker.url, "--app", app_path).exit_code == 0
+    name, password = user()
+    printed = topology("permissions", "--role", "beat", "--namespace", namespace, "--user", name)
+    grant(node, printed.stdout)
+    url = with_credentials(broker.url, name, password)
+    app = App(namespace=namespace)
+    app.declare("mail.send", Mail)
+    app.schedule("often", "mail.send", every=0.2, payload={"to": "ops@example.com"})
+    emitted: list[Job] = []
+    beat = Beat(
+        url,
+        app,
+        load_schedules(app),
+        MemoryStore(),
+        BeatSettings(declare=False),
+        on_emitted=lambda schedule, fire, job: emitted.append(job),
+    )
+
+    async def until_two_fires() -> None:
+        running = asyncio.create_task(beat.run())
+        while len(emitted) < 2 and not running.done():
+            await asyncio.sleep(0.02)  # polling the fires the callback collects
+        beat.stop()
+        await running
+
+    asyncio.run(until_two_fires())
+    queued = drain(connection, Names(namespace).task_queue("mail.send"))
+    assert {job.idempotency_key for job in emitted} <= {job.idempotency_key for job in queued}
+    assert all(job.idempotency_key.startswith("beat:often:") for job in queued)
 
 
 def _refused(url: str, action: Callable[[Any], object]) -> str:
