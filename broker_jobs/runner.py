@@ -37,9 +37,10 @@ from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job, WireMessage, decode, utc_now
 from broker_jobs.errors import BrokerJobsError, DecodeError
 from broker_jobs.execution import Executor
-from broker_jobs.store.base import ClaimOutcome, LeaseLostError, Store
+from broker_jobs.store.base import ClaimOutcome, LeaseLostError, Status, Store
 from topology import names as n
 from topology.delay import MAX_HOLD
+from topology.model import QueueType
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -197,14 +198,29 @@ class Runner:
         # Each delivery claims under its own holder id: two copies of one job in
         # this worker at once must not both count as "ours".
         holder = f"{settings.worker_id}#{next(self._deliveries)}"
+        death = await self._crash_loop(message, job, spec)
         claim = await self._in_store(store.claim, job, holder, settings.lease)
         if claim.outcome in (ClaimOutcome.DONE, ClaimOutcome.STALE):
             return "duplicate"
         if claim.outcome is ClaimOutcome.BUSY:
             return "busy"
         if spec.handler is None:
-            cause = DeathCause("no-handler", "this app has no handler")
-            return await self._dead_letter(message, job.task, cause, job, holder)
+            death = DeathCause("no-handler", "this app has no handler")
+        if death is not None:
+            return await self._dead_letter(message, job.task, death, job, holder)
+        return await self._run(message, job, spec, payload, holder)
+
+    async def _run(
+        self,
+        message: aio_pika.abc.AbstractIncomingMessage,
+        job: Job,
+        spec: TaskSpec,
+        payload: BaseModel,
+        holder: str,
+    ) -> str:
+        """Run the claimed job's handler; record the outcome."""
+        settings, store = self._settings, self._store
+        assert spec.handler is not None  # checked by the caller
         if spec.transactional:
             return await self._run_in_transaction(message, job, spec, payload, holder)
         try:
@@ -326,6 +342,42 @@ class Runner:
             tracestate=job.tracestate,
             delay=delay,
             eta=eta,
+        )
+
+    async def _crash_loop(
+        self, message: aio_pika.abc.AbstractIncomingMessage, job: Job, spec: TaskSpec
+    ) -> DeathCause | None:
+        """The cause to dead-letter a job whose runs keep killing their workers.
+
+        On the last delivery its quorum queue allows, a job the ledger shows running
+        under a lapsed lease was being run when its worker died. Run again and dying
+        again, the queue would dead-letter it with nobody left to record it: the
+        ledger would say "running" forever. So it is dead-lettered here, one run
+        before the broker would, and recorded dead. The broker's limit stays the
+        backstop (a crash before the claim, a job that crashes the worker at decode).
+        """
+        options = spec.queue
+        count = message.headers.get(n.HEADER_DELIVERY_COUNT)
+        if (
+            options.queue_type is not QueueType.QUORUM
+            or not isinstance(count, int)
+            or count < options.delivery_limit
+        ):
+            return None
+        record = await self._in_store(self._store.get, job.idempotency_key)
+        now = utc_now()
+        if (
+            record is None
+            or record.status is not Status.RUNNING
+            or record.worker is None  # released on a graceful stop: not a crash
+            or (record.lease_until is not None and record.lease_until > now)
+        ):
+            return None
+        return DeathCause(
+            "crash-loop",
+            f"its worker died while running it: delivered {count + 1} times, the queue's"
+            f" delivery limit is {options.delivery_limit}; last holder {record.worker}",
+            job.attempt,
         )
 
     def _renewer(self, job: Job, holder: str) -> Callable[[], Awaitable[None]]:

@@ -22,13 +22,14 @@ import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
 
-from broker_jobs import App, Job, JobRequest, Publisher
+from broker_jobs import App, Job, JobRequest, Publisher, QueueOptions
 from broker_jobs.cli import main
 from broker_jobs.dead_letters import HEADER_ATTEMPTS, HEADER_ERROR, HEADER_REASON
 from broker_jobs.errors import ConfigurationError
 from broker_jobs.retry import PermanentError, RetryPolicy
 from broker_jobs.store.base import Status
 from broker_jobs.store.memory import MemoryStore
+from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.worker import Worker, WorkerSettings
 from tests.support import Broker, drain_at_least
 from topology import Topology, declare
@@ -325,14 +326,53 @@ def test_a_job_that_kills_its_worker_every_time_is_dead_lettered_by_the_delivery
         exits.append(run.returncode)
         if run.returncode == 0:
             break
-    assert exits == [3, 3, 3, 0], exits
+    # Two deliveries kill their worker; the third, the last the queue allows, finds
+    # the job running under a lapsed lease and dead-letters it instead of a third run.
+    assert exits == [3, 3, 0], exits
     dead = connection.channel().basic_get(
         crash_app.names.dead_letter_queue("bomb.explode"), auto_ack=True
     )
     method, properties, _ = dead
     assert method is not None
     assert properties.message_id == bomb.id
-    assert properties.headers["x-death"][0]["reason"] == "delivery_limit"
+    assert properties.headers[HEADER_REASON] == "crash-loop"
+    assert "delivered 3 times" in properties.headers[HEADER_ERROR]
+    with SQLiteStore(tmp_path / "ledger.db") as store:
+        record = store.get(bomb.idempotency_key)
+    assert record is not None
+    assert record.status is Status.DEAD
+    assert record.last_error is not None
+    assert "its worker died while running it" in record.last_error
+
+
+def test_a_last_delivery_without_a_lapsed_run_is_run(
+    broker: Broker,
+    make_app: Callable[[], App],
+    connection: pika.BlockingConnection,
+) -> None:
+    """A job redelivered up to the limit without a running record (its workers died
+    before claiming it) is run, not dead-lettered: only a lapsed run is a crash."""
+    app = make_app()
+    ran: list[str] = []
+
+    @app.task("once.more", queue=QueueOptions(delivery_limit=1))
+    def once_more(payload: Add) -> None:
+        ran.append(payload.key)
+
+    declare(connection, app.topology(ladder=False))
+    channel = connection.channel()
+    with Publisher(broker.url, app) as publisher:
+        job = publisher.publish("once.more", {"key": "k"})
+    queue = app.names.task_queue("once.more")
+    method, _, _ = channel.basic_get(queue)  # a delivery returned: its count goes to 1
+    assert method is not None
+    channel.basic_nack(method.delivery_tag, requeue=True)
+    store = MemoryStore()
+    assert run_worker(broker, app, store)["succeeded"] == 1
+    assert ran == ["k"]
+    record = store.get(job.idempotency_key)
+    assert record is not None
+    assert record.status is Status.SUCCEEDED
 
 
 class EffectsDatabase:

@@ -38,6 +38,10 @@ HEADER_WIRE_VERSION = "bj-wire-version"
 HEADER_TRACEPARENT = "traceparent"
 HEADER_TRACESTATE = "tracestate"
 
+#: Set by RabbitMQ on a quorum queue's redeliveries (read only): how many times the
+#: message was delivered and returned; the queue dead-letters it past its limit.
+HEADER_DELIVERY_COUNT = "x-delivery-count"
+
 # Queue arguments, named once so that declare, plan and verify agree.
 ARG_QUEUE_TYPE = "x-queue-type"
 ARG_DEAD_LETTER_EXCHANGE = "x-dead-letter-exchange"
