@@ -43,6 +43,7 @@ import aio_pika
 import aio_pika.abc
 from pydantic import BaseModel
 
+from bench.celery_baseline import CeleryMissingError, drain_rate
 from bench.publish import Admin, add_url_argument, broker, describe_broker
 from broker_jobs import App, JobRequest, Publisher
 from broker_jobs.store import MemoryStore, SQLiteStore, Store
@@ -68,9 +69,11 @@ WORKER_MEMORY = "worker sync memory"
 RAW = "raw aio-pika"
 VARIANTS = (WORKER_SQLITE, WORKER_ASYNC, WORKER_MEMORY, RAW)
 
-#: Issue figures, measured on 2 cores with RabbitMQ 3.10 (jobs/s).
+#: Issue figures, measured on 2 cores with RabbitMQ 3.10 (jobs/s): the aim's fallback
+#: when celery is not installed here (Celery's rate scaled by raw aio-pika's).
 CELERY_RATE = 3800.0
 RAW_REFERENCE_RATE = 5500.0
+CELERY = "celery solo (defaults)"
 #: Aim: the worker's p50 latency at most this many ms above the raw one.
 P50_AIM_MS = 1.0
 
@@ -93,6 +96,7 @@ class Options:
     seconds: float
     concurrency: int
     quick: bool
+    celery: bool = True
 
     @property
     def prefetch(self) -> int:
@@ -124,6 +128,11 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         help=f"smoke run: {QUICK_JOBS} jobs, {QUICK_ROUNDS} rounds,"
         f" {QUICK_SECONDS:g} s at {QUICK_RATE:g}/s",
     )
+    parser.add_argument(
+        "--no-celery",
+        action="store_true",
+        help="skip the Celery drain of each round (run when celery is installed)",
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     options = Options(
@@ -134,6 +143,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         seconds=args.seconds or (QUICK_SECONDS if quick else DEFAULT_SECONDS),
         concurrency=args.concurrency,
         quick=quick,
+        celery=not args.no_celery,
     )
     if min(options.jobs, options.rounds, options.concurrency) < 1:
         parser.error("--jobs, --rounds and --concurrency must be positive")
@@ -494,6 +504,8 @@ class Results:
         default_factory=lambda: {v: {f: [] for f in FIGURES} for v in VARIANTS}
     )
     warnings: list[str] = field(default_factory=list)
+    #: Celery's drain rate per round, measured in the same run (empty without celery).
+    celery_rates: list[float] = field(default_factory=list)
 
     def median(self, variant: str, figure: str) -> float:
         return statistics.median(self.figures[variant][figure])
@@ -563,6 +575,21 @@ def measure(
     return f"{variant.name} {drained.rate:,.0f}/s p50 {p50:.2f} p99 {p99:.2f} ms"
 
 
+def measure_celery(url: str, options: Options, results: Results) -> str:
+    """One Celery drain (bench/celery_baseline.py: solo pool, acks_late, its default
+    prefetch), the reference of the rate aim, in the same round as ours."""
+    try:
+        rate = drain_rate(url, options.jobs)
+    except CeleryMissingError:
+        results.warnings.append(
+            "celery is not installed: the rate aim uses the issue's figures"
+            " (pip install celery to measure it here)"
+        )
+        return f"{CELERY} skipped"
+    results.celery_rates.append(rate)
+    return f"{CELERY} {rate:,.0f}/s"
+
+
 def run_rounds(options: Options, url: str, admin: Admin) -> Results:
     results = Results()
     variants = make_variants()
@@ -575,6 +602,8 @@ def run_rounds(options: Options, url: str, admin: Admin) -> Results:
                     measure(variant, target, admin, runner, results)
                     for variant in round_order(variants, index)
                 ]
+                if options.celery:
+                    lines.append(measure_celery(url, options, results))
             finally:
                 admin.delete(target.topology)
             print(f"  round {index + 1}/{options.rounds} ({target.app.namespace}):", flush=True)
@@ -598,6 +627,11 @@ def describe_config(
         "prefetch": options.prefetch,
         "queue": "durable quorum, persistent messages, publisher confirms",
         "store": "SQLite (WAL, synchronous=FULL) in a temp dir; MemoryStore for comparison",
+        "celery": (
+            "solo pool, acks_late, default prefetch, quorum queue (bench/celery_baseline.py)"
+            if options.celery
+            else "skipped (--no-celery)"
+        ),
     }
 
 
@@ -622,32 +656,56 @@ def print_table(results: Results) -> None:
             f" {results.median(name, 'p99_ms'):>8.2f} {results.rate_ratio(name):>7.2f}"
             f" {results.p50_gap(name):>+8.2f}"
         )
+    if results.celery_rates:
+        rates = results.celery_rates
+        ratio = statistics.median(rates) / results.median(RAW, "jobs_per_s")
+        print(
+            f"{CELERY:<22} {statistics.median(rates):>9,.0f} {min(rates):>8,.0f}"
+            f" {max(rates):>8,.0f} {'-':>8} {'-':>8} {ratio:>7.2f} {'-':>8}"
+        )
+
+
+def celery_reference(results: Results) -> tuple[float, str]:
+    """The rate the SQLite worker must reach: Celery's, measured in this run when
+    celery is installed, else the issue's Celery figure scaled to this machine by
+    raw aio-pika's rate."""
+    if results.celery_rates:
+        return statistics.median(results.celery_rates), "Celery measured in this run"
+    scaled = CELERY_RATE / RAW_REFERENCE_RATE * results.median(RAW, "jobs_per_s")
+    return scaled, (
+        f"Celery {CELERY_RATE:,.0f} vs raw {RAW_REFERENCE_RATE:,.0f} in the issue, scaled by"
+        " raw aio-pika here"
+    )
 
 
 def aims(results: Results) -> dict[str, bool]:
-    """The issue's aims for the SQLite worker: Celery's rate scaled to this machine
-    (its rate relative to raw aio-pika there), and p50 within 1 ms of raw."""
-    celery_ratio = CELERY_RATE / RAW_REFERENCE_RATE
+    """The issue's aims for the SQLite worker: at least Celery's rate on this machine,
+    and p50 within 1 ms of raw."""
+    reference, _ = celery_reference(results)
     return {
-        "jobs/s >= celery-equivalent": results.rate_ratio(WORKER_SQLITE) >= celery_ratio,
+        "jobs/s >= celery": results.median(WORKER_SQLITE, "jobs_per_s") >= reference,
         "p50 within 1 ms of raw": results.p50_gap(WORKER_SQLITE) <= P50_AIM_MS,
     }
 
 
 def print_aims(results: Results) -> None:
-    celery_ratio = CELERY_RATE / RAW_REFERENCE_RATE
+    reference, source = celery_reference(results)
     met = aims(results)
+    rate = results.median(WORKER_SQLITE, "jobs_per_s")
     print()
     print(
-        f"Aim ({WORKER_SQLITE}): jobs/s >= {celery_ratio:.2f} x raw (Celery {CELERY_RATE:,.0f}"
-        f" vs raw {RAW_REFERENCE_RATE:,.0f} in the issue); p50 <= raw p50 + {P50_AIM_MS:g} ms"
+        f"Aim ({WORKER_SQLITE}): jobs/s >= {reference:,.0f} ({source});"
+        f" p50 <= raw p50 + {P50_AIM_MS:g} ms"
     )
-    ratio, gap = results.rate_ratio(WORKER_SQLITE), results.p50_gap(WORKER_SQLITE)
+    gap = results.p50_gap(WORKER_SQLITE)
     ratios = ", ".join(f"{r:.2f}" for r in results.round_rate_ratios(WORKER_SQLITE))
     gaps = ", ".join(f"{g:+.2f}" for g in results.round_p50_gaps(WORKER_SQLITE))
-    verdict = "met" if met["jobs/s >= celery-equivalent"] else "NOT met"
-    print(f"  jobs/s worker / raw   {ratio:5.2f}  (aim >= {celery_ratio:.2f})  {verdict}")
-    print(f"                        per round: {ratios}")
+    verdict = "met" if met["jobs/s >= celery"] else "NOT met"
+    print(
+        f"  jobs/s worker         {rate:,.0f} = {rate / reference:.2f} x Celery"
+        f"  (aim >= 1.00)  {verdict}"
+    )
+    print(f"  worker / raw per round: {ratios}")
     verdict = "met" if met["p50 within 1 ms of raw"] else "NOT met"
     print(f"  p50 worker - raw      {gap:+5.2f} ms  (aim <= {P50_AIM_MS:g})  {verdict}")
     print(f"                        per round: {gaps}")
@@ -669,6 +727,10 @@ def summary(config: dict[str, Any], results: Results) -> dict[str, Any]:
         "p50_ms_minus_raw": {v: r(results.p50_gap(v)) for v in VARIANTS},
         "round_jobs_per_s_ratios": {
             v: [round(x, 3) for x in results.round_rate_ratios(v)] for v in VARIANTS
+        },
+        "celery_jobs_per_s": {
+            "median": r(statistics.median(results.celery_rates)) if results.celery_rates else None,
+            "rounds": [r(x) for x in results.celery_rates],
         },
         "aims_met": aims(results),
         "warnings": results.warnings,

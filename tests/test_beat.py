@@ -140,7 +140,10 @@ every = 1
 
 
 def test_killing_the_leader_five_times_loses_and_doubles_no_fire(
-    broker: Broker, namespace: str, beats: Callable[[str], BeatProcesses]
+    broker: Broker,
+    namespace: str,
+    beats: Callable[[str], BeatProcesses],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     group = beats(EVERY_SECOND)
     for n in range(3):
@@ -183,7 +186,8 @@ def test_killing_the_leader_five_times_loses_and_doubles_no_fire(
         group.running[leader.identity].wait()
         group.restart(leader.identity)  # back as a follower
     group.stop_all()
-    print("\nfailovers:\n  " + "\n  ".join(failovers))
+    with capsys.disabled():  # shown in every run's log, not only on failure
+        print("\nbeat failovers after kill -9:\n  " + "\n  ".join(failovers))
 
     last = store.last_fire(key)
     ran = executions(broker, namespace, store)
@@ -195,7 +199,10 @@ def test_killing_the_leader_five_times_loses_and_doubles_no_fire(
 
 
 def test_a_paused_leader_is_replaced_and_stands_down_when_resumed(
-    broker: Broker, namespace: str, beats: Callable[[str], BeatProcesses]
+    broker: Broker,
+    namespace: str,
+    beats: Callable[[str], BeatProcesses],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     group = beats(EVERY_SECOND)
     for n in range(2):
@@ -213,7 +220,9 @@ def test_a_paused_leader_is_replaced_and_stands_down_when_resumed(
         what="a leader after the pause",
     )
     assert successor.identity != leader.identity
-    print(f"\npaused leader replaced after {(successor.since - paused_at).total_seconds():.2f} s")
+    with capsys.disabled():
+        replaced = (successor.since - paused_at).total_seconds()
+        print(f"\nbeat: a paused leader (heartbeat 1 s) replaced after {replaced:.2f} s")
     log_at_resume = len(group.log(leader.identity))
     paused.send_signal(signal.SIGCONT)
     wait_until(
