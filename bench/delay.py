@@ -40,7 +40,7 @@ import aio_pika
 import aio_pika.abc
 from pydantic import BaseModel
 
-from bench.publish import Admin, add_url_argument, broker, describe_broker
+from bench.publish import Admin, add_url_argument, broker, describe_broker, percentile
 from broker_jobs import App, AsyncPublisher, JobRequest, PublishBatchError
 from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job, WireMessage, decode, utc_now
@@ -456,17 +456,6 @@ def queued(admin: Admin, topology: Topology) -> int:
 
 
 # -- figures ------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100), interpolated between the closest ranks."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def ms(seconds: float) -> float:

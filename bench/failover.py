@@ -50,7 +50,7 @@ from typing import Any, NamedTuple, TextIO, TypeVar
 
 from pydantic import BaseModel
 
-from bench.publish import Admin, add_url_argument, broker, describe_broker
+from bench.publish import Admin, add_url_argument, broker, describe_broker, percentile
 from broker_jobs import App
 from broker_jobs.cli_options import configure_logging
 from broker_jobs.envelope import Job
@@ -526,17 +526,6 @@ def iso(moment: datetime) -> str:
 
 
 # -- figures ------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100), interpolated between the closest ranks."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def ms(seconds: float | None) -> float | None:

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import platform
 import secrets
@@ -556,6 +557,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures = bench(options, url, node)
     print(json.dumps(figures, sort_keys=False))
     return 0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100), interpolated between the closest ranks."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    position = (len(ordered) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import aio_pika.abc
 from pydantic import BaseModel
 
 from bench.celery_baseline import CeleryMissingError, drain_rate
-from bench.publish import Admin, add_url_argument, broker, describe_broker
+from bench.publish import Admin, add_url_argument, broker, describe_broker, percentile
 from broker_jobs import App, JobRequest, Publisher
 from broker_jobs.store import MemoryStore, SQLiteStore, Store
 from broker_jobs.testing.rabbit_node import RabbitNode
@@ -482,17 +482,6 @@ def make_variants() -> list[Variant]:
 
 
 # -- running --------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100), interpolated between the closest ranks."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 FIGURES = ("jobs_per_s", "p50_ms", "p99_ms")

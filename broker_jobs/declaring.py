@@ -7,6 +7,8 @@ implementation of the conflict report.
 
 from __future__ import annotations
 
+import asyncio
+
 import pika
 import pika.exceptions
 
@@ -17,6 +19,8 @@ from topology import TopologyConflictError as _TopologyConflict
 
 #: AMQP reply code for a missing exchange or queue.
 NOT_FOUND = 404
+#: Seconds a daemon (worker, beat) allows for declaring its topology at start-up.
+DAEMON_DECLARE_TIMEOUT = 10.0
 
 
 def blocking_connection(
@@ -62,6 +66,18 @@ def declare_topology(
     finally:
         if connection.is_open:
             connection.close()
+
+
+async def declare_at_start(url: BrokerURL, topology: Topology, daemon: str) -> DeclareReport:
+    """A daemon's declaration at start-up, off its event loop (pika blocks);
+    ``daemon`` names it in the broker's connection list."""
+    return await asyncio.to_thread(
+        declare_topology,
+        url,
+        topology,
+        timeout=DAEMON_DECLARE_TIMEOUT,
+        connection_name=f"{daemon} (declare)",
+    )
 
 
 def prepare_ladder(

@@ -24,7 +24,7 @@ import aio_pika.exceptions
 
 from broker_jobs.app import App
 from broker_jobs.async_publisher import AsyncPublisher
-from broker_jobs.declaring import declare_topology
+from broker_jobs.declaring import declare_at_start
 from broker_jobs.envelope import utc_now
 from broker_jobs.errors import BrokerConnectionError, ConfigurationError, TopologyMissingError
 from broker_jobs.execution import Executor
@@ -119,12 +119,8 @@ class Worker:
     async def run(self) -> Counter[str]:
         settings = self._settings
         if settings.declare:
-            await asyncio.to_thread(
-                declare_topology,
-                self._url,
-                self._app.topology(),
-                timeout=10.0,
-                connection_name=f"broker-jobs worker {self._worker_id} (declare)",
+            await declare_at_start(
+                self._url, self._app.topology(), f"broker-jobs worker {self._worker_id}"
             )
         connection = await self._connect()
         publisher = AsyncPublisher(

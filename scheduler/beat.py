@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from broker_jobs.app import App
-from broker_jobs.declaring import declare_topology
+from broker_jobs.declaring import declare_at_start
 from broker_jobs.envelope import Job, utc_now
 from broker_jobs.errors import BrokerConnectionError, ConfigurationError, PublishError
 from broker_jobs.publishing import JobFactory
@@ -130,12 +130,8 @@ class Beat:
     async def run(self) -> None:
         settings = self._settings
         if settings.declare:
-            await asyncio.to_thread(
-                declare_topology,
-                self._url,
-                self._app.topology(),
-                timeout=10.0,
-                connection_name=f"broker-jobs beat {self._identity} (declare)",
+            await declare_at_start(
+                self._url, self._app.topology(), f"broker-jobs beat {self._identity}"
             )
         leadership = Leadership(
             self._url.url,

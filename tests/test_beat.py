@@ -260,36 +260,22 @@ def test_a_paused_leader_is_replaced_and_stands_down_when_resumed(
     assert ran["tick"] == len(fires), "a fire executed more than once"
 
 
-CATCH_UP = """
-[[schedule]]
-name = "all"
-task = "beat.tick"
-every = 1
-catch_up = "all"
-payload = {label = "all"}
+def catch_up_schedule(name: str, policy: str, lookback: int = 3600) -> str:
+    """A one-second schedule whose jobs carry its name as their label."""
+    return (
+        f'[[schedule]]\nname = "{name}"\ntask = "beat.tick"\nevery = 1\n'
+        f'catch_up = "{policy}"\nlookback = {lookback}\npayload = {{label = "{name}"}}\n'
+    )
 
-[[schedule]]
-name = "latest"
-task = "beat.tick"
-every = 1
-catch_up = "latest"
-payload = {label = "latest"}
 
-[[schedule]]
-name = "skip"
-task = "beat.tick"
-every = 1
-catch_up = "skip"
-payload = {label = "skip"}
-
-[[schedule]]
-name = "bounded"
-task = "beat.tick"
-every = 1
-catch_up = "all"
-lookback = 4
-payload = {label = "bounded"}
-"""
+CATCH_UP = "\n".join(
+    [
+        catch_up_schedule("all", "all"),
+        catch_up_schedule("latest", "latest"),
+        catch_up_schedule("skip", "skip"),
+        catch_up_schedule("bounded", "all", lookback=4),
+    ]
+)
 
 
 def run_beat_until(beat: Beat, done: Callable[[], bool]) -> None:
