@@ -34,7 +34,7 @@ from broker_jobs.declaring import declare_at_start
 from broker_jobs.envelope import Job, utc_now
 from broker_jobs.errors import BrokerConnectionError, ConfigurationError, PublishError
 from broker_jobs.publishing import JobFactory
-from broker_jobs.store.base import Store
+from broker_jobs.store.base import Store, StoreError
 from broker_jobs.urls import BrokerURL
 from scheduler.emitter import Emitter
 from scheduler.leadership import Leadership
@@ -45,8 +45,8 @@ T = TypeVar("T")
 
 #: Longest sleep between two looks at the schedules and the leadership.
 MAX_NAP = 1.0
-#: How long a failed emission waits before the next try.
-RETRY_EMIT_AFTER = 1.0
+#: How long a failed emission, or a term that ended on an error, waits to try again.
+RETRY_AFTER = 1.0
 
 #: Called after each emitted fire (tests, benchmarks, metrics).
 OnEmitted = Callable[[Schedule, datetime, Job], None]
@@ -152,6 +152,18 @@ class Beat:
                     await self._lead(leadership)
                 except _StandDown:
                     log.warning("beat %s lost the leadership; standing down", self._identity)
+                except StoreError as error:
+                    # Without the store no fire can be recorded: emit nothing, keep
+                    # the leadership (another beat would meet the same store) and retry.
+                    log.error(  # noqa: TRY400 - the error says it all; no traceback
+                        "beat %s cannot use the store: %s; trying again in %g s",
+                        self._identity,
+                        error,
+                        RETRY_AFTER,
+                    )
+                # Not at once: a leader whose emit channel is reopening, or whose store
+                # failed, would otherwise spin.
+                await self._nap(RETRY_AFTER)
         finally:
             await leadership.stop()
             self._store_thread.shutdown(wait=True)
@@ -208,7 +220,7 @@ class Beat:
                 # An operator's problem (a deleted queue, a full one): say it loudly,
                 # without a traceback, and keep the fire for the next try.
                 log.error("emitting %s failed: %s; trying again", schedule.name, error)  # noqa: TRY400
-                await asyncio.sleep(RETRY_EMIT_AFTER)
+                await asyncio.sleep(RETRY_AFTER)
                 return cursor
             await self._in_store(self._store.record_fire, self.fire_key(schedule), fire)
             cursor = fire

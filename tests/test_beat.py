@@ -21,7 +21,7 @@ import pytest
 
 from broker_jobs.envelope import Job
 from broker_jobs.publishing import JobFactory
-from broker_jobs.store import SQLiteStore, Status
+from broker_jobs.store import MemoryStore, SQLiteStore, Status, Store, StoreError
 from broker_jobs.worker import Worker, WorkerSettings
 from scheduler import Beat, BeatSettings, Schedule, load_schedules
 from scheduler.beat import fire_key
@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 SECOND = timedelta(seconds=1)
 
 
-def executions(broker: Broker, namespace: str, store: SQLiteStore) -> Counter[str]:
+def executions(broker: Broker, namespace: str, store: Store) -> Counter[str]:
     """Run the emitted jobs with a burst worker; return how often each label ran
     (one label per schedule) and check every job ran once: the ledger holds one
     succeeded record per fire and the handler ran once per record."""
@@ -381,3 +381,43 @@ def test_jitter_delays_a_fire_the_same_for_every_leader(namespace: str) -> None:
     assert jobs[0].idempotency_key == f"beat:herd:{fire:%Y-%m-%dT%H}:00:00Z"
     assert jobs[0].due_at == jobs[1].due_at == fire + timedelta(seconds=schedule.jitter_for(fire))
     assert fire < jobs[0].due_at < fire + 300 * SECOND
+
+
+class FlakyStore(MemoryStore):
+    """A store whose first ``failures`` fire records fail (a locked or lost database)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def record_fire(self, schedule: str, fire_at: datetime) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise StoreError("the database is locked")
+        super().record_fire(schedule, fire_at)
+
+
+def test_a_store_failure_pauses_the_leader_and_loses_no_fire(
+    broker: Broker, namespace: str, cleanup_topology: Callable[..., object]
+) -> None:
+    """A fire published but not recorded is emitted again after the store recovers,
+    under its fence key: nothing is lost, and the worker runs it once."""
+    app = build_app(namespace)
+    app.schedule("steady", TASK, every=0.5)
+    cleanup_topology(app.topology())
+    store = FlakyStore(failures=2)
+    emitted: list[datetime] = []
+    beat = Beat(
+        broker.url,
+        app,
+        load_schedules(app),
+        store,
+        on_emitted=lambda schedule, fire, job: emitted.append(fire),
+    )
+    run_beat_until(beat, lambda: len(emitted) >= 4)
+    assert store.failures == 0
+    last = store.last_fire(fire_key(namespace, "steady"))
+    assert last == emitted[-1]
+    ran = executions(broker, namespace, store)
+    fires = store.find(status=Status.SUCCEEDED, task=TASK, limit=1000)
+    assert ran["tick"] == len(fires) >= len(set(emitted))
