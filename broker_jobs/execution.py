@@ -48,7 +48,7 @@ class Executor:
         caller holds one of :attr:`slots`."""
         renewer = asyncio.create_task(_renew_forever(renew_lease, renew_every))
         try:
-            return await asyncio.wait_for(self._start(handler, payload), time_limit)
+            return await asyncio.wait_for(self.start(handler, payload), time_limit)
         except TimeoutError:
             raise TimeLimitExceeded(f"ran longer than {time_limit:g} s") from None
         finally:
@@ -56,11 +56,18 @@ class Executor:
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
 
-    def _start(self, handler: Callable[..., Any], payload: BaseModel) -> Awaitable[Any]:
+    def start(self, handler: Callable[..., Any], payload: BaseModel) -> Awaitable[Any]:
+        """Start ``handler(payload)``: a sync handler on the pool, an async one as a
+        coroutine to await. The caller holds one of :attr:`slots`."""
         if inspect.iscoroutinefunction(handler):
             return handler(payload)  # type: ignore[no-any-return]
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(self._pool, functools.partial(handler, payload))
+
+    def submit(self, call: Callable[[], Any]) -> asyncio.Future[Any]:
+        """Run ``call()`` on a handler thread (the worker's fast path: the caller
+        bounds what it submits; the pool's threads bound what runs at once)."""
+        return asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -20,7 +20,7 @@ import functools
 import itertools
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -34,9 +34,10 @@ from broker_jobs.app import App, TaskSpec
 from broker_jobs.async_publisher import AsyncPublisher
 from broker_jobs.dead_letters import DeathCause, dead_letter_message, publish_dead_letter
 from broker_jobs.due import seconds_until_due
-from broker_jobs.envelope import Job, WireMessage, decode, utc_now
+from broker_jobs.envelope import Job, decode, utc_now
 from broker_jobs.errors import BrokerJobsError, DecodeError
 from broker_jobs.execution import Executor
+from broker_jobs.pipeline import Pipeline, wire_message
 from broker_jobs.store.base import ClaimOutcome, LeaseLostError, Status, Store
 from topology import names as n
 from topology.delay import MAX_HOLD
@@ -99,26 +100,114 @@ class Runner:
         # One thread for the store's short calls: several threads would only take
         # turns at the GIL and at SQLite's write lock (measured: slower, not faster).
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="broker-jobs-store")
-        #: Set by the worker on shutdown: jobs not started yet are left unsettled.
-        self.stopping = False
+        self._stopping = False
         self._deliveries = itertools.count(1)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pipeline = Pipeline(self)
 
-    async def handle(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> None:
-        """Process one delivery from ``task``'s queue; ack it once settled."""
+    # -- what the worker and the fast path use ---------------------------------------------
+
+    @property
+    def app(self) -> App:
+        return self._app
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    @property
+    def executor(self) -> Executor:
+        return self._executor
+
+    @property
+    def settings(self) -> RunnerSettings:
+        return self._settings
+
+    @property
+    def stopping(self) -> bool:
+        """Set by the worker on shutdown: jobs not started yet are left unsettled."""
+        return self._stopping
+
+    @stopping.setter
+    def stopping(self, stopping: bool) -> None:
+        self._stopping = stopping
+        if stopping:
+            self._pipeline.leave_unstarted()
+
+    @property
+    def busy(self) -> bool:
+        """Whether any delivery is in hand (burst mode waits for this to end)."""
+        return self._pipeline.busy or bool(self._tasks)
+
+    def start(self) -> None:
+        self._pipeline.start()
+
+    def deliver(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> None:
+        """Take a delivery from ``task``'s queue (the consumer's callback)."""
+        self._pipeline.deliver(message, task)
+
+    async def finish(self, grace: float) -> None:
+        """After ``stopping`` was set: let running jobs settle within ``grace`` seconds;
+        deliveries not started stay unsettled (the broker gives them back)."""
+        deadline = asyncio.get_running_loop().time() + grace
+        if not await self._pipeline.wait_idle(grace):
+            log.warning("jobs did not finish within the grace period")
+        await self._pipeline.stop()
+        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=remaining)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning("%d jobs did not finish within the grace period", len(pending))
+
+    def next_holder(self) -> str:
+        """A holder id of its own for each delivery: two copies of one job in this
+        worker at once must not both count as "ours"."""
+        return f"{self._settings.worker_id}#{next(self._deliveries)}"
+
+    def spawn(
+        self,
+        message: aio_pika.abc.AbstractIncomingMessage,
+        task: str,
+        outcome: Coroutine[Any, Any, str | None],
+    ) -> None:
+        """Settle a delivery on the per-delivery path: await ``outcome``, then ack."""
+        running = asyncio.create_task(self._settle(message, task, outcome))
+        self._tasks.add(running)
+        running.add_done_callback(self._tasks.discard)
+
+    async def _settle(
+        self,
+        message: aio_pika.abc.AbstractIncomingMessage,
+        task: str,
+        outcome_of: Coroutine[Any, Any, str | None],
+    ) -> None:
         try:
-            outcome = await self._process(message, task)
+            outcome = await outcome_of
             if outcome is None:
                 # Stopping before the job started: leave it unsettled; closing the
                 # channel returns it to the queue for another worker.
                 self.outcomes.add("left")
                 return
         except Exception:
-            # Our own failure (the store or the broker unreachable): give the
-            # delivery back; its redelivery meets the store's record again.
             log.exception("processing a %s delivery failed; returning it to the queue", task)
-            await message.nack(requeue=True)
-            self.outcomes.add("returned")
+            await self.give_back(message, task)
             return
+        await self.ack(message, task, outcome)
+
+    async def give_back(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> None:
+        """Our own failure (the store unreachable): return the delivery to the queue;
+        its redelivery meets the store's record again."""
+        self._pipeline.forget(message)
+        await message.nack(requeue=True)
+        self.outcomes.add("returned")
+
+    async def ack(
+        self, message: aio_pika.abc.AbstractIncomingMessage, task: str, outcome: str
+    ) -> None:
+        """Ack a settled delivery (its outcome recorded) and count the outcome."""
+        self._pipeline.forget(message)
         try:
             await message.ack()
         except Exception:  # the outcome is recorded: the redelivery will find it done
@@ -127,7 +216,7 @@ class Runner:
             return
         self.outcomes.add(outcome)
 
-    async def _in_store(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def in_store(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         batched = getattr(self._store, "call", None)
         if batched is not None and getattr(call, "__self__", None) is self._store:
             return await batched(call.__name__, *args, **kwargs)  # type: ignore[no-any-return]
@@ -139,9 +228,7 @@ class Runner:
     def close(self) -> None:
         self._store_thread.shutdown(wait=True)
 
-    async def _process(
-        self, message: aio_pika.abc.AbstractIncomingMessage, task: str
-    ) -> str | None:
+    async def process(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> str | None:
         try:
             job = decode(wire_message(message))
             spec = self._app.get(job.task)
@@ -158,9 +245,9 @@ class Runner:
             await self._republish(job, eta=job.due_at)
             return "rerouted"
         await asyncio.sleep(hold)
-        return await self._run_when_free(message, job, spec, payload)
+        return await self.run_when_free(message, job, spec, payload)
 
-    async def _run_when_free(
+    async def run_when_free(
         self,
         message: aio_pika.abc.AbstractIncomingMessage,
         job: Job,
@@ -197,9 +284,9 @@ class Runner:
         settings, store = self._settings, self._store
         # Each delivery claims under its own holder id: two copies of one job in
         # this worker at once must not both count as "ours".
-        holder = f"{settings.worker_id}#{next(self._deliveries)}"
+        holder = self.next_holder()
         death = await self._crash_loop(message, job, spec)
-        claim = await self._in_store(store.claim, job, holder, settings.lease)
+        claim = await self.in_store(store.claim, job, holder, settings.lease)
         if claim.outcome in (ClaimOutcome.DONE, ClaimOutcome.STALE):
             return "duplicate"
         if claim.outcome is ClaimOutcome.BUSY:
@@ -232,9 +319,9 @@ class Runner:
                 settings.lease / 3,
             )
         except Exception as error:  # the handler's failure, decided by its policy
-            return await self._after_failure(message, job, spec, error, holder)
+            return await self.after_failure(message, job, spec, error, holder)
         try:
-            await self._in_store(store.succeed, job.idempotency_key, holder)
+            await self.in_store(store.succeed, job.idempotency_key, holder)
         except LeaseLostError:
             log.warning("job %s finished after its lease was taken over", job.id)
         return "succeeded"
@@ -260,10 +347,10 @@ class Runner:
             log.warning("job %s: lease taken over before its transaction; not run", job.id)
             return "duplicate"
         except Exception as error:  # rolled back: decided by the task's policy
-            return await self._after_failure(message, job, spec, error, holder)
+            return await self.after_failure(message, job, spec, error, holder)
         return "succeeded"
 
-    async def _after_failure(
+    async def after_failure(
         self,
         message: aio_pika.abc.AbstractIncomingMessage,
         job: Job,
@@ -277,7 +364,7 @@ class Runner:
             # The next attempt is confirmed before this one is recorded and acked.
             await self._republish(job.copy(attempt=job.attempt + 1), delay=decision.delay)
             text = f"{type(error).__name__}: {error}"
-            await self._in_store(self._store.retry, job.idempotency_key, holder, text, due)
+            await self.in_store(self._store.retry, job.idempotency_key, holder, text, due)
             return "retried"
         reason = "permanent" if "permanent" in decision.reason else "exhausted"
         cause = DeathCause.from_exception(reason, error, job.attempt)
@@ -309,14 +396,12 @@ class Runner:
             self._channel, self._app.names, task, dead, self._settings.confirm_timeout
         )
         if job is not None:
-            await self._in_store(
-                self._store.dead, job.idempotency_key, holder, cause.error, job=job
-            )
+            await self.in_store(self._store.dead, job.idempotency_key, holder, cause.error, job=job)
         elif properties.message_id:
             # A poison message never became a job: the ledger still says it is dead,
             # under its idempotency key if it had a readable one, else its id.
             key = message.headers.get(n.HEADER_IDEMPOTENCY_KEY)
-            await self._in_store(
+            await self.in_store(
                 self._store.dead,
                 key if isinstance(key, str) and key else properties.message_id,
                 None,
@@ -364,7 +449,7 @@ class Runner:
             or count < options.delivery_limit
         ):
             return None
-        record = await self._in_store(self._store.get, job.idempotency_key)
+        record = await self.in_store(self._store.get, job.idempotency_key)
         now = utc_now()
         if (
             record is None
@@ -382,21 +467,8 @@ class Runner:
 
     def _renewer(self, job: Job, holder: str) -> Callable[[], Awaitable[None]]:
         async def renew() -> None:
-            await self._in_store(
+            await self.in_store(
                 self._store.renew, job.idempotency_key, holder, self._settings.lease
             )
 
         return renew
-
-
-def wire_message(message: aio_pika.abc.AbstractIncomingMessage) -> WireMessage:
-    timestamp = message.timestamp
-    return WireMessage(
-        body=message.body,
-        message_id=message.message_id,
-        type=message.type,
-        content_type=message.content_type,
-        content_encoding=message.content_encoding,
-        timestamp=int(timestamp.timestamp()) if timestamp is not None else None,
-        headers=dict(message.headers or {}),
-    )

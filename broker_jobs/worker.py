@@ -88,7 +88,6 @@ class Worker:
         )
         self._stopping = asyncio.Event()
         self._runner: Runner | None = None
-        self._in_flight: set[asyncio.Task[None]] = set()
 
     @property
     def worker_id(self) -> str:
@@ -140,6 +139,7 @@ class Worker:
                 settings=RunnerSettings(self._worker_id, lease=settings.lease),
             )
             self._runner = runner
+            runner.start()
             pruner = asyncio.create_task(self._prune_forever())
             consumers = await self._consume(channel, runner)
             log.info("worker %s consuming %s", self._worker_id, ", ".join(self._tasks))
@@ -148,7 +148,7 @@ class Worker:
                 await queue.cancel(tag)
             runner.stopping = True
             pruner.cancel()
-            await self._finish_in_flight()
+            await runner.finish(settings.grace)
             runner.close()
             return runner.outcomes.counts
         finally:
@@ -178,9 +178,7 @@ class Worker:
             async def on_message(
                 message: aio_pika.abc.AbstractIncomingMessage, task: str = task
             ) -> None:
-                job = asyncio.create_task(runner.handle(message, task))
-                self._in_flight.add(job)
-                job.add_done_callback(self._in_flight.discard)
+                runner.deliver(message, task)
 
             try:
                 consumers.append((queue, await queue.consume(on_message)))
@@ -211,7 +209,8 @@ class Worker:
                     probe = await connection.channel()
                     continue
                 depth += declared.declaration_result.message_count or 0
-            quiet = quiet + 1 if depth == 0 and not self._in_flight else 0
+            busy = self._runner is not None and self._runner.busy
+            quiet = quiet + 1 if depth == 0 and not busy else 0
         await probe.close()
 
     async def _prune_forever(self) -> None:
@@ -227,15 +226,6 @@ class Worker:
                 if pruned:
                     log.info("pruned %d finished records older than %s", pruned, cutoff)
             await asyncio.sleep(PRUNE_EVERY)
-
-    async def _finish_in_flight(self) -> None:
-        if not self._in_flight:
-            return
-        _, pending = await asyncio.wait(self._in_flight, timeout=self._settings.grace)
-        for job in pending:
-            job.cancel()
-        if pending:
-            log.warning("%d jobs did not finish within the grace period", len(pending))
 
     def _check_time_limits(self) -> None:
         """Refuse a time limit the broker's consumer_timeout would cut short; warn

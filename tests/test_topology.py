@@ -35,6 +35,7 @@ def app(make_app: Callable[[], App]) -> App:
 def test_declaring_twice_changes_nothing(app: App, connection: pika.BlockingConnection) -> None:
     first = declare(connection, app.topology(ladder=False))
     channel = connection.channel()
+    channel.confirm_delivery()  # the depth below must count it: wait for the broker's ack
     channel.basic_publish(app.names.work_exchange, "mail.send", b"{}", persistent())
     second = declare(connection, app.topology(ladder=False))
     assert first == second

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -147,6 +147,23 @@ class Store(ABC):
     @abstractmethod
     def succeed(self, key: str, worker: str, *, now: datetime | None = None) -> None:
         """RUNNING (ours) -> SUCCEEDED; LeaseLostError if not ours."""
+
+    def claim_many(self, claims: Sequence[tuple[Job, str]], lease: float) -> list[Claim]:
+        """:meth:`claim` for several jobs, each under its own holder, in order, as one
+        call (the SQLite store runs them in one transaction of its group commit)."""
+        check_lease(lease)  # before any write: a batch fails whole or not at all
+        return [self.claim(job, worker, lease) for job, worker in claims]
+
+    def succeed_many(self, finished: Sequence[tuple[str, str]]) -> list[str]:
+        """:meth:`succeed` for several ``(key, worker)`` pairs, as one call; return the
+        keys whose lease was lost (not raised: the others are recorded all the same)."""
+        lost = []
+        for key, worker in finished:
+            try:
+                self.succeed(key, worker)
+            except LeaseLostError:
+                lost.append(key)
+        return lost
 
     @abstractmethod
     def succeed_with(

@@ -313,10 +313,21 @@ class SQLiteStore(ExclusiveStore):
     #: Methods that may share one transaction with others (they write nothing before
     #: they can fail with LeaseLostError or ValueError, so one failing leaves the
     #: others intact).
-    _BATCHABLE = frozenset({"claim", "succeed", "retry", "fail", "record_fire", "record_leader"})
+    _BATCHABLE = frozenset(
+        {
+            "claim",
+            "claim_many",
+            "succeed",
+            "succeed_many",
+            "retry",
+            "fail",
+            "record_fire",
+            "record_leader",
+        }
+    )
     #: Those whose commit may be synchronous=NORMAL (a loss to a power cut is harmless,
     #: see claim); a batch holding any other commits with FULL.
-    _LAZY = frozenset({"claim", "record_leader"})
+    _LAZY = frozenset({"claim", "claim_many", "record_leader"})
 
     async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``getattr(self, name)(*args, **kwargs)`` on the store's thread. Claims

@@ -1,0 +1,391 @@
+"""The worker's fast path: the common delivery, processed in batches (docs/worker.md).
+
+Most deliveries are a job due now, for a plain sync handler, free to claim, that
+succeeds. Processed one task per delivery, each cost ~1.4 ms of CPU, mostly in hand-offs
+between the event loop and the store and handler threads (measured with
+bench/throughput.py). Here they flow in batches:
+
+    deliveries -> decode + validate (on the loop)
+      -> claim the batch: ONE store call (one SQLite transaction)
+      -> each claimed job's handler on the pool, under its time limit and lease
+      -> the successes recorded: ONE store call per batch
+      -> then each of those deliveries acked
+
+The protocol is the runner's: every ack follows its recorded outcome, and a job
+waiting for a slot holds no claim. Whatever is not the common case leaves the fast
+path for the runner's per-delivery protocol, unchanged: a delivery that does not
+decode, a job to hold until due, an async or transactional handler, the last delivery
+a quorum queue allows (crash-loop check), a job busy elsewhere, and a failure to
+retry or dead-letter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import aio_pika.abc
+from pydantic import BaseModel
+
+from broker_jobs.app import TaskSpec
+from broker_jobs.due import seconds_until_due
+from broker_jobs.envelope import Job, WireMessage, decode, utc_now
+from broker_jobs.errors import BrokerJobsError
+from broker_jobs.execution import TimeLimitExceeded
+from broker_jobs.store.base import ClaimOutcome
+from topology import names as n
+
+if TYPE_CHECKING:
+    from broker_jobs.runner import Runner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Item:
+    """One delivery on the fast path."""
+
+    message: aio_pika.abc.AbstractIncomingMessage
+    task: str
+    job: Job
+    spec: TaskSpec
+    payload: BaseModel
+    holder: str = ""
+    #: The time-limit and lease-renewal timers of a running job.
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    renewing: asyncio.Task[None] | None = None
+    #: Set on shutdown: a job whose handler has not started gives its claim back.
+    skip: bool = False
+    started: bool = False
+    settled: bool = False
+
+
+class Pipeline:
+    """Batches of deliveries for one runner: a dispatcher claims them, a recorder
+    records their successes. Start with :meth:`start`; feed with :meth:`deliver`."""
+
+    def __init__(self, runner: Runner) -> None:
+        self._runner = runner
+        self._pending: list[tuple[aio_pika.abc.AbstractIncomingMessage, str]] = []
+        self._finished: list[tuple[_Item, BaseException | None]] = []
+        self._delivered = asyncio.Event()
+        self._done = asyncio.Event()
+        #: Deliveries taken from the queue and not yet settled or left.
+        self._in_hand = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._tasks: list[asyncio.Task[None]] = []
+        #: Claimed jobs not settled yet (running, or waiting for a handler thread).
+        self._claimed: set[_Item] = set()
+        #: Delivery tags not acked yet, in delivery order, and whether each is
+        #: ready to be acked (its outcome recorded).
+        self._unacked: dict[int, bool] = {}
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._pending) or self._in_hand > 0
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._dispatch(), name="broker-jobs dispatcher"),
+            asyncio.create_task(self._record(), name="broker-jobs recorder"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._pending:
+            self._runner.outcomes.counts["left"] += len(self._pending)
+            self._pending.clear()
+
+    def deliver(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> None:
+        """Take a delivery (the consumer's callback: no await, no task per delivery)."""
+        self._unacked[message.delivery_tag or 0] = False
+        self._pending.append((message, task))
+        self._delivered.set()
+
+    def forget(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        """A delivery the runner settles by itself (acked, nacked) one by one."""
+        self._unacked.pop(message.delivery_tag or 0, None)
+
+    async def ack_many(self, messages: list[aio_pika.abc.AbstractIncomingMessage]) -> None:
+        """Ack deliveries whose outcomes are recorded: those that, with every delivery
+        before them on the channel, are all settled go in one ``multiple`` frame (an
+        ack frame per job cost a socket write and a GIL hand-off each); the others
+        one by one. A delivery still in hand (held, retrying) is never covered."""
+        unacked = self._unacked
+        for message in messages:
+            unacked[message.delivery_tag or 0] = True
+        covered = 0
+        for tag, ready in unacked.items():  # in delivery order
+            if not ready:
+                break
+            covered = tag
+        by_tag = {message.delivery_tag or 0: message for message in messages}
+        if covered:
+            while unacked and next(iter(unacked)) <= covered:
+                del unacked[next(iter(unacked))]
+            await by_tag[covered].ack(multiple=True)
+        for tag, message in by_tag.items():
+            if tag > covered:
+                unacked.pop(tag, None)
+                await message.ack()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until every claimed job settled; False after ``timeout`` seconds."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    # -- the dispatcher: decode, slots, claim, start ------------------------------------------
+
+    async def _dispatch(self) -> None:
+        runner = self._runner
+        while True:
+            await self._delivered.wait()
+            self._delivered.clear()
+            while self._pending and not runner.stopping:
+                batch, self._pending = self._pending, []
+                items = [item for item in map(self._fast, batch) if item is not None]
+                if items:
+                    await self._claim(items)
+
+    def _fast(self, delivery: tuple[aio_pika.abc.AbstractIncomingMessage, str]) -> _Item | None:
+        """The delivery as a fast-path item, or None after handing it to the runner."""
+        message, task = delivery
+        item = self._decoded(message, task)
+        if item is None:
+            self._runner.spawn(message, task, self._runner.process(message, task))
+        return item
+
+    def _decoded(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> _Item | None:
+        try:
+            job = decode(wire_message(message))
+            spec = self._runner.app.get(job.task)
+            payload = spec.validate(job.payload)
+        except BrokerJobsError:
+            return None  # the runner dead-letters it with the reason
+        handler = spec.handler
+        if (
+            handler is None
+            or inspect.iscoroutinefunction(handler)
+            or spec.transactional
+            or seconds_until_due(job, utc_now()) > 0
+            or _last_allowed_delivery(message, spec)
+        ):
+            return None
+        return _Item(message, task, job, spec, payload)
+
+    async def _claim(self, items: list[_Item]) -> None:
+        """Claim the batch at once; the claimed jobs queue for the handler threads
+        (``concurrency`` of them), their leases renewed while they wait and run."""
+        runner = self._runner
+        self._in_hand += len(items)
+        self._idle.clear()
+        for item in items:
+            item.holder = runner.next_holder()
+        store = runner.store
+        try:
+            claims = await runner.in_store(
+                store.claim_many,
+                [(item.job, item.holder) for item in items],
+                runner.settings.lease,
+            )
+        except Exception:
+            log.exception("claiming %d jobs failed; returning them to the queue", len(items))
+            for item in items:
+                self._release(item)
+                await runner.give_back(item.message, item.task)
+            return
+        for item, claim in zip(items, claims, strict=True):
+            if claim.outcome is ClaimOutcome.CLAIMED:
+                if runner.stopping:  # stopped while claiming: not started, given back
+                    self._give_claim_back(item)
+                    continue
+                self._claimed.add(item)
+                self._run(item)
+                continue
+            self._release(item)
+            if claim.outcome is ClaimOutcome.BUSY:  # held and re-checked by the runner
+                outcome = runner.run_when_free(item.message, item.job, item.spec, item.payload)
+                runner.spawn(item.message, item.task, outcome)
+            else:  # done already, or an older attempt: a duplicate
+                await runner.ack(item.message, item.task, "duplicate")
+
+    def _run(self, item: _Item) -> None:
+        runner, loop = self._runner, asyncio.get_running_loop()
+        handler = item.spec.handler
+        assert handler is not None  # checked by _decoded
+
+        def in_thread() -> object:
+            if item.skip:
+                return _SKIPPED
+            item.started = True
+            if item.spec.time_limit is not None:
+                loop.call_soon_threadsafe(self._arm_time_limit, item, item.spec.time_limit)
+            return handler(item.payload)
+
+        future = runner.executor.submit(in_thread)
+        future.add_done_callback(lambda done: self._ran(item, done))
+        item.timers.append(loop.call_later(runner.settings.lease / 3, self._renew, item))
+
+    def _arm_time_limit(self, item: _Item, limit: float) -> None:
+        if not item.settled:
+            loop = asyncio.get_running_loop()
+            item.timers.append(loop.call_later(limit, self._timed_out, item, limit))
+
+    def leave_unstarted(self) -> None:
+        """Shutdown: claimed jobs whose handler has not started give their claim back
+        and stay unacked (the broker returns them); running ones finish."""
+        for item in self._claimed:
+            if not item.started:
+                item.skip = True
+
+    def _timed_out(self, item: _Item, limit: float) -> None:
+        # The thread cannot be stopped: it finishes in the background (docs/worker.md).
+        self._settle(item, TimeLimitExceeded(f"ran longer than {limit:g} s"))
+
+    def _renew(self, item: _Item) -> None:
+        if item.settled:
+            return
+
+        async def renew() -> None:
+            runner = self._runner
+            try:
+                await runner.in_store(
+                    runner.store.renew, item.job.idempotency_key, item.holder, runner.settings.lease
+                )
+            except Exception:  # a lost lease or an unreachable store: recording will tell
+                log.warning("renewing job %s's lease failed; it may run elsewhere", item.job.id)
+                return
+            if not item.settled:
+                loop = asyncio.get_running_loop()
+                item.timers.append(loop.call_later(runner.settings.lease / 3, self._renew, item))
+
+        item.renewing = asyncio.create_task(renew())
+
+    def _ran(self, item: _Item, done: asyncio.Future[object]) -> None:
+        error = done.exception()
+        if error is None and done.result() is _SKIPPED:
+            self._give_claim_back(item)
+        else:
+            self._settle(item, error)
+
+    def _settle(self, item: _Item, error: BaseException | None) -> None:
+        if item.settled:
+            return  # timed out earlier; this is the thread finishing late
+        item.settled = True
+        self._claimed.discard(item)
+        for timer in item.timers:
+            timer.cancel()
+        if item.renewing is not None:
+            item.renewing.cancel()
+        self._finished.append((item, error))
+        self._done.set()
+
+    def _give_claim_back(self, item: _Item) -> None:
+        item.settled = True
+        self._claimed.discard(item)
+        for timer in item.timers:
+            timer.cancel()
+        runner = self._runner
+
+        async def release() -> str | None:
+            try:
+                await runner.in_store(runner.store.release, item.job.idempotency_key, item.holder)
+            finally:
+                self._release(item)
+            return None  # left unsettled: the broker gives it back
+
+        runner.spawn(item.message, item.task, release())
+
+    # -- the recorder: successes in one store call, then acks ---------------------------
+
+    async def _record(self) -> None:
+        while True:
+            await self._done.wait()
+            self._done.clear()
+            while self._finished:
+                finished, self._finished = self._finished, []
+                succeeded = [item for item, error in finished if error is None]
+                for item, error in finished:
+                    if error is not None:
+                        self._fail(item, error)
+                if succeeded:
+                    await self._succeed(succeeded)
+
+    async def _succeed(self, items: list[_Item]) -> None:
+        runner = self._runner
+        try:
+            lost = await runner.in_store(
+                runner.store.succeed_many,
+                [(item.job.idempotency_key, item.holder) for item in items],
+            )
+        except Exception:
+            log.exception("recording %d successes failed; returning them", len(items))
+            for item in items:
+                self._release(item)
+                await runner.give_back(item.message, item.task)
+            return
+        for key in lost:
+            log.warning("job with key %s finished after its lease was taken over", key)
+        for item in items:
+            self._release(item)
+        try:
+            await self.ack_many([item.message for item in items])
+        except Exception:  # the outcomes are recorded: the redeliveries will find them done
+            log.warning("acking %d deliveries failed; they will be redelivered", len(items))
+            runner.outcomes.counts["ack-failed"] += len(items)
+            return
+        runner.outcomes.counts["succeeded"] += len(items)
+
+    def _fail(self, item: _Item, error: BaseException) -> None:
+        """The handler's failure goes to the runner's retry policy (per delivery)."""
+        runner = self._runner
+        if not isinstance(error, Exception):  # KeyboardInterrupt and the like
+            error = RuntimeError(repr(error))
+
+        async def after_failure() -> str:
+            try:
+                return await runner.after_failure(
+                    item.message, item.job, item.spec, error, item.holder
+                )
+            finally:
+                self._release(item)
+
+        runner.spawn(item.message, item.task, after_failure())
+
+    def _release(self, item: _Item) -> None:
+        self._in_hand -= 1
+        if self._in_hand == 0:
+            self._idle.set()
+
+
+#: What a skipped job's thread returns instead of running the handler.
+_SKIPPED = object()
+
+
+def wire_message(message: aio_pika.abc.AbstractIncomingMessage) -> WireMessage:
+    """The neutral form of a delivery, for :func:`~broker_jobs.envelope.decode`."""
+    timestamp = message.timestamp
+    return WireMessage(
+        body=message.body,
+        message_id=message.message_id,
+        type=message.type,
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        timestamp=int(timestamp.timestamp()) if timestamp is not None else None,
+        headers=dict(message.headers or {}),
+    )
+
+
+def _last_allowed_delivery(message: aio_pika.abc.AbstractIncomingMessage, spec: TaskSpec) -> bool:
+    """The crash-loop check needs the per-delivery path (a store read first)."""
+    count = message.headers.get(n.HEADER_DELIVERY_COUNT)
+    return isinstance(count, int) and count >= spec.queue.delivery_limit
