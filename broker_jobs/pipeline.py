@@ -200,8 +200,8 @@ class Pipeline:
         except Exception:
             log.exception("claiming %d jobs failed; returning them to the queue", len(items))
             for item in items:
-                self._release(item)
                 await runner.give_back(item.message, item.task)
+                self._release(item)
             return
         for item, claim in zip(items, claims, strict=True):
             if claim.outcome is ClaimOutcome.CLAIMED:
@@ -211,12 +211,12 @@ class Pipeline:
                 self._claimed.add(item)
                 self._run(item)
                 continue
-            self._release(item)
             if claim.outcome is ClaimOutcome.BUSY:  # held and re-checked by the runner
                 outcome = runner.run_when_free(item.message, item.job, item.spec, item.payload)
                 runner.spawn(item.message, item.task, outcome)
             else:  # done already, or an older attempt: a duplicate
                 await runner.ack(item.message, item.task, "duplicate")
+            self._release(item)
 
     def _run(self, item: _Item) -> None:
         runner, loop = self._runner, asyncio.get_running_loop()
@@ -330,20 +330,20 @@ class Pipeline:
         except Exception:
             log.exception("recording %d successes failed; returning them", len(items))
             for item in items:
-                self._release(item)
                 await runner.give_back(item.message, item.task)
+                self._release(item)
             return
         for key in lost:
             log.warning("job with key %s finished after its lease was taken over", key)
-        for item in items:
-            self._release(item)
+        outcome = "succeeded"
         try:
             await self.ack_many([item.message for item in items])
         except Exception:  # the outcomes are recorded: the redeliveries will find them done
             log.warning("acking %d deliveries failed; they will be redelivered", len(items))
-            runner.outcomes.counts["ack-failed"] += len(items)
-            return
-        runner.outcomes.counts["succeeded"] += len(items)
+            outcome = "ack-failed"
+        runner.outcomes.counts[outcome] += len(items)
+        for item in items:  # settled only now: a stopping worker waits for the acks
+            self._release(item)
 
     def _fail(self, item: _Item, error: BaseException) -> None:
         """The handler's failure goes to the runner's retry policy (per delivery)."""

@@ -31,7 +31,7 @@ from broker_jobs.store.base import Status
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.worker import Worker, WorkerSettings
-from tests.support import Broker, drain_at_least
+from tests.support import Broker, drain_at_least, wait_until
 from topology import Topology, declare
 
 pytestmark = pytest.mark.broker
@@ -584,3 +584,37 @@ def test_burst_mode_works_without_a_declared_ladder(
     outcomes = run_worker(broker, app, MemoryStore(), declare=False)
     assert outcomes["succeeded"] == 1
     assert effects.runs["plain"] == 1
+
+
+def test_a_held_delivery_is_never_acked_with_the_ones_after_it(
+    broker: Broker, make_app: Callable[[], App]
+) -> None:
+    """Successes are acked in one frame covering every delivery before them: never
+    one still in hand. The first delivery is held (its job runs elsewhere under a live
+    lease) while the five after it succeed; it is acked only once it is settled."""
+    app = make_app()
+    ran: list[str] = []
+
+    @app.task("mixed.job")
+    def mixed(payload: Add) -> None:
+        ran.append(payload.key)
+
+    store = MemoryStore()
+    with Publisher(broker.url, app) as publisher:
+        held = publisher.publish("mixed.job", {"key": "held"})
+        publisher.publish_many([JobRequest("mixed.job", {"key": f"k{n}"}) for n in range(5)])
+    store.claim(held, "elsewhere", lease=60)
+    settings = WorkerSettings(burst=True, concurrency=2, lease=4)  # re-checks every 1 s
+
+    def five_succeeded() -> bool:
+        return store.counts().get(Status.SUCCEEDED, 0) >= 5
+
+    async def scenario() -> Counter[str]:
+        running = asyncio.create_task(Worker(broker.url, app, store, settings).run())
+        await asyncio.to_thread(wait_until, five_succeeded, within=30, what="five successes")
+        store.succeed(held.idempotency_key, "elsewhere")  # the other holder finishes
+        return await running
+
+    outcomes = asyncio.run(scenario())
+    assert outcomes == Counter({"succeeded": 5, "duplicate": 1})
+    assert sorted(ran) == [f"k{n}" for n in range(5)]
