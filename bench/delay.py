@@ -43,8 +43,9 @@ from pydantic import BaseModel
 from bench.publish import Admin, add_url_argument, broker, describe_broker, percentile
 from broker_jobs import App, AsyncPublisher, JobRequest, PublishBatchError
 from broker_jobs.due import seconds_until_due
-from broker_jobs.envelope import Job, WireMessage, decode, utc_now
+from broker_jobs.envelope import Job, decode, utc_now
 from broker_jobs.errors import DecodeError
+from broker_jobs.pipeline import wire_message
 from broker_jobs.testing.rabbit_node import RabbitNode
 from topology import Topology
 from topology.delay import DELAY_LEVELS, DELAY_UNIT, EARLY_MARGIN, MAX_DELAY, MAX_HOLD
@@ -162,22 +163,6 @@ class Record(NamedTuple):
     ladder_excess: float  # arrival - created_at - units: transit beyond the whole units
     redelivered: bool
     arrived: float  # epoch seconds
-
-
-def wire_message(message: aio_pika.abc.AbstractIncomingMessage) -> WireMessage:
-    """The library's view of an aio-pika delivery."""
-    stamp: Any = message.timestamp
-    if isinstance(stamp, datetime):
-        stamp = int(stamp.timestamp())
-    return WireMessage(
-        body=message.body,
-        message_id=message.message_id,
-        type=message.type,
-        content_type=message.content_type,
-        content_encoding=message.content_encoding,
-        timestamp=int(stamp) if stamp is not None else None,
-        headers=dict(message.headers or {}),
-    )
 
 
 def ladder_hops(headers: dict[str, Any]) -> int:

@@ -11,12 +11,13 @@ bench/throughput.py). Here they flow in batches:
       -> the successes recorded: ONE store call per batch
       -> then each of those deliveries acked
 
-The protocol is the runner's: every ack follows its recorded outcome, and a job
-waiting for a slot holds no claim. Whatever is not the common case leaves the fast
-path for the runner's per-delivery protocol, unchanged: a delivery that does not
-decode, a job to hold until due, an async or transactional handler, the last delivery
-a quorum queue allows (crash-loop check), a job busy elsewhere, and a failure to
-retry or dead-letter.
+The protocol is the runner's: every ack follows its recorded outcome; a claimed job
+waiting for a handler thread has its lease renewed like a running one, and on
+shutdown gives its claim back if it has not started. Whatever is not the common
+case leaves the fast path for the runner's per-delivery protocol, unchanged: a
+delivery that does not decode, a job to hold until due, an async or transactional
+handler, the last delivery a quorum queue allows (crash-loop check), a job busy
+elsewhere, and a failure to retry or dead-letter.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ class Pipeline:
             self._pending.clear()
 
     def deliver(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> None:
-        """Take a delivery (the consumer's callback: no await, no task per delivery)."""
+        """Take a delivery (from the consumer's callback; processed by the dispatcher)."""
         self._unacked[message.delivery_tag or 0] = False
         self._pending.append((message, task))
         self._delivered.set()
@@ -143,7 +144,7 @@ class Pipeline:
             return False
         return True
 
-    # -- the dispatcher: decode, slots, claim, start ------------------------------------------
+    # -- the dispatcher: decode, claim, start ------------------------------------------------
 
     async def _dispatch(self) -> None:
         runner = self._runner
@@ -199,9 +200,7 @@ class Pipeline:
             )
         except Exception:
             log.exception("claiming %d jobs failed; returning them to the queue", len(items))
-            for item in items:
-                await runner.give_back(item.message, item.task)
-                self._release(item)
+            await self._give_back(items)
             return
         for item, claim in zip(items, claims, strict=True):
             if claim.outcome is ClaimOutcome.CLAIMED:
@@ -329,9 +328,7 @@ class Pipeline:
             )
         except Exception:
             log.exception("recording %d successes failed; returning them", len(items))
-            for item in items:
-                await runner.give_back(item.message, item.task)
-                self._release(item)
+            await self._give_back(items)
             return
         for key in lost:
             log.warning("job with key %s finished after its lease was taken over", key)
@@ -360,6 +357,13 @@ class Pipeline:
                 self._release(item)
 
         runner.spawn(item.message, item.task, after_failure())
+
+    async def _give_back(self, items: list[_Item]) -> None:
+        """The store failed: the deliveries go back to the queue; their redeliveries
+        meet the store's records again."""
+        for item in items:
+            await self._runner.give_back(item.message, item.task)
+            self._release(item)
 
     def _release(self, item: _Item) -> None:
         self._in_hand -= 1
