@@ -108,6 +108,18 @@ def prepare_ladder(
             connection.close()
 
 
+def existing_queues(url: BrokerURL, queues: list[str], *, connection_name: str) -> list[str]:
+    """Those of ``queues`` that exist (passive declares need no permission)."""
+    connection = blocking_connection(
+        url, timeout=DAEMON_DECLARE_TIMEOUT, connection_name=connection_name
+    )
+    try:
+        return [queue for queue in queues if _queue_exists(connection, queue)]
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
 def _queue_exists(connection: pika.BlockingConnection, queue: str) -> bool:
     # A passive declare of a missing queue closes the channel: one channel each.
     channel = connection.channel()

@@ -24,7 +24,7 @@ import aio_pika.exceptions
 
 from broker_jobs.app import App
 from broker_jobs.async_publisher import AsyncPublisher
-from broker_jobs.declaring import declare_at_start
+from broker_jobs.declaring import declare_at_start, existing_queues
 from broker_jobs.envelope import utc_now
 from broker_jobs.errors import BrokerConnectionError, ConfigurationError, TopologyMissingError
 from broker_jobs.execution import Executor
@@ -190,24 +190,26 @@ class Worker:
         """Burst mode: return once nothing runs and the task queues and the delay
         ladder (where retries wait) are empty, twice in a row.
 
-        Depths are read on a channel of their own: a passive declare of a missing
-        queue (a ladder never declared) closes its channel, which must not be the
-        one holding our deliveries."""
+        Which queues exist is found once, on a blocking connection of its own (a
+        passive declare of a missing queue, say a ladder never declared, closes its
+        channel: reopening aio-pika channels at that pace made the broker see one
+        opened twice); depths are then read on one channel."""
         names = self._app.names
         queues = [names.task_queue(task) for task in self._tasks]
         queues += [queue.name for queue in self._app.topology().queues if ".delay." in queue.name]
+        queues = await asyncio.to_thread(
+            existing_queues,
+            self._url,
+            queues,
+            connection_name=f"broker-jobs worker {self._worker_id} (burst)",
+        )
         probe = await connection.channel()
         quiet = 0
         while quiet < 2 and not self._stopping.is_set():
             await asyncio.sleep(BURST_POLL)
             depth = 0
-            for name in list(queues):
-                try:
-                    declared = await probe.declare_queue(name, passive=True)
-                except aio_pika.exceptions.ChannelNotFoundEntity:
-                    queues.remove(name)  # nothing can wait in a queue that does not exist
-                    probe = await connection.channel()
-                    continue
+            for name in queues:
+                declared = await probe.declare_queue(name, passive=True)
                 depth += declared.declaration_result.message_count or 0
             busy = self._runner is not None and self._runner.busy
             quiet = quiet + 1 if depth == 0 and not busy else 0
