@@ -34,7 +34,6 @@ from pydantic import BaseModel
 from broker_jobs.app import TaskSpec
 from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job, WireMessage, decode, utc_now
-from broker_jobs.errors import BrokerJobsError
 from broker_jobs.execution import TimeLimitExceeded
 from broker_jobs.store.base import ClaimOutcome
 from topology import names as n
@@ -94,6 +93,8 @@ class Pipeline:
             asyncio.create_task(self._dispatch(), name="broker-jobs dispatcher"),
             asyncio.create_task(self._record(), name="broker-jobs recorder"),
         ]
+        for task in self._tasks:
+            task.add_done_callback(_report_crash)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -170,8 +171,8 @@ class Pipeline:
             job = decode(wire_message(message))
             spec = self._runner.app.get(job.task)
             payload = spec.validate(job.payload)
-        except BrokerJobsError:
-            return None  # the runner dead-letters it with the reason
+        except Exception:  # BrokerJobsError, or anything odd: the runner's path decides
+            return None  # (it dead-letters a bad message with the reason)
         handler = spec.handler
         if (
             handler is None
@@ -387,6 +388,13 @@ def wire_message(message: aio_pika.abc.AbstractIncomingMessage) -> WireMessage:
         timestamp=int(timestamp.timestamp()) if timestamp is not None else None,
         headers=dict(message.headers or {}),
     )
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    """A dispatcher or recorder that ended other than by cancellation is a bug: say
+    so loudly (deliveries in hand stay unacked and return when the worker stops)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("the worker's %s stopped", task.get_name(), exc_info=task.exception())
 
 
 def _last_allowed_delivery(message: aio_pika.abc.AbstractIncomingMessage, spec: TaskSpec) -> bool:

@@ -618,3 +618,31 @@ def test_a_held_delivery_is_never_acked_with_the_ones_after_it(
     outcomes = asyncio.run(scenario())
     assert outcomes == Counter({"succeeded": 5, "duplicate": 1})
     assert sorted(ran) == [f"k{n}" for n in range(5)]
+
+
+def test_a_sync_handler_over_its_time_limit_fails_and_is_retried(
+    broker: Broker, make_app: Callable[[], App]
+) -> None:
+    """The limit counts from the handler's start; the overrun run is failed at the
+    limit (its thread finishes in the background) and retried through the broker."""
+    app = make_app()
+    runs: list[float] = []
+    policy = RetryPolicy(max_attempts=2, base_delay=0.2, max_delay=0.2, jitter=False)
+
+    @app.task("slow.once", time_limit=0.5, retry=policy)
+    def slow_once(payload: Add) -> None:
+        runs.append(time.monotonic())
+        if len(runs) == 1:
+            time.sleep(2)  # over the limit the first time only
+
+    with Publisher(broker.url, app) as publisher:
+        job = publisher.publish("slow.once", {"key": "k"})
+    store = MemoryStore()
+    outcomes = run_worker(broker, app, store)
+    assert outcomes == Counter({"retried": 1, "succeeded": 1})
+    record = store.get(job.idempotency_key)
+    assert record is not None
+    assert record.status is Status.SUCCEEDED
+    assert record.attempts == 2
+    assert record.last_error is not None
+    assert "TimeLimitExceeded" in record.last_error
