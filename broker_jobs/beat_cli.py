@@ -23,7 +23,7 @@ from broker_jobs.envelope import utc_now
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.store.base import Store
 from broker_jobs.store.urls import open_store
-from scheduler.beat import Beat, BeatSettings, fire_key
+from scheduler.beat import ANNOUNCE_EVERY, Beat, BeatSettings, fire_key
 from scheduler.config import load_schedules
 from scheduler.schedules import Schedule
 
@@ -129,7 +129,7 @@ def status_lines(app: App, schedules: Sequence[Schedule], store: Store, now: dat
         lines = ["leader: none has led yet"]
     else:
         age = (now - leader.seen_at).total_seconds()
-        stale = age > STALE_AFTER_ANNOUNCES * BeatSettings().announce_every
+        stale = age > STALE_AFTER_ANNOUNCES * ANNOUNCE_EVERY
         lines = [
             f"leader: {leader.identity} since {_when(leader.since)},"
             f" last seen {age:.0f} s ago{' (stale: no beat leads now?)' if stale else ''}"

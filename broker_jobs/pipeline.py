@@ -159,20 +159,17 @@ class Pipeline:
                     await self._claim(items)
 
     def _fast(self, delivery: tuple[aio_pika.abc.AbstractIncomingMessage, str]) -> _Item | None:
-        """The delivery as a fast-path item, or None after handing it to the runner."""
+        """The delivery as a fast-path item, or None after handing it to the runner
+        (decoded already where it could be: a message is decoded once)."""
         message, task = delivery
-        item = self._decoded(message, task)
-        if item is None:
-            self._runner.spawn(message, task, self._runner.process(message, task))
-        return item
-
-    def _decoded(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> _Item | None:
+        runner = self._runner
         try:
             job = decode(wire_message(message))
-            spec = self._runner.app.get(job.task)
+            spec = runner.app.get(job.task)
             payload = spec.validate(job.payload)
         except Exception:  # BrokerJobsError, or anything odd: the runner's path decides
-            return None  # (it dead-letters a bad message with the reason)
+            runner.spawn(message, task, runner.process(message, task))  # dead-letters it
+            return None
         handler = spec.handler
         if (
             handler is None
@@ -181,6 +178,7 @@ class Pipeline:
             or seconds_until_due(job, utc_now()) > 0
             or _last_allowed_delivery(message, spec)
         ):
+            runner.spawn(message, task, runner.process_decoded(message, job, spec, payload))
             return None
         return _Item(message, task, job, spec, payload)
 

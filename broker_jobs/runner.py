@@ -238,6 +238,16 @@ class Runner:
         except BrokerJobsError as error:  # unknown task, invalid payload
             reason = "unknown-task" if job.task not in self._app else "schema"
             return await self._dead_letter(message, task, DeathCause(reason, str(error)))
+        return await self.process_decoded(message, job, spec, payload)
+
+    async def process_decoded(
+        self,
+        message: aio_pika.abc.AbstractIncomingMessage,
+        job: Job,
+        spec: TaskSpec,
+        payload: BaseModel,
+    ) -> str | None:
+        """The protocol from a decoded, valid job on: hold until due, claim, run."""
         hold = seconds_until_due(job, utc_now())
         if hold > MAX_HOLD:
             # Published for later without going through the ladder (by hand, or by a

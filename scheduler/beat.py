@@ -48,6 +48,9 @@ MAX_NAP = 1.0
 #: How long a failed emission, or a term that ended on an error, waits to try again.
 RETRY_AFTER = 1.0
 
+#: Seconds between two announcements of the leader in the store (``beat status``).
+ANNOUNCE_EVERY = 5.0
+
 #: Called after each emitted fire (tests, benchmarks, metrics).
 OnEmitted = Callable[[Schedule, datetime, Job], None]
 
@@ -61,8 +64,7 @@ class BeatSettings:
     heartbeat: int = 5
     confirm_timeout: float = 10.0
     declare: bool = True
-    #: Seconds between two announcements of the leader in the store (beat status).
-    announce_every: float = 5.0
+    announce_every: float = ANNOUNCE_EVERY
     #: Testing only: emit whenever connected, as if leading (simulates a split brain).
     force_leader: bool = False
 
