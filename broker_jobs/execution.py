@@ -69,6 +69,12 @@ class Executor:
         bounds what it submits; the pool's threads bound what runs at once)."""
         return asyncio.get_running_loop().run_in_executor(self._pool, call)
 
+    def post(self, call: Callable[[], object]) -> None:
+        """Run ``call()`` on a handler thread; callable from any thread. The call
+        reports its own outcome (the fast path starts claimed jobs from the store's
+        thread this way, without a hop through the event loop)."""
+        self._pool.submit(call)
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 

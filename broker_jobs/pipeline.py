@@ -23,10 +23,14 @@ elsewhere, and a failure to retry or dead-letter.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
+from collections import deque
+from collections.abc import Callable, Coroutine
+from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aio_pika.abc
 from pydantic import BaseModel
@@ -35,7 +39,7 @@ from broker_jobs.app import TaskSpec
 from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job, WireMessage, decode, utc_now
 from broker_jobs.execution import TimeLimitExceeded
-from broker_jobs.store.base import ClaimOutcome
+from broker_jobs.store.base import Claim, ClaimOutcome
 from topology import names as n
 
 if TYPE_CHECKING:
@@ -57,21 +61,27 @@ class _Item:
     #: The time-limit and lease-renewal timers of a running job.
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     renewing: asyncio.Task[None] | None = None
-    #: Set on shutdown: a job whose handler has not started gives its claim back.
-    skip: bool = False
     started: bool = False
     settled: bool = False
 
 
 class Pipeline:
-    """Batches of deliveries for one runner: a dispatcher claims them, a recorder
-    records their successes. Start with :meth:`start`; feed with :meth:`deliver`."""
+    """Batches of deliveries for one runner: claimed as they arrive, run on the handler
+    threads, their successes recorded by a recorder task. Start with :meth:`start`;
+    feed with :meth:`deliver`."""
 
     def __init__(self, runner: Runner) -> None:
         self._runner = runner
-        self._pending: list[tuple[aio_pika.abc.AbstractIncomingMessage, str]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: Decoded deliveries waiting for this loop iteration's claim.
+        self._arrived: list[_Item] = []
+        #: Acks of duplicates and give-backs after a failed claim.
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        #: What handler threads report (an error, None for success, or _SKIPPED),
+        #: taken on the loop: one wake-up for all reports made meanwhile.
+        self._reports: deque[tuple[_Item, object]] = deque()
+        self._reports_called = False
         self._finished: list[tuple[_Item, BaseException | None]] = []
-        self._delivered = asyncio.Event()
         self._done = asyncio.Event()
         #: Deliveries taken from the queue and not yet settled or left.
         self._in_hand = 0
@@ -79,36 +89,43 @@ class Pipeline:
         self._idle.set()
         self._tasks: list[asyncio.Task[None]] = []
         #: Claimed jobs not settled yet (running, or waiting for a handler thread).
-        self._claimed: set[_Item] = set()
+        self._claimed_jobs: set[_Item] = set()
         #: Delivery tags not acked yet, in delivery order, and whether each is
         #: ready to be acked (its outcome recorded).
         self._unacked: dict[int, bool] = {}
 
     @property
     def busy(self) -> bool:
-        return bool(self._pending) or self._in_hand > 0
+        return self._in_hand > 0
 
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._dispatch(), name="broker-jobs dispatcher"),
-            asyncio.create_task(self._record(), name="broker-jobs recorder"),
-        ]
+        self._loop = asyncio.get_running_loop()
+        self._tasks = [asyncio.create_task(self._record(), name="broker-jobs recorder")]
         for task in self._tasks:
             task.add_done_callback(_report_crash)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._side_tasks]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._pending:
-            self._runner.outcomes.counts["left"] += len(self._pending)
-            self._pending.clear()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def deliver(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> None:
-        """Take a delivery (from the consumer's callback; processed by the dispatcher)."""
+        """Take a delivery (the consumer's callback): decoded now, claimed with the
+        others of this loop iteration in one store call."""
         self._unacked[message.delivery_tag or 0] = False
-        self._pending.append((message, task))
-        self._delivered.set()
+        runner = self._runner
+        if runner.stopping:  # arrived after the consumer was cancelled: it goes back
+            runner.outcomes.counts["left"] += 1
+            return
+        item = self._fast(message, task)
+        if item is None:
+            return
+        self._in_hand += 1
+        self._idle.clear()
+        self._arrived.append(item)
+        if len(self._arrived) == 1:
+            asyncio.get_running_loop().call_soon(self._claim_arrived)
 
     def forget(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
         """A delivery the runner settles by itself (acked, nacked) one by one."""
@@ -145,23 +162,11 @@ class Pipeline:
             return False
         return True
 
-    # -- the dispatcher: decode, claim, start ------------------------------------------------
+    # -- decode, claim, start ---------------------------------------------------------------
 
-    async def _dispatch(self) -> None:
-        runner = self._runner
-        while True:
-            await self._delivered.wait()
-            self._delivered.clear()
-            while self._pending and not runner.stopping:
-                batch, self._pending = self._pending, []
-                items = [item for item in map(self._fast, batch) if item is not None]
-                if items:
-                    await self._claim(items)
-
-    def _fast(self, delivery: tuple[aio_pika.abc.AbstractIncomingMessage, str]) -> _Item | None:
+    def _fast(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> _Item | None:
         """The delivery as a fast-path item, or None after handing it to the runner
         (decoded already where it could be: a message is decoded once)."""
-        message, task = delivery
         runner = self._runner
         try:
             job = decode(wire_message(message))
@@ -182,68 +187,122 @@ class Pipeline:
             return None
         return _Item(message, task, job, spec, payload)
 
-    async def _claim(self, items: list[_Item]) -> None:
-        """Claim the batch at once; the claimed jobs queue for the handler threads
-        (``concurrency`` of them), their leases renewed while they wait and run."""
+    def _claim_arrived(self) -> None:
+        """Claim this iteration's arrivals in one store call, queued at once. The
+        store's thread starts the claimed jobs' handlers right after its commit
+        (:meth:`_start`); the loop then keeps their leases renewed (:meth:`_claimed`)."""
+        items, self._arrived = self._arrived, []
         runner = self._runner
-        self._in_hand += len(items)
-        self._idle.clear()
+        if runner.stopping:  # not claimed: left unsettled, the broker gives them back
+            runner.outcomes.counts["left"] += len(items)
+            for item in items:
+                self._release(item)
+            return
         for item in items:
             item.holder = runner.next_holder()
-        store = runner.store
-        try:
-            claims = await runner.in_store(
-                store.claim_many,
-                [(item.job, item.holder) for item in items],
-                runner.settings.lease,
+        claiming = runner.in_store(
+            runner.store.claim_many,
+            [(item.job, item.holder) for item in items],
+            runner.settings.lease,
+            after=functools.partial(self._start, items),
+        )
+        claiming.add_done_callback(functools.partial(self._claimed, items))
+
+    def _claimed(self, items: list[_Item], claiming: asyncio.Future[list[Claim]]) -> None:
+        runner = self._runner
+        error = claiming.exception()
+        if error is not None:
+            log.error(
+                "claiming %d jobs failed; returning them to the queue",
+                len(items),
+                exc_info=error,
             )
-        except Exception:
-            log.exception("claiming %d jobs failed; returning them to the queue", len(items))
-            await self._give_back(items)
+            self._spawn(self._give_back(items))
             return
-        for item, claim in zip(items, claims, strict=True):
+        loop = asyncio.get_running_loop()
+        for item, claim in zip(items, claiming.result(), strict=True):
             if claim.outcome is ClaimOutcome.CLAIMED:
-                if runner.stopping:  # stopped while claiming: not started, given back
-                    self._give_claim_back(item)
-                    continue
-                self._claimed.add(item)
-                self._run(item)
+                if not item.settled:  # (a quick handler may have finished already)
+                    self._claimed_jobs.add(item)
+                    item.timers.append(
+                        loop.call_later(runner.settings.lease / 3, self._renew, item)
+                    )
                 continue
             if claim.outcome is ClaimOutcome.BUSY:  # held and re-checked by the runner
                 outcome = runner.run_when_free(item.message, item.job, item.spec, item.payload)
                 runner.spawn(item.message, item.task, outcome)
+                self._release(item)
             else:  # done already, or an older attempt: a duplicate
-                await runner.ack(item.message, item.task, "duplicate")
-            self._release(item)
+                self._spawn(self._ack_duplicate(item))
+
+    async def _ack_duplicate(self, item: _Item) -> None:
+        try:
+            await self._runner.ack(item.message, item.task, "duplicate")
+        finally:
+            self._release(item)  # only now: a stopping worker waits for the ack
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    def _start(self, items: list[_Item], claims: list[Claim]) -> None:
+        """On the store's thread, right after the claims committed: each claimed job
+        goes to the handler threads (they bound what runs at once)."""
+        post = self._runner.executor.post
+        for item, claim in zip(items, claims, strict=True):
+            if claim.outcome is ClaimOutcome.CLAIMED:
+                try:
+                    post(functools.partial(self._run, item))
+                except RuntimeError:  # the pool is shut down: the worker is exiting
+                    self._report(item, _SKIPPED)
 
     def _run(self, item: _Item) -> None:
-        runner, loop = self._runner, asyncio.get_running_loop()
+        """On a handler thread: run the job, unless the worker is stopping (a job not
+        started gives its claim back and stays unacked; the broker returns it)."""
+        if self._runner.stopping:
+            self._report(item, _SKIPPED)
+            return
+        item.started = True
+        limit = item.spec.time_limit
+        if limit is not None:
+            self._call_soon(self._arm_time_limit, item, limit)
         handler = item.spec.handler
-        assert handler is not None  # checked by _decoded
+        assert handler is not None  # checked by _fast
+        try:
+            handler(item.payload)
+        except BaseException as error:  # reported; the loop decides (retry, dead letter)
+            self._report(item, error)
+        else:
+            self._report(item, None)
 
-        def in_thread() -> object:
-            if item.skip:
-                return _SKIPPED
-            item.started = True
-            if item.spec.time_limit is not None:
-                loop.call_soon_threadsafe(self._arm_time_limit, item, item.spec.time_limit)
-            return handler(item.payload)
+    def _report(self, item: _Item, outcome: object) -> None:
+        """From any thread: the job's outcome, for the loop."""
+        self._reports.append((item, outcome))
+        if not self._reports_called:
+            self._reports_called = True
+            self._call_soon(self._take_reports)
 
-        future = runner.executor.submit(in_thread)
-        future.add_done_callback(lambda done: self._ran(item, done))
-        item.timers.append(loop.call_later(runner.settings.lease / 3, self._renew, item))
+    def _call_soon(self, callback: Callable[..., object], *args: object) -> None:
+        assert self._loop is not None  # set by start()
+        with suppress(RuntimeError):  # the loop is closed: the worker is gone
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    def _take_reports(self) -> None:
+        self._reports_called = False  # before taking: a report made now calls again
+        reports = self._reports
+        while reports:
+            item, outcome = reports.popleft()
+            if outcome is _SKIPPED:
+                self._give_claim_back(item)
+            else:
+                assert outcome is None or isinstance(outcome, BaseException)
+                self._settle(item, outcome)
 
     def _arm_time_limit(self, item: _Item, limit: float) -> None:
         if not item.settled:
             loop = asyncio.get_running_loop()
             item.timers.append(loop.call_later(limit, self._timed_out, item, limit))
-
-    def leave_unstarted(self) -> None:
-        """Shutdown: claimed jobs whose handler has not started give their claim back
-        and stay unacked (the broker returns them); running ones finish."""
-        for item in self._claimed:
-            if not item.started:
-                item.skip = True
 
     def _timed_out(self, item: _Item, limit: float) -> None:
         # The thread cannot be stopped: it finishes in the background (docs/worker.md).
@@ -268,18 +327,11 @@ class Pipeline:
 
         item.renewing = asyncio.create_task(renew())
 
-    def _ran(self, item: _Item, done: asyncio.Future[object]) -> None:
-        error = done.exception()
-        if error is None and done.result() is _SKIPPED:
-            self._give_claim_back(item)
-        else:
-            self._settle(item, error)
-
     def _settle(self, item: _Item, error: BaseException | None) -> None:
         if item.settled:
             return  # timed out earlier; this is the thread finishing late
         item.settled = True
-        self._claimed.discard(item)
+        self._claimed_jobs.discard(item)
         for timer in item.timers:
             timer.cancel()
         if item.renewing is not None:
@@ -289,7 +341,7 @@ class Pipeline:
 
     def _give_claim_back(self, item: _Item) -> None:
         item.settled = True
-        self._claimed.discard(item)
+        self._claimed_jobs.discard(item)
         for timer in item.timers:
             timer.cancel()
         runner = self._runner

@@ -16,7 +16,6 @@ store's record decides what happens then. Nothing here raises for a bad job.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 from collections import Counter
@@ -130,9 +129,9 @@ class Runner:
 
     @stopping.setter
     def stopping(self, stopping: bool) -> None:
+        # Read by the handler threads too: a claimed job not started by then gives
+        # its claim back instead of running (docs/worker.md, graceful shutdown).
         self._stopping = stopping
-        if stopping:
-            self._pipeline.leave_unstarted()
 
     @property
     def busy(self) -> bool:
@@ -216,14 +215,28 @@ class Runner:
             return
         self.outcomes.add(outcome)
 
-    async def in_store(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        batched = getattr(self._store, "call", None)
-        if batched is not None and getattr(call, "__self__", None) is self._store:
-            return await batched(call.__name__, *args, **kwargs)  # type: ignore[no-any-return]
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._store_thread, functools.partial(call, *args, **kwargs)
-        )
+    def in_store(
+        self,
+        call: Callable[..., T],
+        *args: Any,
+        after: Callable[[T], None] | None = None,
+        **kwargs: Any,
+    ) -> asyncio.Future[T]:
+        """``call(*args, **kwargs)`` off the loop, on the store's own thread, queued
+        at once (a store with ``submit`` batches what waits there into one
+        transaction); await the future for the result. ``after(result)`` runs on
+        that thread as soon as the result is in."""
+        submit = getattr(self._store, "submit", None)
+        if submit is not None and getattr(call, "__self__", None) is self._store:
+            return submit(call.__name__, *args, after=after, **kwargs)  # type: ignore[no-any-return]
+
+        def in_thread() -> T:
+            result = call(*args, **kwargs)
+            if after is not None:
+                after(result)
+            return result
+
+        return asyncio.get_running_loop().run_in_executor(self._store_thread, in_thread)
 
     def close(self) -> None:
         self._store_thread.shutdown(wait=True)
