@@ -204,9 +204,9 @@ class Settled:
         self.count = 0
         self.last = math.nan  # time.perf_counter() of the latest
 
-    def add(self) -> None:
+    def add(self, count: int = 1) -> None:
         with self.lock:
-            self.count += 1
+            self.count += count
             self.last = time.perf_counter()
 
 
@@ -218,6 +218,11 @@ class TimedSQLiteStore(SQLiteStore):
     def succeed(self, key: str, worker: str, *, now: datetime | None = None) -> None:
         super().succeed(key, worker, now=now)
         self.settled.add()
+
+    def succeed_many(self, finished: Sequence[tuple[str, str]]) -> list[str]:
+        lost = super().succeed_many(finished)
+        self.settled.add(len(finished) - len(lost))
+        return lost
 
 
 class TimedMemoryStore(MemoryStore):

@@ -471,6 +471,111 @@ def test_release_lets_the_next_claim_take_the_job_at_once(store: Store) -> None:
     assert claim.record.worker == B
 
 
+# --- batches (the worker's fast path) ------------------------------------------------------
+
+
+def test_claim_many_decides_each_job_in_order(store: Store) -> None:
+    store.claim(job("done"), A, LEASE, now=at(0))
+    store.succeed("done", A, now=at(1))
+    store.claim(job("lapsed"), A, LEASE, now=at(0))  # T0 is past: its lease lapsed
+    store.claim(job("retried", attempt=2), A, LEASE, now=at(0))
+    store.retry("retried", A, "later", at(1), now=at(1))
+
+    claims = store.claim_many(
+        [
+            (job("new"), "a#1"),
+            (job("new"), "a#2"),  # a second copy in the same batch: busy
+            (job("done"), "a#3"),
+            (job("lapsed"), "a#4"),
+            (job("retried", attempt=1), "a#5"),  # older than the retrying attempt
+            (job("retried", attempt=3), "a#6"),
+            (job("other"), "a#7"),
+        ],
+        LEASE,
+    )
+
+    assert [claim.outcome for claim in claims] == [
+        CLAIMED, BUSY, DONE, CLAIMED, STALE, CLAIMED, CLAIMED
+    ]  # fmt: skip
+    assert claims[1].record.worker == "a#1"
+    for claim, holder in zip(
+        [claims[0], claims[3], claims[5], claims[6]], ["a#1", "a#4", "a#6", "a#7"], strict=True
+    ):
+        assert claim.record == store.get(claim.record.idempotency_key)
+        assert (claim.record.status, claim.record.worker) == (Status.RUNNING, holder)
+        assert claim.record.lease_until is not None
+        assert claim.record.lease_until > datetime.now(UTC) + timedelta(seconds=LEASE - 5)
+    assert claims[3].record.created_at == at(0)  # taken over, not recreated
+    assert claims[5].record.attempts == 3
+    assert claims[5].record.last_error == "later"
+
+
+def test_succeed_many_records_all_and_names_the_lost_leases(store: Store) -> None:
+    store.claim_many([(job(f"k{i}"), f"a#{i}") for i in range(4)], LEASE)
+    store.release("k2", "a#2")  # its lease is gone: given back
+
+    lost = store.succeed_many([("k0", "a#0"), ("k1", "a#1"), ("k2", "a#2"), ("k3", "b#9")])
+
+    assert sorted(lost) == ["k2", "k3"]
+    statuses = {key: store.get(key).status for key in ("k0", "k1", "k2", "k3")}  # type: ignore[union-attr]
+    assert statuses == {
+        "k0": Status.SUCCEEDED,
+        "k1": Status.SUCCEEDED,
+        "k2": Status.RUNNING,
+        "k3": Status.RUNNING,
+    }
+    assert store.succeed_many([]) == []
+
+
+def test_sqlite_claims_the_long_way_without_insert_returning(
+    tmp_path: Path,
+    make_store: Callable[[Callable[[], Store]], Store],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SQLite before 3.35 has no RETURNING: every claim reads, decides and writes."""
+    from broker_jobs.store import sqlite as sqlite_module  # noqa: PLC0415
+
+    monkeypatch.setattr(sqlite_module, "_RETURNING", False)
+    store = make_store(lambda: SQLiteStore(tmp_path / "jobs.db"))
+    store.claim(job("done"), A, LEASE, now=at(0))
+    store.succeed("done", A, now=at(1))
+
+    claims = store.claim_many(
+        [(job("new"), "a#1"), (job("new"), "a#2"), (job("done"), "a#3")], LEASE
+    )
+
+    assert [claim.outcome for claim in claims] == [CLAIMED, BUSY, DONE]
+    assert store.get("new").worker == "a#1"  # type: ignore[union-attr]
+
+
+def test_sqlite_starts_what_follows_a_claim_on_the_store_thread(
+    tmp_path: Path, make_store: Callable[[Callable[[], Store]], Store]
+) -> None:
+    """``after`` runs on the store's thread once the claim is committed (visible to
+    another connection), before the caller's loop resumes."""
+    import asyncio  # noqa: PLC0415
+
+    store = make_store(lambda: SQLiteStore(tmp_path / "jobs.db"))
+    assert isinstance(store, SQLiteStore)
+    seen: list[tuple[str, Any, Any]] = []
+
+    def after(claims: list[Any]) -> None:
+        other = sqlite3.connect(tmp_path / "jobs.db")
+        try:
+            row = other.execute("SELECT worker FROM broker_jobs_records").fetchone()
+        finally:
+            other.close()
+        seen.append((threading.current_thread().name, [c.outcome for c in claims], row))
+
+    async def claim() -> Any:
+        return await store.submit("claim_many", [(job(), A)], LEASE, after=after)
+
+    claims = asyncio.run(claim())
+
+    assert [c.outcome for c in claims] == [CLAIMED]
+    assert seen == [("broker-jobs-store", [CLAIMED], (A,))]
+
+
 # --- the ledger ---------------------------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ import logging
 import queue as _queue
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -194,10 +194,12 @@ class SQLiteStore(ExclusiveStore):
         return StoreError(f"{where}: cannot {action}: {type(error).__name__}: {text}")
 
     @contextmanager
-    def _transaction(self, action: str) -> Iterator[sqlite3.Connection]:
+    def _transaction(
+        self, action: str, synchronous: str = "FULL"
+    ) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE``: the write lock is taken before reading, so the read,
         the decision and the write are atomic for every process sharing the file."""
-        conn = self._connection()
+        conn = self._connection(synchronous)
         with self._translate(action):
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -246,42 +248,50 @@ class SQLiteStore(ExclusiveStore):
     # --- the hot path: claim and finish without the generic sections -------------------
 
     def claim(self, job: Job, worker: str, lease: float, *, now: datetime | None = None) -> Claim:
+        (claim,) = self._claim_all([(job, worker)], check_lease(lease), utc(now))
+        return claim
+
+    def claim_many(self, claims: Sequence[tuple[Job, str]], lease: float) -> list[Claim]:
+        # Set-based: one SELECT for the batch and one executemany for its claims (each
+        # statement hands the GIL back and forth; per job that cost milliseconds).
+        return self._claim_all(claims, check_lease(lease), utc(None))
+
+    def _claim_all(
+        self, claims: Sequence[tuple[Job, str]], lease: float, moment: datetime
+    ) -> list[Claim]:
         # synchronous=NORMAL: a claim lost to a power cut only lets the (unacked,
         # redelivered) job be claimed again; the next FULL commit of an outcome makes
         # the WAL, claims included, durable.
-        lease, moment = check_lease(lease), utc(now)
-        batch = getattr(self._local, "batch", None)
-        if batch is not None:
-            row = batch.execute(_SELECT_ONE, (job.idempotency_key,)).fetchone()
-            record = _record(row) if row else None
-            outcome = decide(record, job, worker, moment)
-            if outcome is not ClaimOutcome.CLAIMED:
-                assert record is not None
-                return Claim(outcome, record)
-            new = claimed_record(record, job, worker, lease, moment)
-            batch.execute(_SAVE, _row(new))
-            return Claim(outcome, new)
         conn = self._connection("NORMAL")
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                row = conn.execute(_SELECT_ONE, (job.idempotency_key,)).fetchone()
-                record = _record(row) if row else None
-                outcome = decide(record, job, worker, moment)
-                if outcome is not ClaimOutcome.CLAIMED:
-                    assert record is not None
-                    conn.execute("COMMIT")
-                    return Claim(outcome, record)
-                new = claimed_record(record, job, worker, lease, moment)
-                conn.execute(_SAVE, _row(new))
-                conn.execute("COMMIT")
-                return Claim(outcome, new)
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as error:
-            raise self._store_error("change a record", error) from error
+        results: list[Claim | None] = [None] * len(claims)
+        if _RETURNING:  # the common case first: keys never seen, one INSERT in all
+            with self._translate("change a record"):
+                fresh = _insert_fresh(conn, claims, lease, moment)
+            for index, (job, _) in enumerate(claims):
+                record = fresh.pop(job.idempotency_key, None)  # a second copy: below
+                if record is not None:
+                    results[index] = Claim(ClaimOutcome.CLAIMED, record)
+        rest = [index for index, found in enumerate(results) if found is None]
+        if rest:  # redeliveries, retries, copies: read, decide, write, atomically
+            with self._transaction("change a record", "NORMAL") as conn:
+                decided = _claim_rows(conn, [claims[index] for index in rest], lease, moment)
+            for index, claim in zip(rest, decided, strict=True):
+                results[index] = claim
+        return [claim for claim in results if claim is not None]
+
+    def succeed_many(self, finished: Sequence[tuple[str, str]]) -> list[str]:
+        # One UPDATE for the batch (one statement: one commit, one GIL hand-back);
+        # which leases were lost is looked up only if some were.
+        moment = _text(utc(None))
+        assert moment is not None
+        conn = getattr(self._local, "batch", None)
+        if conn is None and len(finished) <= _PAIRS_PER_UPDATE:
+            conn = self._connection()  # autocommit: the one UPDATE is atomic on its own
+        if conn is not None:
+            with self._translate("record successes"):
+                return _succeed_rows(conn, finished, moment)
+        with self._transaction("record successes") as conn:
+            return _succeed_rows(conn, finished, moment)
 
     def _finish(
         self,
@@ -318,20 +328,14 @@ class SQLiteStore(ExclusiveStore):
     #: they can fail with LeaseLostError or ValueError, so one failing leaves the
     #: others intact).
     _BATCHABLE = frozenset(
-        {
-            "claim",
-            "claim_many",
-            "succeed",
-            "succeed_many",
-            "retry",
-            "fail",
-            "record_fire",
-            "record_leader",
-        }
+        {"succeed", "succeed_many", "retry", "fail", "record_fire", "record_leader"}
     )
     #: Those whose commit may be synchronous=NORMAL (a loss to a power cut is harmless,
     #: see claim); a batch holding any other commits with FULL.
-    _LAZY = frozenset({"claim", "claim_many", "record_leader"})
+    _LAZY = frozenset({"record_leader"})
+    #: Served first, each on its own (one statement for jobs never seen): a job's
+    #: start waits neither for outcomes queued with it nor for their fsync.
+    _CLAIMS = frozenset({"claim", "claim_many"})
 
     async def call(
         self,
@@ -371,26 +375,62 @@ class SQLiteStore(ExclusiveStore):
 
     def _serve(self) -> None:
         while (calls := self._take_calls()) is not None:
-            batch = [c for c in calls if c.name in self._BATCHABLE]
-            results = self._run_batch(batch) if batch else []
-            for call in calls:
-                if call.name not in self._BATCHABLE:
-                    try:
-                        results.append((call, True, call.run(self)))
-                    except BaseException as error:
-                        results.append((call, False, error))
-            for call, ok, value in results:
-                if ok and call.after is not None:
-                    try:
-                        call.after(value)
-                    except Exception:
-                        log.exception("a store call's follow-up %r failed", call.after)
-            by_loop: dict[Any, list[tuple[Any, bool, Any]]] = {}
-            for call, ok, value in results:
-                by_loop.setdefault(call.loop, []).append((call.future, ok, value))
-            for loop, settled in by_loop.items():
-                with contextlib.suppress(RuntimeError):  # the loop is closed
-                    loop.call_soon_threadsafe(_settle, settled)
+            claims = [c for c in calls if c.name in self._CLAIMS]
+            lazy = [c for c in calls if c.name in self._LAZY]
+            durable = [c for c in calls if c.name in self._BATCHABLE and c.name not in self._LAZY]
+            others = [c for c in calls if c.name not in self._BATCHABLE | self._CLAIMS]
+            many = [c for c in claims if c.name == "claim_many" and not c.kwargs]
+            together = [c for c in many if c.args[1] == many[0].args[1]]  # same lease
+            if together:
+                self._answer(self._claim_together(together))
+            for call in claims:
+                if call not in together:
+                    self._answer([self._run_alone(call)])
+            for batch in (lazy, durable):
+                if len(batch) == 1:  # its own statement(s), without BEGIN and COMMIT
+                    self._answer([self._run_alone(batch[0])])
+                elif batch:
+                    self._answer(self._run_batch(batch))
+            for call in others:
+                self._answer([self._run_alone(call)])
+
+    def _claim_together(self, calls: list[_Call]) -> list[tuple[_Call, bool, Any]]:
+        """The queued ``claim_many`` calls as one (one INSERT for their fresh keys)."""
+        try:
+            pairs = [pair for call in calls for pair in call.args[0]]
+            claims = self.claim_many(pairs, calls[0].args[1])
+        except BaseException as error:
+            return [(call, False, error) for call in calls]
+        results: list[tuple[_Call, bool, Any]] = []
+        start = 0
+        for call in calls:
+            end = start + len(call.args[0])
+            results.append((call, True, claims[start:end]))
+            start = end
+        return results
+
+    def _run_alone(self, call: _Call) -> tuple[_Call, bool, Any]:
+        try:
+            return (call, True, call.run(self))
+        except BaseException as error:
+            return (call, False, error)
+
+    @staticmethod
+    def _answer(results: list[tuple[_Call, bool, Any]]) -> None:
+        """Run the follow-ups on this thread, then settle the callers' futures (one
+        wake-up per event loop)."""
+        for call, ok, value in results:
+            if ok and call.after is not None:
+                try:
+                    call.after(value)
+                except Exception:
+                    log.exception("a store call's follow-up %r failed", call.after)
+        by_loop: dict[Any, list[tuple[Any, bool, Any]]] = {}
+        for call, ok, value in results:
+            by_loop.setdefault(call.loop, []).append((call.future, ok, value))
+        for loop, settled in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(_settle, settled)
 
     def _take_calls(self) -> list[_Call] | None:
         """The next call and all queued behind it; None once the store is closed."""
@@ -581,7 +621,23 @@ class _SQLiteRecords:
         self._conn.execute(_SAVE, _row(record))
 
 
-_SELECT_ONE = f"SELECT {_COLUMNS} FROM broker_jobs_records WHERE idempotency_key = ?"
+_SELECT_MANY = f"SELECT {_COLUMNS} FROM broker_jobs_records WHERE idempotency_key IN"
+#: ``INSERT ... RETURNING`` needs SQLite 3.35 (2021); older ones take the long way.
+_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
+_INSERT_FRESH = f"INSERT INTO broker_jobs_records ({_COLUMNS}) VALUES"
+_ROW_MARKS = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_ON_CONFLICT_RETURNING = "ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key"
+_SUCCEED_MANY = (
+    "UPDATE broker_jobs_records SET status = ?, updated_at = ?, lease_until = NULL, due_at = NULL"
+    " WHERE status = 'running' AND (idempotency_key, worker) IN (VALUES"
+)
+_SUCCEEDED_BY = (
+    "SELECT status, worker, updated_at FROM broker_jobs_records WHERE idempotency_key = ?"
+)
+#: Rows per statement (SQLite before 3.32 allows 999 parameters per statement).
+_MAX_PARAMETERS = 500
+_ROWS_PER_INSERT = 80
+_PAIRS_PER_UPDATE = 400
 _SAVE = (
     f"INSERT OR REPLACE INTO broker_jobs_records ({_COLUMNS})"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -662,6 +718,78 @@ def _aware_time(text: str) -> datetime:
     moment = _time(text)
     assert moment is not None  # NOT NULL columns
     return moment
+
+
+def _claim_rows(
+    conn: sqlite3.Connection, claims: Sequence[tuple[Job, str]], lease: float, moment: datetime
+) -> list[Claim]:
+    """Claim in order inside the caller's transaction; a key twice in the batch is
+    decided against the first copy's claim."""
+    records: dict[str, JobRecord] = {}
+    keys = list(dict.fromkeys(job.idempotency_key for job, _ in claims))
+    for start in range(0, len(keys), _MAX_PARAMETERS):
+        chunk = keys[start : start + _MAX_PARAMETERS]
+        marks = ", ".join("?" * len(chunk))
+        for row in conn.execute(f"{_SELECT_MANY} ({marks})", chunk):
+            records[row[0]] = _record(row)
+    results: list[Claim] = []
+    saves: dict[str, tuple[Any, ...]] = {}
+    for job, worker in claims:
+        key = job.idempotency_key
+        record = records.get(key)
+        outcome = decide(record, job, worker, moment)
+        if outcome is not ClaimOutcome.CLAIMED:
+            assert record is not None
+            results.append(Claim(outcome, record))
+            continue
+        new = claimed_record(record, job, worker, lease, moment)
+        records[key] = new
+        saves[key] = _row(new)
+        results.append(Claim(outcome, new))
+    if saves:
+        conn.executemany(_SAVE, saves.values())
+    return results
+
+
+def _insert_fresh(
+    conn: sqlite3.Connection, claims: Sequence[tuple[Job, str]], lease: float, moment: datetime
+) -> dict[str, JobRecord]:
+    """Claim the keys that have no record yet, each in one autocommitted INSERT per
+    chunk (atomic on its own); the new records by key. A key with a record (or a
+    second copy in the batch) is left out: the caller decides it the long way."""
+    fresh: dict[str, JobRecord] = {}
+    for job, worker in claims:
+        if job.idempotency_key not in fresh:
+            fresh[job.idempotency_key] = claimed_record(None, job, worker, lease, moment)
+    records = list(fresh.values())
+    inserted: set[str] = set()
+    for start in range(0, len(records), _ROWS_PER_INSERT):
+        chunk = records[start : start + _ROWS_PER_INSERT]
+        values = ", ".join([_ROW_MARKS] * len(chunk))
+        params = [value for record in chunk for value in _row(record)]
+        cursor = conn.execute(f"{_INSERT_FRESH} {values} {_ON_CONFLICT_RETURNING}", params)
+        inserted.update(key for (key,) in cursor.fetchall())
+    return {key: record for key, record in fresh.items() if key in inserted}
+
+
+def _succeed_rows(
+    conn: sqlite3.Connection, finished: Sequence[tuple[str, str]], moment: str
+) -> list[str]:
+    """Record successes inside the caller's transaction; the keys whose lease was lost."""
+    updated = 0
+    for start in range(0, len(finished), _PAIRS_PER_UPDATE):
+        chunk = finished[start : start + _PAIRS_PER_UPDATE]
+        pairs = ", ".join(["(?, ?)"] * len(chunk))
+        params = [Status.SUCCEEDED.value, moment, *(value for pair in chunk for value in pair)]
+        updated += conn.execute(f"{_SUCCEED_MANY} {pairs})", params).rowcount
+    if updated == len(finished):
+        return []
+    lost = []
+    for key, worker in finished:
+        found = conn.execute(_SUCCEEDED_BY, (key,)).fetchone()
+        if found is None or tuple(found) != (Status.SUCCEEDED.value, worker, moment):
+            lost.append(key)
+    return lost
 
 
 def _record(row: tuple[Any, ...]) -> JobRecord:
