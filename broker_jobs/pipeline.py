@@ -5,11 +5,14 @@ succeeds. Processed one task per delivery, each cost ~1.4 ms of CPU, mostly in h
 between the event loop and the store and handler threads (measured with
 bench/throughput.py). Here they flow in batches:
 
-    deliveries -> decode + validate (on the loop)
-      -> claim the batch: ONE store call (one SQLite transaction)
-      -> each claimed job's handler on the pool, under its time limit and lease
+    deliveries -> decode + validate (on the loop, as each arrives)
+      -> a loop iteration's arrivals claimed in ONE store call, queued at once
+      -> the store's thread hands the claimed jobs to the handler pool right after
+         its commit (fewer hand-offs between threads: each costs the GIL)
+      -> handlers run under their time limit and lease; the loop hears of their
+         outcomes with one wake-up per batch
       -> the successes recorded: ONE store call per batch
-      -> then each of those deliveries acked
+      -> then those deliveries acked (one ``multiple`` frame where it can)
 
 The protocol is the runner's: every ack follows its recorded outcome; a claimed job
 waiting for a handler thread has its lease renewed like a running one, and on
@@ -441,7 +444,7 @@ def wire_message(message: aio_pika.abc.AbstractIncomingMessage) -> WireMessage:
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:
-    """A dispatcher or recorder that ended other than by cancellation is a bug: say
+    """A recorder that ended other than by cancellation is a bug: say
     so loudly (deliveries in hand stay unacked and return when the worker stops)."""
     if not task.cancelled() and task.exception() is not None:
         log.critical("the worker's %s stopped", task.get_name(), exc_info=task.exception())
