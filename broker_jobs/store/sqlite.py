@@ -1,10 +1,12 @@
 """The embedded default store: one SQLite file shared by the worker processes of a host.
 
 Atomicity across processes comes from SQLite's own locking: every claim and state
-change is ``BEGIN IMMEDIATE`` (take the write lock first), read, decide, write,
-``COMMIT``. WAL mode lets ledger queries read while workers write; a busy timeout
-makes writers queue instead of failing. ``synchronous=FULL``: a recorded outcome
-survives a power cut, so a finished job is not run again after one.
+change is either one statement (atomic on its own: a claim of keys never seen is one
+``INSERT ... ON CONFLICT DO NOTHING RETURNING``) or ``BEGIN IMMEDIATE`` (take the
+write lock first), read, decide, write, ``COMMIT``. WAL mode lets ledger queries
+read while workers write; a busy timeout makes writers queue instead of failing.
+``synchronous=FULL``: a recorded outcome survives a power cut, so a finished job is
+not run again after one.
 
 The beat's records (the last fire of each schedule, the leader of each group) live in
 two small tables beside the ledger, each written with one statement: a fire is an
@@ -252,8 +254,8 @@ class SQLiteStore(ExclusiveStore):
         return claim
 
     def claim_many(self, claims: Sequence[tuple[Job, str]], lease: float) -> list[Claim]:
-        # Set-based: one SELECT for the batch and one executemany for its claims (each
-        # statement hands the GIL back and forth; per job that cost milliseconds).
+        # Few statements per batch: each hands the GIL back and forth (under load that
+        # cost the start of a job up to milliseconds per statement).
         return self._claim_all(claims, check_lease(lease), utc(None))
 
     def _claim_all(
@@ -262,11 +264,10 @@ class SQLiteStore(ExclusiveStore):
         # synchronous=NORMAL: a claim lost to a power cut only lets the (unacked,
         # redelivered) job be claimed again; the next FULL commit of an outcome makes
         # the WAL, claims included, durable.
-        conn = self._connection("NORMAL")
         results: list[Claim | None] = [None] * len(claims)
         if _RETURNING:  # the common case first: keys never seen, one INSERT in all
             with self._translate("change a record"):
-                fresh = _insert_fresh(conn, claims, lease, moment)
+                fresh = _insert_fresh(self._connection("NORMAL"), claims, lease, moment)
             for index, (job, _) in enumerate(claims):
                 record = fresh.pop(job.idempotency_key, None)  # a second copy: below
                 if record is not None:
@@ -333,8 +334,9 @@ class SQLiteStore(ExclusiveStore):
     #: Those whose commit may be synchronous=NORMAL (a loss to a power cut is harmless,
     #: see claim); a batch holding any other commits with FULL.
     _LAZY = frozenset({"record_leader"})
-    #: Served first, each on its own (one statement for jobs never seen): a job's
-    #: start waits neither for outcomes queued with it nor for their fsync.
+    #: Served first, all queued ``claim_many`` calls as one (one statement for the
+    #: keys never seen): a job's start waits neither for the outcomes queued with it
+    #: nor for their fsync.
     _CLAIMS = frozenset({"claim", "claim_many"})
 
     async def call(
@@ -356,11 +358,12 @@ class SQLiteStore(ExclusiveStore):
         **kwargs: Any,
     ) -> asyncio.Future[Any]:
         """Queue ``getattr(self, name)(*args, **kwargs)`` for the store's thread at
-        once; the future (of the running loop) gets its result. Claims and outcomes
-        waiting together commit in one transaction; each future is settled only
-        after that commit. ``after(result)``, if given, runs on the store's thread
-        once the result is committed, before the loop hears of it (the worker starts
-        claimed jobs from there: a hop through the loop costs milliseconds)."""
+        once; the future (of the running loop) gets its result. What waits together
+        is served together: the claims first, then the outcomes in one transaction
+        (docs/store.md); each future is settled only after its commit.
+        ``after(result)``, if given, runs on the store's thread once the result is
+        committed, before the loop hears of it (the worker starts claimed jobs from
+        there: a hop through the loop costs milliseconds)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if self._thread is None:
