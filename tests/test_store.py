@@ -527,27 +527,6 @@ def test_succeed_many_records_all_and_names_the_lost_leases(store: Store) -> Non
     assert store.succeed_many([]) == []
 
 
-def test_sqlite_claims_the_long_way_without_insert_returning(
-    tmp_path: Path,
-    make_store: Callable[[Callable[[], Store]], Store],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """SQLite before 3.35 has no RETURNING: every claim reads, decides and writes."""
-    from broker_jobs.store import sqlite as sqlite_module  # noqa: PLC0415
-
-    monkeypatch.setattr(sqlite_module, "_RETURNING", False)
-    store = make_store(lambda: SQLiteStore(tmp_path / "jobs.db"))
-    store.claim(job("done"), A, LEASE, now=at(0))
-    store.succeed("done", A, now=at(1))
-
-    claims = store.claim_many(
-        [(job("new"), "a#1"), (job("new"), "a#2"), (job("done"), "a#3")], LEASE
-    )
-
-    assert [claim.outcome for claim in claims] == [CLAIMED, BUSY, DONE]
-    assert store.get("new").worker == "a#1"  # type: ignore[union-attr]
-
-
 def test_sqlite_starts_what_follows_a_claim_on_the_store_thread(
     tmp_path: Path, make_store: Callable[[Callable[[], Store]], Store]
 ) -> None:

@@ -2,7 +2,7 @@
 
 Atomicity across processes comes from SQLite's own locking: every claim and state
 change is either one statement (atomic on its own: a claim of keys never seen is one
-``INSERT ... ON CONFLICT DO NOTHING RETURNING``) or ``BEGIN IMMEDIATE`` (take the
+``INSERT ... ON CONFLICT DO NOTHING``) or ``BEGIN IMMEDIATE`` (take the
 write lock first), read, decide, write, ``COMMIT``. WAL mode lets ledger queries
 read while workers write; a busy timeout makes writers queue instead of failing.
 ``synchronous=FULL``: a recorded outcome survives a power cut, so a finished job is
@@ -265,13 +265,12 @@ class SQLiteStore(ExclusiveStore):
         # redelivered) job be claimed again; the next FULL commit of an outcome makes
         # the WAL, claims included, durable.
         results: list[Claim | None] = [None] * len(claims)
-        if _RETURNING:  # the common case first: keys never seen, one INSERT in all
-            with self._translate("change a record"):
-                fresh = _insert_fresh(self._connection("NORMAL"), claims, lease, moment)
-            for index, (job, _) in enumerate(claims):
-                record = fresh.pop(job.idempotency_key, None)  # a second copy: below
-                if record is not None:
-                    results[index] = Claim(ClaimOutcome.CLAIMED, record)
+        with self._translate("change a record"):  # the common case: keys never seen
+            fresh = _insert_fresh(self._connection("NORMAL"), claims, lease, moment)
+        for index, (job, _) in enumerate(claims):
+            record = fresh.pop(job.idempotency_key, None)  # a second copy: below
+            if record is not None:
+                results[index] = Claim(ClaimOutcome.CLAIMED, record)
         rest = [index for index, found in enumerate(results) if found is None]
         if rest:  # redeliveries, retries, copies: read, decide, write, atomically
             with self._transaction("change a record", "NORMAL") as conn:
@@ -625,11 +624,9 @@ class _SQLiteRecords:
 
 
 _SELECT_MANY = f"SELECT {_COLUMNS} FROM broker_jobs_records WHERE idempotency_key IN"
-#: ``INSERT ... RETURNING`` needs SQLite 3.35 (2021); older ones take the long way.
-_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 _INSERT_FRESH = f"INSERT INTO broker_jobs_records ({_COLUMNS}) VALUES"
 _ROW_MARKS = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-_ON_CONFLICT_RETURNING = "ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key"
+_ON_CONFLICT = "ON CONFLICT (idempotency_key) DO NOTHING"
 _SUCCEED_MANY = (
     "UPDATE broker_jobs_records SET status = ?, updated_at = ?, lease_until = NULL, due_at = NULL"
     " WHERE status = 'running' AND (idempotency_key, worker) IN (VALUES"
@@ -757,22 +754,27 @@ def _claim_rows(
 def _insert_fresh(
     conn: sqlite3.Connection, claims: Sequence[tuple[Job, str]], lease: float, moment: datetime
 ) -> dict[str, JobRecord]:
-    """Claim the keys that have no record yet, each in one autocommitted INSERT per
-    chunk (atomic on its own); the new records by key. A key with a record (or a
-    second copy in the batch) is left out: the caller decides it the long way."""
+    """Claim keys that have no record yet with one autocommitted INSERT per chunk
+    (atomic on its own); the new records by key, for the chunks where every key was
+    new. The others (a key with a record, a second copy in the batch, a chunk with
+    one of those) are left to the caller's long way, which finds the keys inserted
+    here already ours. No RETURNING: each row fetched would hand the GIL back once
+    more."""
     fresh: dict[str, JobRecord] = {}
     for job, worker in claims:
         if job.idempotency_key not in fresh:
             fresh[job.idempotency_key] = claimed_record(None, job, worker, lease, moment)
     records = list(fresh.values())
-    inserted: set[str] = set()
+    claimed: dict[str, JobRecord] = {}
     for start in range(0, len(records), _ROWS_PER_INSERT):
         chunk = records[start : start + _ROWS_PER_INSERT]
         values = ", ".join([_ROW_MARKS] * len(chunk))
         params = [value for record in chunk for value in _row(record)]
-        cursor = conn.execute(f"{_INSERT_FRESH} {values} {_ON_CONFLICT_RETURNING}", params)
-        inserted.update(key for (key,) in cursor.fetchall())
-    return {key: record for key, record in fresh.items() if key in inserted}
+        if conn.execute(f"{_INSERT_FRESH} {values} {_ON_CONFLICT}", params).rowcount == len(
+            chunk
+        ):
+            claimed.update((record.idempotency_key, record) for record in chunk)
+    return claimed
 
 
 def _succeed_rows(
