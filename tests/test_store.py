@@ -527,6 +527,47 @@ def test_succeed_many_records_all_and_names_the_lost_leases(store: Store) -> Non
     assert store.succeed_many([]) == []
 
 
+def test_sqlite_claims_queued_together_are_decided_in_queue_order(
+    tmp_path: Path, make_store: Callable[[Callable[[], Store]], Store]
+) -> None:
+    """The store thread serves queued claims as one batch (and before the outcomes
+    queued with them); a copy queued later loses to the one queued first."""
+    import asyncio  # noqa: PLC0415
+
+    store = make_store(lambda: SQLiteStore(tmp_path / "jobs.db"))
+    assert isinstance(store, SQLiteStore)
+    store.claim(job("done"), A, LEASE)  # now: its lease is live
+
+    entered, gate = threading.Event(), threading.Event()
+
+    def hold(_: object) -> None:  # keeps the store thread busy while the rest queue
+        entered.set()
+        gate.wait(10)
+
+    async def together() -> list[Any]:
+        holding = store.submit("claim_many", [(job("gate"), "g#1")], LEASE, after=hold)
+        assert await asyncio.to_thread(entered.wait, 10)
+        queued = [
+            store.submit("succeed", "done", A),
+            store.submit("claim_many", [(job("k"), "a#1")], LEASE),
+            store.submit("claim_many", [(job("k"), "a#2"), (job("done"), "a#3")], LEASE),
+            store.submit("claim_many", [(job("k"), "a#4")], LEASE * 2),  # other lease
+        ]
+        gate.set()
+        await holding
+        return list(await asyncio.gather(*queued))
+
+    succeeded, first, second, third = asyncio.run(together())
+
+    assert succeeded is None
+    assert [c.outcome for c in first] == [CLAIMED]
+    # served before the success queued ahead of them: "done" was still running
+    assert [c.outcome for c in second] == [BUSY, BUSY]
+    assert [c.outcome for c in third] == [BUSY]
+    assert store.get("k").worker == "a#1"  # type: ignore[union-attr]
+    assert store.get("done").status is Status.SUCCEEDED  # type: ignore[union-attr]
+
+
 def test_sqlite_starts_what_follows_a_claim_on_the_store_thread(
     tmp_path: Path, make_store: Callable[[Callable[[], Store]], Store]
 ) -> None:
