@@ -64,11 +64,6 @@ class Executor:
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(self._pool, functools.partial(handler, payload))
 
-    def submit(self, call: Callable[[], Any]) -> asyncio.Future[Any]:
-        """Run ``call()`` on a handler thread (the worker's fast path: the caller
-        bounds what it submits; the pool's threads bound what runs at once)."""
-        return asyncio.get_running_loop().run_in_executor(self._pool, call)
-
     def post(self, call: Callable[[], object]) -> None:
         """Run ``call()`` on a handler thread; callable from any thread. The call
         reports its own outcome (the fast path starts claimed jobs from the store's

@@ -64,7 +64,6 @@ class _Item:
     #: The time-limit and lease-renewal timers of a running job.
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     renewing: asyncio.Task[None] | None = None
-    started: bool = False
     settled: bool = False
 
 
@@ -266,7 +265,6 @@ class Pipeline:
         if self._runner.stopping:
             self._report(item, _SKIPPED)
             return
-        item.started = True
         limit = item.spec.time_limit
         if limit is not None:
             self._call_soon(self._arm_time_limit, item, limit)
