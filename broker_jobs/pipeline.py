@@ -1,6 +1,6 @@
 """The worker's fast path: the common delivery, processed in batches (docs/worker.md).
 
-Most deliveries are a job due now, for a plain sync handler, free to claim, that
+Most deliveries are a job due now, for a plain (sync or async) handler, free to claim, that
 succeeds. Processed one task per delivery, each cost ~1.4 ms of CPU, mostly in hand-offs
 between the event loop and the store and handler threads (measured with
 bench/throughput.py). Here they flow in batches:
@@ -8,7 +8,8 @@ bench/throughput.py). Here they flow in batches:
     deliveries -> decode + validate (on the loop, as each arrives)
       -> a loop iteration's arrivals claimed in ONE store call, queued at once
       -> the store's thread hands the claimed jobs to the handler pool right after
-         its commit (fewer hand-offs between threads: each costs the GIL)
+         its commit (fewer hand-offs between threads: each costs the GIL); jobs of
+         async handlers start on the loop when the claim's result is back
       -> handlers run under their time limit and lease; the loop hears of their
          outcomes with one wake-up per batch
       -> the successes recorded: ONE store call per batch
@@ -18,7 +19,7 @@ The protocol is the runner's: every ack follows its recorded outcome; a claimed 
 waiting for a handler thread has its lease renewed like a running one, and on
 shutdown gives its claim back if it has not started. Whatever is not the common
 case leaves the fast path for the runner's per-delivery protocol, unchanged: a
-delivery that does not decode, a job to hold until due, an async or transactional
+delivery that does not decode, a job to hold until due, a transactional
 handler, the last delivery a quorum queue allows (crash-loop check), a job busy
 elsewhere, and a failure to retry or dead-letter.
 """
@@ -60,6 +61,8 @@ class _Item:
     job: Job
     spec: TaskSpec
     payload: BaseModel
+    #: An async handler runs on the loop (started there), a sync one on the pool.
+    is_async: bool = False
     holder: str = ""
     #: The time-limit and lease-renewal timers of a running job.
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
@@ -79,6 +82,8 @@ class Pipeline:
         self._arrived: list[_Item] = []
         #: Acks of duplicates and give-backs after a failed claim.
         self._side_tasks: set[asyncio.Task[None]] = set()
+        #: Claimed jobs of async handlers, running (or waiting for a slot) on the loop.
+        self._async_jobs: set[asyncio.Task[None]] = set()
         #: What handler threads report (an error, None for success, or _SKIPPED),
         #: taken on the loop: one wake-up for all reports made meanwhile.
         self._reports: deque[tuple[_Item, object]] = deque()
@@ -107,7 +112,7 @@ class Pipeline:
             task.add_done_callback(_report_crash)
 
     async def stop(self) -> None:
-        tasks = [*self._tasks, *self._side_tasks]
+        tasks = [*self._tasks, *self._side_tasks, *self._async_jobs]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -180,14 +185,13 @@ class Pipeline:
         handler = spec.handler
         if (
             handler is None
-            or inspect.iscoroutinefunction(handler)
             or spec.transactional
             or seconds_until_due(job, utc_now()) > 0
             or _last_allowed_delivery(message, spec)
         ):
             runner.spawn(message, task, runner.process_decoded(message, job, spec, payload))
             return None
-        return _Item(message, task, job, spec, payload)
+        return _Item(message, task, job, spec, payload, inspect.iscoroutinefunction(handler))
 
     def _claim_arrived(self) -> None:
         """Claim this iteration's arrivals in one store call, queued at once. The
@@ -229,6 +233,8 @@ class Pipeline:
                     item.timers.append(
                         loop.call_later(runner.settings.lease / 3, self._renew, item)
                     )
+                    if item.is_async:
+                        self._spawn(self._run_async(item), self._async_jobs)
                 continue
             if claim.outcome is ClaimOutcome.BUSY:  # held and re-checked by the runner
                 outcome = runner.run_when_free(item.message, item.job, item.spec, item.payload)
@@ -243,17 +249,20 @@ class Pipeline:
         finally:
             self._release(item)  # only now: a stopping worker waits for the ack
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def _spawn(
+        self, work: Coroutine[Any, Any, None], tasks: set[asyncio.Task[None]] | None = None
+    ) -> None:
+        into = self._side_tasks if tasks is None else tasks
         task = asyncio.create_task(work)
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
+        into.add(task)
+        task.add_done_callback(into.discard)
 
     def _start(self, items: list[_Item], claims: list[Claim]) -> None:
         """On the store's thread, right after the claims committed: each claimed job
         goes to the handler threads (they bound what runs at once)."""
         post = self._runner.executor.post
         for item, claim in zip(items, claims, strict=True):
-            if claim.outcome is ClaimOutcome.CLAIMED:
+            if claim.outcome is ClaimOutcome.CLAIMED and not item.is_async:
                 try:
                     post(functools.partial(self._run, item))
                 except RuntimeError:  # the pool is shut down: the worker is exiting
@@ -276,6 +285,32 @@ class Pipeline:
             self._report(item, error)
         else:
             self._report(item, None)
+
+    async def _run_async(self, item: _Item) -> None:
+        """On the loop: an async handler, at most ``concurrency`` of them at once (the
+        slots the per-delivery path uses too), cancelled at its time limit."""
+        runner = self._runner
+        handler = item.spec.handler
+        assert handler is not None  # checked by _fast
+        async with runner.executor.slots:
+            if runner.stopping or item.settled:
+                if not item.settled:
+                    self._give_claim_back(item)
+                return
+            error: BaseException | None = None
+            limit = item.spec.time_limit
+            try:
+                async with asyncio.timeout(limit) as scope:
+                    await handler(item.payload)
+            except TimeoutError as raised:  # the limit's, or the handler's own
+                error = raised
+                if scope.expired():
+                    error = TimeLimitExceeded(f"ran longer than {limit:g} s")
+            except asyncio.CancelledError:  # the worker is going: left unsettled
+                raise
+            except BaseException as raised:  # reported; the loop decides (retry, dead letter)
+                error = raised
+            self._settle(item, error)
 
     def _report(self, item: _Item, outcome: object) -> None:
         """From any thread: the job's outcome, for the loop."""

@@ -646,3 +646,107 @@ def test_a_sync_handler_over_its_time_limit_fails_and_is_retried(
     assert record.attempts == 2
     assert record.last_error is not None
     assert "TimeLimitExceeded" in record.last_error
+
+
+def test_async_handlers_run_on_the_event_loop_at_most_concurrency_at_once(
+    broker: Broker, make_app: Callable[[], App], effects: Effects
+) -> None:
+    app = make_app()
+    quick = RetryPolicy(max_attempts=2, base_delay=0.2, max_delay=0.2, jitter=False)
+    threads: set[str] = set()
+    running = [0, 0]  # now, most at once
+
+    @app.task("counter.add_async", retry=quick)
+    async def add(payload: Add) -> None:
+        threads.add(threading.current_thread().name)
+        running[0] += 1
+        running[1] = max(running)
+        try:
+            await asyncio.sleep(0.05)
+        finally:
+            running[0] -= 1
+        if effects.record(payload.key) <= payload.fail_times:
+            raise ConnectionError("flaky")
+
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish_many(
+            [JobRequest("counter.add_async", {"key": f"k{n}"}) for n in range(19)]
+            + [JobRequest("counter.add_async", {"key": "flaky", "fail_times": 1})]
+        )
+    outcomes = run_worker(broker, app, MemoryStore())  # concurrency 4
+
+    assert outcomes == Counter({"succeeded": 20, "retried": 1})
+    assert effects.runs == Counter({**{f"k{n}": 1 for n in range(19)}, "flaky": 2})
+    assert threads == {threading.main_thread().name}  # asyncio.run's loop, no pool thread
+    assert 2 <= running[1] <= 4
+
+
+def test_an_async_handler_over_its_time_limit_is_cancelled_and_retried(
+    broker: Broker, make_app: Callable[[], App]
+) -> None:
+    app = make_app()
+    cancelled: list[str] = []
+    runs: list[float] = []
+    policy = RetryPolicy(max_attempts=2, base_delay=0.2, max_delay=0.2, jitter=False)
+
+    @app.task("slow.async", time_limit=0.5, retry=policy)
+    async def slow(payload: Add) -> None:
+        runs.append(time.monotonic())
+        if len(runs) == 1:
+            try:
+                await asyncio.sleep(5)  # over the limit the first time only
+            except asyncio.CancelledError:
+                cancelled.append(payload.key)
+                raise
+
+    with Publisher(broker.url, app) as publisher:
+        job = publisher.publish("slow.async", {"key": "k"})
+    store = MemoryStore()
+    outcomes = run_worker(broker, app, store)
+
+    assert outcomes == Counter({"retried": 1, "succeeded": 1})
+    assert cancelled == ["k"]  # an async handler is cancelled at its limit, not left running
+    record = store.get(job.idempotency_key)
+    assert record is not None
+    assert (record.status, record.attempts) == (Status.SUCCEEDED, 2)
+    assert "TimeLimitExceeded" in (record.last_error or "")
+
+
+def test_a_stopped_worker_finishes_running_async_jobs_and_leaves_the_rest_queued(
+    broker: Broker, make_app: Callable[[], App], connection: pika.BlockingConnection
+) -> None:
+    """Async handlers: the two running (concurrency 2) finish; the four claimed and
+    waiting for a slot give their claims back and return to the queue."""
+    app = make_app()
+    started: list[str] = []
+    two_running, release = asyncio.Event(), asyncio.Event()
+
+    @app.task("slow.async")
+    async def slow(payload: Add) -> None:
+        started.append(payload.key)
+        if len(started) == 2:
+            two_running.set()
+        await asyncio.wait_for(release.wait(), 30)
+
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish_many([JobRequest("slow.async", {"key": f"k{n}"}) for n in range(6)])
+    store = MemoryStore()
+    worker = Worker(broker.url, app, store, WorkerSettings(concurrency=2, grace=30))
+
+    async def scenario() -> Counter[str]:
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(two_running.wait(), 30)
+        worker.stop()  # as on SIGTERM: no new starts; the two running jobs finish
+        release.set()
+        return await running
+
+    outcomes = asyncio.run(scenario())
+    assert len(started) == 2
+    assert (outcomes["succeeded"], outcomes["left"]) == (2, 4)
+    assert store.counts().get(Status.SUCCEEDED) == 2
+    assert store.counts().get(Status.RUNNING) == 4  # given back: holder-less, claimable
+    remaining = drain_at_least(connection, app.names.task_queue("slow.async"), 4)
+    assert sorted(job.payload["key"] for job in remaining) == sorted(
+        f"k{n}" for n in range(6) if f"k{n}" not in started
+    )
+    assert all(record.worker is None for record in store.find(status=Status.RUNNING))
