@@ -48,9 +48,12 @@ class Executor:
         caller holds one of :attr:`slots`."""
         renewer = asyncio.create_task(_renew_forever(renew_lease, renew_every))
         try:
-            return await asyncio.wait_for(self.start(handler, payload), time_limit)
+            async with asyncio.timeout(time_limit) as limit:
+                return await self.start(handler, payload)
         except TimeoutError:
-            raise TimeLimitExceeded(f"ran longer than {time_limit:g} s") from None
+            if limit.expired():  # else the handler's own TimeoutError: its failure
+                raise TimeLimitExceeded(f"ran longer than {time_limit:g} s") from None
+            raise
         finally:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -750,3 +750,53 @@ def test_a_stopped_worker_finishes_running_async_jobs_and_leaves_the_rest_queued
         f"k{n}" for n in range(6) if f"k{n}" not in started
     )
     assert all(record.worker is None for record in store.find(status=Status.RUNNING))
+
+
+def test_a_handlers_own_timeout_error_is_its_failure_not_the_time_limit(
+    broker: Broker, make_app: Callable[[], App], connection: pika.BlockingConnection
+) -> None:
+    """A handler may raise TimeoutError itself (an upstream call timed out): with a
+    time limit set, it is still the handler's failure, on the fast path (due now) and
+    on the per-delivery path (a job held until due), sync and async."""
+    app = make_app()
+    once = RetryPolicy(max_attempts=1)
+
+    @app.task("upstream.sync", time_limit=30, retry=once)
+    def call_sync(payload: Add) -> None:
+        raise TimeoutError(f"upstream {payload.key}")
+
+    @app.task("upstream.async", time_limit=30, retry=once)
+    async def call_async(payload: Add) -> None:
+        raise TimeoutError(f"upstream {payload.key}")
+
+    declare(connection, app.topology())
+    channel = connection.channel()
+    channel.confirm_delivery()
+    keys = []
+    for task in ("upstream.sync", "upstream.async"):
+        for key, early in (("now", 0.0), ("held", 0.8)):  # held: due within the hold
+            due = datetime.now(UTC) + timedelta(seconds=early)
+            keys.append(f"{task}-{key}")
+            channel.basic_publish(
+                app.names.work_exchange,
+                task,
+                b'{"key": "%s"}' % key.encode(),
+                pika.BasicProperties(
+                    content_type="application/json",
+                    delivery_mode=2,
+                    message_id=keys[-1],
+                    type=task,
+                    headers={"bj-due-at": due.isoformat(), "bj-attempt": 1},
+                ),
+                mandatory=True,
+            )
+    store = MemoryStore()
+    outcomes = run_worker(broker, app, store)
+
+    assert outcomes == Counter({"dead:exhausted": 4})
+    for key in keys:
+        record = store.get(key)
+        assert record is not None
+        assert record.status is Status.DEAD
+        assert "TimeoutError: upstream" in (record.last_error or ""), record.last_error
+        assert "TimeLimitExceeded" not in (record.last_error or "")
