@@ -293,9 +293,8 @@ class Pipeline:
         handler = item.spec.handler
         assert handler is not None  # checked by _fast
         async with runner.executor.slots:
-            if runner.stopping or item.settled:
-                if not item.settled:
-                    self._give_claim_back(item)
+            if runner.stopping:  # not started: the claim goes back, the delivery too
+                self._give_claim_back(item)
                 return
             error: BaseException | None = None
             limit = item.spec.time_limit
