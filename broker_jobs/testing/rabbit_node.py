@@ -26,6 +26,17 @@ SBIN_ENV = "BROKER_JOBS_RABBITMQ_SBIN"
 _LIB_GLOB = "usr/lib/rabbitmq/lib/rabbitmq_server-*/sbin"
 
 
+#: A dead-letter hop that the target queue did not confirm (say it was still starting
+#: after a restart) is retried after this long: 180 s by default, which left a delayed
+#: job minutes late after a restart. The key is ``..._timeout`` on 3.x and
+#: ``..._timeout_ms`` on 4.x; a node ignores the one it does not know (docs/operations.md).
+_ADVANCED_CONFIG = """[{rabbit, [
+  {dead_letter_worker_publisher_confirm_timeout, 5000},
+  {dead_letter_worker_publisher_confirm_timeout_ms, 5000}
+]}].
+"""
+
+
 class RabbitNodeError(Exception):
     """The throwaway node could not be found, started, stopped or queried."""
 
@@ -179,7 +190,7 @@ class RabbitNode:
             cookie.chmod(0o400)
         conf = f"loopback_users = none\nlisteners.tcp.1 = 127.0.0.1:{self.amqp_port}\n"
         (self.base_dir / "rabbitmq.conf").write_text(conf)
-        (self.base_dir / "advanced.config").write_text("[].\n")
+        (self.base_dir / "advanced.config").write_text(_ADVANCED_CONFIG)
         (self.base_dir / "enabled_plugins").write_text("[].\n")
         (self.base_dir / "rabbitmq-env.conf").write_text("")
 
