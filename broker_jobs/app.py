@@ -6,6 +6,7 @@ dicts by task name); a worker imports the module that defines it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,11 @@ class TaskSpec:
     #: The handler takes the store's database connection as second argument and
     #: its writes commit in the same transaction as the job's success record.
     transactional: bool = False
+
+    @functools.cached_property
+    def is_async(self) -> bool:
+        """Whether the handler is a coroutine function (run on the event loop)."""
+        return self.handler is not None and inspect.iscoroutinefunction(self.handler)
 
     def validate(self, payload: BaseModel | Mapping[str, Any]) -> BaseModel:
         """The payload as an instance of the task's model, or ``PayloadValidationError``."""

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -61,8 +60,6 @@ class _Item:
     job: Job
     spec: TaskSpec
     payload: BaseModel
-    #: An async handler runs on the loop (started there), a sync one on the pool.
-    is_async: bool = False
     holder: str = ""
     #: The time-limit and lease-renewal timers of a running job.
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
@@ -191,7 +188,7 @@ class Pipeline:
         ):
             runner.spawn(message, task, runner.process_decoded(message, job, spec, payload))
             return None
-        return _Item(message, task, job, spec, payload, inspect.iscoroutinefunction(handler))
+        return _Item(message, task, job, spec, payload)
 
     def _claim_arrived(self) -> None:
         """Claim this iteration's arrivals in one store call, queued at once. The
@@ -233,7 +230,7 @@ class Pipeline:
                     item.timers.append(
                         loop.call_later(runner.settings.lease / 3, self._renew, item)
                     )
-                    if item.is_async:
+                    if item.spec.is_async:
                         self._spawn(self._run_async(item), self._async_jobs)
                 continue
             if claim.outcome is ClaimOutcome.BUSY:  # held and re-checked by the runner
@@ -262,7 +259,7 @@ class Pipeline:
         goes to the handler threads (they bound what runs at once)."""
         post = self._runner.executor.post
         for item, claim in zip(items, claims, strict=True):
-            if claim.outcome is ClaimOutcome.CLAIMED and not item.is_async:
+            if claim.outcome is ClaimOutcome.CLAIMED and not item.spec.is_async:
                 try:
                     post(functools.partial(self._run, item))
                 except RuntimeError:  # the pool is shut down: the worker is exiting

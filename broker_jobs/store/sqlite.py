@@ -380,7 +380,9 @@ class SQLiteStore(ExclusiveStore):
             claims = [c for c in calls if c.name in self._CLAIMS]
             lazy = [c for c in calls if c.name in self._LAZY]
             durable = [c for c in calls if c.name in self._BATCHABLE and c.name not in self._LAZY]
-            others = [c for c in calls if c.name not in self._BATCHABLE | self._CLAIMS]
+            others = [
+                c for c in calls if c.name not in self._BATCHABLE and c.name not in self._CLAIMS
+            ]
             many = [c for c in claims if c.name == "claim_many" and not c.kwargs]
             together = [c for c in many if c.args[1] == many[0].args[1]]  # same lease
             if together:
@@ -678,7 +680,7 @@ def _row(record: JobRecord) -> tuple[Any, ...]:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: args may hold large jobs
 class _Call:
     """A call waiting for the store's thread (see :meth:`SQLiteStore.call`)."""
 
