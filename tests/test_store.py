@@ -637,6 +637,10 @@ def test_find_counts_and_get_by_job_id(store: Store) -> None:
 
     assert [r.idempotency_key for r in store.get_by_job_id("id-k2")] == ["k2"]
     assert store.get_by_job_id("nope") == []
+    store.claim(Job(id="plain", task="image.resize"), A, LEASE, now=at(20))  # key = id
+    assert [r.idempotency_key for r in store.get_by_job_id("plain")] == ["plain"]
+    store.claim(Job(id="plain", task="image.resize", idempotency_key="k9"), A, LEASE, now=at(21))
+    assert [r.idempotency_key for r in store.get_by_job_id("plain")] == ["k9", "plain"]
 
 
 def test_find_orders_ties_by_key(store: Store) -> None:
@@ -937,11 +941,37 @@ def test_the_tables_are_indexed_for_the_ledger(kit: Kit) -> None:
     else:
         rows = kit.sql("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")
     names = {row[0] for row in rows}
-    assert {
-        "broker_jobs_records_status",
-        "broker_jobs_records_task",
-        "broker_jobs_records_job_id",
-    } <= names
+    # SQLite indexes the job ids of the records whose key is not their id (the others
+    # are found by key): a claim of a job keyed by its id writes no entry there.
+    job_id = (
+        "broker_jobs_records_other_job_id" if kit.kind == "sqlite" else "broker_jobs_records_job_id"
+    )
+    assert {"broker_jobs_records_status", "broker_jobs_records_task", job_id} <= names
+
+
+def test_sqlite_swaps_a_version_1_job_id_index_for_the_partial_one(tmp_path: Path) -> None:
+    path = tmp_path / "v1.sqlite3"
+    with SQLiteStore(path) as store:
+        store.claim(Job(id="plain", task="image.resize"), A, LEASE, now=at(0))
+        store.claim(job("k1"), A, LEASE, now=at(1))
+    with sqlite3.connect(path) as conn:  # the index as version 1 created it
+        conn.execute("DROP INDEX broker_jobs_records_other_job_id")
+        conn.execute("CREATE INDEX broker_jobs_records_job_id ON broker_jobs_records (job_id)")
+    conn.close()
+
+    with SQLiteStore(path) as reopened:
+        assert [r.idempotency_key for r in reopened.get_by_job_id("plain")] == ["plain"]
+        assert [r.idempotency_key for r in reopened.get_by_job_id("id-k1")] == ["k1"]
+    with sqlite3.connect(path) as conn:
+        indexes = {
+            row[0]: row[1]
+            for row in conn.execute(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND name LIKE '%job_id'"
+            )
+        }
+    conn.close()
+    assert list(indexes) == ["broker_jobs_records_other_job_id"]
+    assert "WHERE job_id <> idempotency_key" in indexes["broker_jobs_records_other_job_id"]
 
 
 # --- concurrency ------------------------------------------------------------------------------

@@ -82,7 +82,18 @@ _CREATE = (
     ) WITHOUT ROWID""",
     "CREATE INDEX broker_jobs_records_status ON broker_jobs_records (status, updated_at)",
     "CREATE INDEX broker_jobs_records_task ON broker_jobs_records (task, updated_at)",
-    "CREATE INDEX broker_jobs_records_job_id ON broker_jobs_records (job_id)",
+)
+
+#: The job-id index holds only the records whose key is not their job id (a chosen
+#: key, a beat fire's): most keys are the id, and those records are found by the
+#: primary key. Each index entry a claim writes is paid on a job's way to its start
+#: (a claim of 5 new jobs: ~270 us with an entry per record, ~210 us with none).
+#: Version 1 files had an entry for every record: swapped when the store opens
+#: them (older code still reads the file, scanning for job ids).
+_CREATE_JOB_ID_INDEX = (
+    "CREATE INDEX IF NOT EXISTS broker_jobs_records_other_job_id"
+    " ON broker_jobs_records (job_id) WHERE job_id <> idempotency_key",
+    "DROP INDEX IF EXISTS broker_jobs_records_job_id",
 )
 
 #: The beat's tables, added after version 1 without changing the layout of the others
@@ -196,9 +207,7 @@ class SQLiteStore(ExclusiveStore):
         return StoreError(f"{where}: cannot {action}: {type(error).__name__}: {text}")
 
     @contextmanager
-    def _transaction(
-        self, action: str, synchronous: str = "FULL"
-    ) -> Iterator[sqlite3.Connection]:
+    def _transaction(self, action: str, synchronous: str = "FULL") -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE``: the write lock is taken before reading, so the read,
         the decision and the write are atomic for every process sharing the file."""
         conn = self._connection(synchronous)
@@ -244,7 +253,7 @@ class SQLiteStore(ExclusiveStore):
                     f" (schema version {version}; this one knows up to {SCHEMA_VERSION})."
                     " Upgrade broker-jobs on this host, or use another file"
                 )
-            for statement in _CREATE_BEAT:
+            for statement in (*_CREATE_BEAT, *_CREATE_JOB_ID_INDEX):
                 conn.execute(statement)
 
     # --- the hot path: claim and finish without the generic sections -------------------
@@ -495,7 +504,12 @@ class SQLiteStore(ExclusiveStore):
         return found[0] if found else None
 
     def get_by_job_id(self, job_id: str) -> list[JobRecord]:
-        return self._select("WHERE job_id = ?", (job_id,), _NEWEST_FIRST)
+        # Two lookups, each by an index: the record keyed by the job id itself, and
+        # the others (the job-id index holds only those).
+        conn = self._connection()
+        with self._translate("read records"):
+            rows = conn.execute(_BY_JOB_ID, (job_id, job_id, job_id)).fetchall()
+        return [_record(row) for row in rows]
 
     def find(
         self,
@@ -607,6 +621,11 @@ class SQLiteStore(ExclusiveStore):
 
 
 _NEWEST_FIRST = "ORDER BY updated_at DESC, idempotency_key"
+_BY_JOB_ID = (
+    f"SELECT {_COLUMNS} FROM broker_jobs_records WHERE idempotency_key = ? AND job_id = ?"
+    f" UNION ALL SELECT {_COLUMNS} FROM broker_jobs_records"
+    f" WHERE job_id = ? AND job_id <> idempotency_key {_NEWEST_FIRST}"
+)
 
 
 class _SQLiteRecords:
@@ -772,9 +791,7 @@ def _insert_fresh(
         chunk = records[start : start + _ROWS_PER_INSERT]
         values = ", ".join([_ROW_MARKS] * len(chunk))
         params = [value for record in chunk for value in _row(record)]
-        if conn.execute(f"{_INSERT_FRESH} {values} {_ON_CONFLICT}", params).rowcount == len(
-            chunk
-        ):
+        if conn.execute(f"{_INSERT_FRESH} {values} {_ON_CONFLICT}", params).rowcount == len(chunk):
             claimed.update((record.idempotency_key, record) for record in chunk)
     return claimed
 
