@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import aio_pika
 import aio_pika.abc
+from aiormq.abc import DeliveredMessage
 from pydantic import BaseModel
 
 from broker_jobs.app import App, TaskSpec
@@ -141,9 +142,9 @@ class Runner:
     def start(self) -> None:
         self._pipeline.start()
 
-    def deliver(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> None:
+    def deliver(self, delivered: DeliveredMessage, task: str) -> None:
         """Take a delivery from ``task``'s queue (the consumer's callback)."""
-        self._pipeline.deliver(message, task)
+        self._pipeline.deliver(delivered, task)
 
     async def finish(self, grace: float) -> None:
         """After ``stopping`` was set: let running jobs settle within ``grace`` seconds;

@@ -184,7 +184,7 @@ class Worker:
             queue = await channel.get_queue(name, ensure=False)
 
             async def on_delivery(delivered: DeliveredMessage, task: str = task) -> None:
-                runner.deliver(aio_pika.IncomingMessage(delivered, no_ack=False), task)
+                runner.deliver(delivered, task)
 
             try:
                 ok = await underlay.basic_consume(name, on_delivery)

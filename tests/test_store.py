@@ -527,6 +527,53 @@ def test_succeed_many_records_all_and_names_the_lost_leases(store: Store) -> Non
     assert store.succeed_many([]) == []
 
 
+def test_try_claim_many_claims_new_keys_at_once_or_leaves_it_to_claim_many(
+    kit: Kit,
+) -> None:
+    store = kit.store
+    claims = store.try_claim_many([(job("k1"), "a#1"), (job("k2"), "a#2")], LEASE)
+    if kit.kind == "postgres":  # a network round trip: never at once on the worker's loop
+        assert claims is None
+        return
+    assert claims is not None
+    assert [(c.outcome, c.record.worker) for c in claims] == [(CLAIMED, "a#1"), (CLAIMED, "a#2")]
+    assert [store.get(k) for k in ("k1", "k2")] == [c.record for c in claims]
+
+    if kit.kind == "memory":  # a dict: everything is decided at once
+        assert store.try_claim_many([(job("k1"), "a#3")], LEASE) is not None
+        return
+    # SQLite: a key seen before, or two copies of one key, is claim_many's to decide.
+    assert store.try_claim_many([(job("k3"), "a#3"), (job("k1"), "a#4")], LEASE) is None
+    assert store.try_claim_many([(job("k5"), "a#5"), (job("k5"), "a#6")], LEASE) is None
+    decided = store.claim_many([(job("k3"), "a#3"), (job("k1"), "a#4")], LEASE)
+    # k3 was inserted by the try under a#3: claim_many finds it ours
+    assert [c.outcome for c in decided] == [CLAIMED, BUSY]
+    assert store.get("k3").worker == "a#3"  # type: ignore[union-attr]
+    assert store.get("k5") is None
+
+
+def test_sqlite_try_claim_many_never_waits_for_another_writer(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    with SQLiteStore(path, busy_timeout=60) as store:
+        store.claim(job("warm"), A, LEASE)  # tables made, connections open
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process's write transaction
+        try:
+            answers: list[Any] = []
+            trying = threading.Thread(
+                target=lambda: answers.append(store.try_claim_many([(job("k1"), A)], LEASE))
+            )
+            trying.start()
+            trying.join(timeout=20)  # it would wait 60 s in SQLite's busy handler
+            assert not trying.is_alive(), "try_claim_many waited for the other writer"
+            assert answers == [None]
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        (claim,) = store.claim_many([(job("k1"), A)], LEASE)  # the long way, once free
+        assert claim.outcome is CLAIMED
+
+
 def test_sqlite_claims_queued_together_are_decided_in_queue_order(
     tmp_path: Path, make_store: Callable[[Callable[[], Store]], Store]
 ) -> None:

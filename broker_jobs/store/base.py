@@ -154,6 +154,15 @@ class Store(ABC):
         check_lease(lease)  # before any write: a batch fails whole or not at all
         return [self.claim(job, worker, lease) for job, worker in claims]
 
+    def try_claim_many(self, claims: Sequence[tuple[Job, str]], lease: float) -> list[Claim] | None:
+        """:meth:`claim_many` done at once, on the caller's thread, if that needs no
+        waiting (for a lock held elsewhere, a disk flush, the network); else None,
+        and the caller calls :meth:`claim_many` with the same claims where waiting is
+        harmless (some may be claimed already under their holders: it finds them
+        ours). The worker tries it on its event loop: jobs claimed there start without
+        a hop through the store's thread. This default never claims at once."""
+        return None
+
     def succeed_many(self, finished: Sequence[tuple[str, str]]) -> list[str]:
         """:meth:`succeed` for several ``(key, worker)`` pairs, as one call; return the
         keys whose lease was lost (not raised: the others are recorded all the same)."""

@@ -4,12 +4,14 @@ processes cannot see it."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 
+from broker_jobs.envelope import Job
 from broker_jobs.store.base import (
     TERMINAL,
+    Claim,
     ExclusiveStore,
     JobRecord,
     LeaderRecord,
@@ -70,6 +72,10 @@ class MemoryStore(ExclusiveStore):
     def _snapshot(self) -> list[JobRecord]:
         with self._exclusive():
             return list(self._records.values())
+
+    def try_claim_many(self, claims: Sequence[tuple[Job, str]], lease: float) -> list[Claim] | None:
+        # A dict under a lock held only for dict operations: never a wait worth a hop.
+        return self.claim_many(claims, lease)
 
     def get(self, key: str) -> JobRecord | None:
         with self._exclusive() as records:

@@ -133,6 +133,9 @@ class SQLiteStore(ExclusiveStore):
         self._busy_timeout = busy_timeout
         self._local = threading.local()
         self._lock = threading.Lock()  # guards _connections and _closed
+        #: Held by the store's thread while it serves, and tried by
+        #: :meth:`try_claim_many`: that claim never waits for this process's writes.
+        self._serving = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
         self._closed = False
         self._queue: _queue.SimpleQueue[Any] = _queue.SimpleQueue()
@@ -148,8 +151,13 @@ class SQLiteStore(ExclusiveStore):
 
     # --- connections and transactions ---------------------------------------------
 
-    def _connection(self, synchronous: str = "FULL") -> sqlite3.Connection:
-        attr = "conn" if synchronous == "FULL" else "conn_" + synchronous
+    def _connection(self, synchronous: str = "FULL", *, wait: bool = True) -> sqlite3.Connection:
+        """This thread's connection. ``wait=False``: one that never waits: SQLITE_BUSY
+        at once when another connection writes, and no checkpoint after its commits
+        (a checkpoint flushes the file: milliseconds); the others checkpoint."""
+        attr = ("conn" if synchronous == "FULL" else "conn_" + synchronous) + (
+            "" if wait else "_at_once"
+        )
         conn: sqlite3.Connection | None = getattr(self._local, attr, None)
         if conn is not None and not self._closed:
             return conn
@@ -161,12 +169,14 @@ class SQLiteStore(ExclusiveStore):
             with self._translate("open"):
                 conn = sqlite3.connect(
                     self.path,
-                    timeout=self._busy_timeout,
+                    timeout=self._busy_timeout if wait else 0,
                     isolation_level=None,  # autocommit; transactions are explicit
                     check_same_thread=False,  # only its thread uses it; close() may be elsewhere
                 )
                 try:
                     conn.execute(f"PRAGMA synchronous = {synchronous}")
+                    if not wait:
+                        conn.execute("PRAGMA wal_autocheckpoint = 0")
                 except BaseException:
                     conn.close()
                     raise
@@ -266,6 +276,28 @@ class SQLiteStore(ExclusiveStore):
         # Few statements per batch: each hands the GIL back and forth (under load that
         # cost the start of a job up to milliseconds per statement).
         return self._claim_all(claims, check_lease(lease), utc(None))
+
+    def try_claim_many(self, claims: Sequence[tuple[Job, str]], lease: float) -> list[Claim] | None:
+        # The common case only (a few jobs, every key new), with one INSERT that waits
+        # for nothing: not for this process's store thread (it holds _serving while it
+        # serves), not for another process (busy timeout 0), not for a checkpoint.
+        lease = check_lease(lease)
+        if len(claims) > _AT_ONCE_ROWS:
+            return None
+        if len({job.idempotency_key for job, _ in claims}) != len(claims):
+            return None  # two copies of a job: the long way decides the second one
+        if not self._serving.acquire(blocking=False):
+            return None
+        try:
+            conn = self._connection("NORMAL", wait=False)
+            fresh = _insert_fresh(conn, claims, lease, utc(None))
+        except (sqlite3.Error, StoreError):  # busy, or worse: claim_many meets it again
+            return None
+        finally:
+            self._serving.release()
+        if len(fresh) != len(claims):  # a key seen before; the new ones are inserted
+            return None  # all the same, under their holders: claim_many finds them ours
+        return [Claim(ClaimOutcome.CLAIMED, fresh[job.idempotency_key]) for job, _ in claims]
 
     def _claim_all(
         self, claims: Sequence[tuple[Job, str]], lease: float, moment: datetime
@@ -386,26 +418,35 @@ class SQLiteStore(ExclusiveStore):
 
     def _serve(self) -> None:
         while (calls := self._take_calls()) is not None:
-            claims = [c for c in calls if c.name in self._CLAIMS]
-            lazy = [c for c in calls if c.name in self._LAZY]
-            durable = [c for c in calls if c.name in self._BATCHABLE and c.name not in self._LAZY]
-            others = [
-                c for c in calls if c.name not in self._BATCHABLE and c.name not in self._CLAIMS
-            ]
-            many = [c for c in claims if c.name == "claim_many" and not c.kwargs]
-            together = [c for c in many if c.args[1] == many[0].args[1]]  # same lease
-            if together:
-                self._answer(self._claim_together(together))
-            for call in claims:
-                if call not in together:
-                    self._answer([self._run_alone(call)])
-            for batch in (lazy, durable):
-                if len(batch) == 1:  # its own statement(s), without BEGIN and COMMIT
-                    self._answer([self._run_alone(batch[0])])
-                elif batch:
-                    self._answer(self._run_batch(batch))
-            for call in others:
-                self._answer([self._run_alone(call)])
+            self._serve_calls(calls)
+
+    def _serve_calls(self, calls: list[_Call]) -> None:
+        """Claims first (those that can, as one), then the outcomes in one transaction."""
+        claims = [c for c in calls if c.name in self._CLAIMS]
+        lazy = [c for c in calls if c.name in self._LAZY]
+        durable = [c for c in calls if c.name in self._BATCHABLE and c.name not in self._LAZY]
+        others = [c for c in calls if c.name not in self._BATCHABLE and c.name not in self._CLAIMS]
+        many = [c for c in claims if c.name == "claim_many" and not c.kwargs]
+        together = [c for c in many if c.args[1] == many[0].args[1]]  # same lease
+        if together:
+            self._answer(self._holding(self._claim_together, together))
+        for call in claims:
+            if call not in together:
+                self._answer(self._holding(self._run_alone, call))
+        for batch in (lazy, durable):
+            if len(batch) == 1:  # its own statement(s), without BEGIN and COMMIT
+                self._answer(self._holding(self._run_alone, batch[0]))
+            elif batch:
+                self._answer(self._holding(self._run_batch, batch))
+        for call in others:
+            self._answer(self._holding(self._run_alone, call))
+
+    def _holding(self, run: Callable[[Any], Any], calls: Any) -> list[tuple[_Call, bool, Any]]:
+        """``run(calls)`` while holding :attr:`_serving`; answered after: a claim the
+        worker's loop tries meanwhile need not go the long way."""
+        with self._serving:
+            results = run(calls)
+        return results if isinstance(results, list) else [results]
 
     def _claim_together(self, calls: list[_Call]) -> list[tuple[_Call, bool, Any]]:
         """The queued ``claim_many`` calls as one (one INSERT for their fresh keys)."""
@@ -658,6 +699,9 @@ _SUCCEEDED_BY = (
 #: Rows per statement (SQLite before 3.32 allows 999 parameters per statement).
 _MAX_PARAMETERS = 500
 _ROWS_PER_INSERT = 80
+#: The most jobs :meth:`SQLiteStore.try_claim_many` claims at once (it runs on the
+#: worker's event loop, which waits for it); larger batches go the store thread's way.
+_AT_ONCE_ROWS = 80
 _PAIRS_PER_UPDATE = 400
 _SAVE = (
     f"INSERT OR REPLACE INTO broker_jobs_records ({_COLUMNS})"
