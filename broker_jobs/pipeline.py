@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import aio_pika.abc
+from aiormq import spec
 from aiormq.abc import DeliveredMessage
 from pydantic import BaseModel
 
@@ -480,25 +481,19 @@ _SKIPPED = object()
 
 def wire_message(message: aio_pika.abc.AbstractIncomingMessage) -> WireMessage:
     """The neutral form of a delivery, for :func:`~broker_jobs.envelope.decode`."""
-    timestamp = message.timestamp
-    return WireMessage(
-        body=message.body,
-        message_id=message.message_id,
-        type=message.type,
-        content_type=message.content_type,
-        content_encoding=message.content_encoding,
-        timestamp=int(timestamp.timestamp()) if timestamp is not None else None,
-        headers=dict(message.headers or {}),
-    )
+    return properties_wire_message(message.body, message.properties)
 
 
 def delivered_wire_message(delivered: DeliveredMessage) -> WireMessage:
     """:func:`wire_message` of a delivery as aiormq hands it over (no aio-pika
     message made)."""
-    properties = delivered.header.properties
+    return properties_wire_message(delivered.body, delivered.header.properties)
+
+
+def properties_wire_message(body: bytes, properties: spec.Basic.Properties) -> WireMessage:
     timestamp = properties.timestamp
     return WireMessage(
-        body=delivered.body,
+        body=body,
         message_id=properties.message_id,
         type=properties.message_type,
         content_type=properties.content_type,
