@@ -6,10 +6,12 @@ between the event loop and the store and handler threads (measured with
 bench/throughput.py). Here they flow in batches:
 
     deliveries -> decode + validate (on the loop, as each arrives)
-      -> a loop iteration's arrivals claimed in ONE store call, queued at once
-      -> the store's thread hands the claimed jobs to the handler pool right after
-         its commit (fewer hand-offs between threads: each costs the GIL); jobs of
-         async handlers start on the loop when the claim's result is back
+      -> a loop iteration's arrivals claimed in ONE store call: at once on the loop
+         where the store can do it without waiting (Store.try_claim_many), else
+         queued for the store's thread
+      -> right after the commit (on the loop, or the store's thread) the claimed
+         jobs go to the handler threads (each hand-off between threads costs the
+         GIL); jobs of async handlers start on the loop
       -> handlers run under their time limit and lease; the loop hears of their
          outcomes with one wake-up per batch
       -> the successes recorded: ONE store call per batch

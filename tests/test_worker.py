@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -233,6 +233,31 @@ def test_the_worker_command_runs_an_app_in_burst_mode(
     assert "succeeded: 3" in result.output
 
 
+def _stop_with_two_running(
+    broker: Broker,
+    app: App,
+    task: str,
+    two_running: Callable[[], Awaitable[object]],
+    release: Callable[[], None],
+) -> tuple[Counter[str], MemoryStore]:
+    """Six jobs of ``task`` for a worker of concurrency 2, stopped (as on SIGTERM: no
+    new starts) once ``two_running`` says two handlers run, then ``release`` lets
+    them finish; the outcome counts and the store."""
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish_many([JobRequest(task, {"key": f"k{n}"}) for n in range(6)])
+    store = MemoryStore()
+    worker = Worker(broker.url, app, store, WorkerSettings(concurrency=2, grace=30))
+
+    async def scenario() -> Counter[str]:
+        running = asyncio.create_task(worker.run())
+        await two_running()
+        worker.stop()
+        release()
+        return await running
+
+    return asyncio.run(scenario()), store
+
+
 def test_a_stopped_worker_finishes_running_jobs_and_leaves_the_rest_queued(
     broker: Broker, make_app: Callable[[], App], connection: pika.BlockingConnection
 ) -> None:
@@ -248,19 +273,9 @@ def test_a_stopped_worker_finishes_running_jobs_and_leaves_the_rest_queued(
             two_running.set()
         release.wait(timeout=30)
 
-    with Publisher(broker.url, app) as publisher:
-        publisher.publish_many([JobRequest("slow.job", {"key": f"k{n}"}) for n in range(6)])
-    store = MemoryStore()
-    worker = Worker(broker.url, app, store, WorkerSettings(concurrency=2, grace=30))
-
-    async def scenario() -> Counter[str]:
-        running = asyncio.create_task(worker.run())
-        await asyncio.to_thread(two_running.wait, 30)
-        worker.stop()  # as on SIGTERM: no new starts; the two running jobs finish
-        release.set()
-        return await running
-
-    outcomes = asyncio.run(scenario())
+    outcomes, store = _stop_with_two_running(
+        broker, app, "slow.job", lambda: asyncio.to_thread(two_running.wait, 30), release.set
+    )
     assert len(started) == 2
     assert outcomes["succeeded"] == 2
     assert outcomes["left"] == 4
@@ -728,19 +743,9 @@ def test_a_stopped_worker_finishes_running_async_jobs_and_leaves_the_rest_queued
             two_running.set()
         await asyncio.wait_for(release.wait(), 30)
 
-    with Publisher(broker.url, app) as publisher:
-        publisher.publish_many([JobRequest("slow.async", {"key": f"k{n}"}) for n in range(6)])
-    store = MemoryStore()
-    worker = Worker(broker.url, app, store, WorkerSettings(concurrency=2, grace=30))
-
-    async def scenario() -> Counter[str]:
-        running = asyncio.create_task(worker.run())
-        await asyncio.wait_for(two_running.wait(), 30)
-        worker.stop()  # as on SIGTERM: no new starts; the two running jobs finish
-        release.set()
-        return await running
-
-    outcomes = asyncio.run(scenario())
+    outcomes, store = _stop_with_two_running(
+        broker, app, "slow.async", lambda: asyncio.wait_for(two_running.wait(), 30), release.set
+    )
     assert len(started) == 2
     assert (outcomes["succeeded"], outcomes["left"]) == (2, 4)
     assert store.counts().get(Status.SUCCEEDED) == 2

@@ -379,16 +379,10 @@ class SQLiteStore(ExclusiveStore):
     #: nor for their fsync.
     _CLAIMS = frozenset({"claim", "claim_many"})
 
-    async def call(
-        self,
-        name: str,
-        *args: Any,
-        after: Callable[[Any], None] | None = None,
-        **kwargs: Any,
-    ) -> Any:
+    async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``getattr(self, name)(*args, **kwargs)`` on the store's thread (see
         :meth:`submit`)."""
-        return await self.submit(name, *args, after=after, **kwargs)
+        return await self.submit(name, *args, **kwargs)
 
     def submit(
         self,
@@ -441,12 +435,13 @@ class SQLiteStore(ExclusiveStore):
         for call in others:
             self._answer(self._holding(self._run_alone, call))
 
-    def _holding(self, run: Callable[[Any], Any], calls: Any) -> list[tuple[_Call, bool, Any]]:
+    def _holding(
+        self, run: Callable[[Any], list[tuple[_Call, bool, Any]]], calls: Any
+    ) -> list[tuple[_Call, bool, Any]]:
         """``run(calls)`` while holding :attr:`_serving`; answered after: a claim the
         worker's loop tries meanwhile need not go the long way."""
         with self._serving:
-            results = run(calls)
-        return results if isinstance(results, list) else [results]
+            return run(calls)
 
     def _claim_together(self, calls: list[_Call]) -> list[tuple[_Call, bool, Any]]:
         """The queued ``claim_many`` calls as one (one INSERT for their fresh keys)."""
@@ -463,11 +458,11 @@ class SQLiteStore(ExclusiveStore):
             start = end
         return results
 
-    def _run_alone(self, call: _Call) -> tuple[_Call, bool, Any]:
+    def _run_alone(self, call: _Call) -> list[tuple[_Call, bool, Any]]:
         try:
-            return (call, True, call.run(self))
+            return [(call, True, call.run(self))]
         except BaseException as error:
-            return (call, False, error)
+            return [(call, False, error)]
 
     @staticmethod
     def _answer(results: list[tuple[_Call, bool, Any]]) -> None:
