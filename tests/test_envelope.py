@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from pydantic import ValidationError
 
 from broker_jobs import DecodeError, Job, WireMessage, decode, encode
+from broker_jobs.envelope import new_job_id
 from topology import names as n
 
 
@@ -131,3 +134,19 @@ def test_minimal_message_decodes_with_defaults() -> None:
 def test_bytes_headers_are_read_as_utf8() -> None:
     job = decode(wire(headers={n.HEADER_IDEMPOTENCY_KEY: b"invoice-42"}))
     assert job.idempotency_key == "invoice-42"
+
+
+def test_new_job_ids_are_uuid7_carrying_the_millisecond_they_were_made_in() -> None:
+    before = time.time_ns() // 1_000_000
+    ids = [new_job_id() for _ in range(10_000)]
+    after = time.time_ns() // 1_000_000
+    assert len(set(ids)) == len(ids)
+    for job_id in (ids[0], ids[-1]):
+        parsed = uuid.UUID(job_id)
+        assert str(parsed) == job_id
+        assert parsed.version == 7
+        assert parsed.variant == uuid.RFC_4122
+        assert before <= parsed.int >> 80 <= after
+    # made one after another, they sort one after another (by millisecond)
+    assert [job_id[:13] for job_id in ids] == sorted(job_id[:13] for job_id in ids)
+    assert Job(task="image.resize").id[14] == "7"
