@@ -280,13 +280,17 @@ class Pipeline:
     def _start(self, items: list[_Item], claims: list[Claim]) -> None:
         """Right after the claims committed (on the loop, or on the store's thread):
         each claimed job goes to the handler threads (they bound what runs at once)."""
-        post = self._runner.executor.post
-        for item, claim in zip(items, claims, strict=True):
-            if claim.outcome is ClaimOutcome.CLAIMED and not item.spec.is_async:
-                try:
-                    post(functools.partial(self._run, item))
-                except RuntimeError:  # the pool is shut down: the worker is exiting
-                    self._report(item, _SKIPPED)
+        starting = [
+            item
+            for item, claim in zip(items, claims, strict=True)
+            if claim.outcome is ClaimOutcome.CLAIMED and not item.spec.is_async
+        ]
+        calls = [functools.partial(self._run, item) for item in starting]
+        try:
+            self._runner.executor.post_all(calls)
+        except RuntimeError:  # the pool is shut down: the worker is exiting
+            for item in starting:
+                self._report(item, _SKIPPED)
 
     def _run(self, item: _Item) -> None:
         """On a handler thread: run the job, unless the worker is stopping (a job not

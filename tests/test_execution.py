@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
 
 import pytest
@@ -89,3 +90,15 @@ def test_nothing_is_posted_after_shutdown() -> None:
     threads.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         threads.post(lambda: None)
+
+
+def test_post_all_runs_each_call_in_order_and_nothing_after_shutdown() -> None:
+    threads = HandlerThreads(1, "test-handler")
+    ran: list[int] = []
+    threads.post_all([functools.partial(ran.append, index) for index in range(5)])
+    threads.post_all([])  # nothing to hand over: no error
+    threads.shutdown()  # waits: the calls posted before the shutdown ran
+    assert ran == [0, 1, 2, 3, 4]
+    with pytest.raises(RuntimeError, match="shut down"):
+        threads.post_all([functools.partial(ran.append, 5)])
+    assert ran == [0, 1, 2, 3, 4]
