@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -821,18 +821,40 @@ def _insert_fresh(
     here already ours. No RETURNING: each row fetched would hand the GIL back once
     more."""
     fresh: dict[str, JobRecord] = {}
+    rows: list[tuple[Any, ...]] = []
+    # The times written once per batch: _row's four conversions cost ~11 us per job,
+    # on the loop, before the jobs start.
+    now, lease_until = _text(moment), _text(moment + timedelta(seconds=lease))
     for job, worker in claims:
         if job.idempotency_key not in fresh:
             fresh[job.idempotency_key] = claimed_record(None, job, worker, lease, moment)
+            rows.append(_fresh_row(job, worker, now, lease_until))
     records = list(fresh.values())
     claimed: dict[str, JobRecord] = {}
     for start in range(0, len(records), _ROWS_PER_INSERT):
         chunk = records[start : start + _ROWS_PER_INSERT]
         values = ", ".join([_ROW_MARKS] * len(chunk))
-        params = [value for record in chunk for value in _row(record)]
+        params = [value for row in rows[start : start + _ROWS_PER_INSERT] for value in row]
         if conn.execute(f"{_INSERT_FRESH} {values} {_ON_CONFLICT}", params).rowcount == len(chunk):
             claimed.update((record.idempotency_key, record) for record in chunk)
     return claimed
+
+
+def _fresh_row(job: Job, worker: str, now: str | None, lease_until: str | None) -> tuple[Any, ...]:
+    """``_row(claimed_record(None, job, worker, lease, moment))``, its times given as text."""
+    return (
+        job.idempotency_key,
+        job.id,
+        job.task,
+        Status.RUNNING.value,
+        job.attempt,
+        now,  # created_at
+        now,  # updated_at
+        worker,
+        lease_until,
+        None,  # last_error
+        None,  # due_at
+    )
 
 
 def _succeed_rows(
