@@ -42,6 +42,9 @@ class HandlerThreads(concurrent.futures.Executor):
 
     def __init__(self, size: int, name: str) -> None:
         self._calls: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
+        #: Held while posting and while shutting down: a call is queued before the
+        #: threads' end marks (and runs) or refused, never queued behind them.
+        self._posting = threading.Lock()
         self._shut = False
         self._threads = [
             threading.Thread(target=self._serve, name=f"{name}_{index}", daemon=True)
@@ -52,9 +55,7 @@ class HandlerThreads(concurrent.futures.Executor):
 
     def post(self, call: Callable[[], object]) -> None:
         """Run ``call()`` on one of the threads; it reports its own outcome."""
-        if self._shut:
-            raise RuntimeError("the handler threads are shut down")
-        self._calls.put(call)
+        self._put_all((call,))
 
     def post_all(self, calls: Sequence[Callable[[], object]]) -> None:
         """:meth:`post` each call, then let a thread take the GIL at once.
@@ -66,12 +67,16 @@ class HandlerThreads(concurrent.futures.Executor):
         now (~0.2 ms); the poster waits for it only while the job runs Python code
         without blocking, at most the interpreter's switch interval.
         """
-        if self._shut:
-            raise RuntimeError("the handler threads are shut down")
-        for call in calls:
-            self._calls.put(call)
+        self._put_all(calls)
         if calls:
             time.sleep(0)
+
+    def _put_all(self, calls: Sequence[Callable[[], object]]) -> None:
+        with self._posting:
+            if self._shut:
+                raise RuntimeError("the handler threads are shut down")
+            for call in calls:
+                self._calls.put(call)
 
     def submit(
         self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
@@ -94,9 +99,10 @@ class HandlerThreads(concurrent.futures.Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No new calls; each thread ends after the calls queued before (a posted job
         sees the worker stopping and does not run; a cancelled future's call neither)."""
-        self._shut = True
-        for _ in self._threads:
-            self._calls.put(None)
+        with self._posting:
+            self._shut = True
+            for _ in self._threads:
+                self._calls.put(None)
         if wait:
             for thread in self._threads:
                 thread.join()
