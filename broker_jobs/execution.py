@@ -33,9 +33,10 @@ class TimeLimitExceeded(Exception):
 class HandlerThreads(concurrent.futures.Executor):
     """``size`` threads, started at once, running calls from one queue.
 
-    :meth:`post` is one queue put (~0.1 us): the fast path hands each claimed job over
-    this way, on the job's way to its start (a ThreadPoolExecutor's ``submit`` cost
-    ~20 us each: a future, a work item, a lock and a semaphore). :meth:`submit`, what
+    :meth:`post` is a lock and a queue put (~1 us): the fast path hands claimed jobs
+    over this way (:meth:`post_all`), on their way to their start (a
+    ThreadPoolExecutor's ``submit`` cost ~20 us each: a future, a work item, a lock
+    and a semaphore). :meth:`submit`, what
     ``loop.run_in_executor`` calls, wraps the call in a future; a future cancelled
     before a thread takes its call never runs it.
     """
