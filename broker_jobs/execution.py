@@ -36,9 +36,8 @@ class HandlerThreads(concurrent.futures.Executor):
     :meth:`post` is a lock and a queue put (~1 us): the fast path hands claimed jobs
     over this way (:meth:`post_all`), on their way to their start (a
     ThreadPoolExecutor's ``submit`` cost ~20 us each: a future, a work item, a lock
-    and a semaphore). :meth:`submit`, what
-    ``loop.run_in_executor`` calls, wraps the call in a future; a future cancelled
-    before a thread takes its call never runs it.
+    and a semaphore). :meth:`submit`, what ``loop.run_in_executor`` calls, wraps the
+    call in a future; a future cancelled before a thread takes its call never runs it.
     """
 
     def __init__(self, size: int, name: str) -> None:

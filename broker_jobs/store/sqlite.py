@@ -820,23 +820,22 @@ def _insert_fresh(
     one of those) are left to the caller's long way, which finds the keys inserted
     here already ours. No RETURNING: each row fetched would hand the GIL back once
     more."""
-    fresh: dict[str, JobRecord] = {}
-    rows: list[tuple[Any, ...]] = []
-    # The times written once per batch: _row's four conversions cost ~11 us per job,
-    # on the loop, before the jobs start.
+    # Each new key's record and its row; the times written once per batch (_row's four
+    # conversions cost ~11 us per job, on the loop, before the jobs start).
+    fresh: dict[str, tuple[JobRecord, tuple[Any, ...]]] = {}
     now, lease_until = _text(moment), _text(moment + timedelta(seconds=lease))
     for job, worker in claims:
         if job.idempotency_key not in fresh:
-            fresh[job.idempotency_key] = claimed_record(None, job, worker, lease, moment)
-            rows.append(_fresh_row(job, worker, now, lease_until))
-    records = list(fresh.values())
+            record = claimed_record(None, job, worker, lease, moment)
+            fresh[job.idempotency_key] = (record, _fresh_row(job, worker, now, lease_until))
+    entries = list(fresh.values())
     claimed: dict[str, JobRecord] = {}
-    for start in range(0, len(records), _ROWS_PER_INSERT):
-        chunk = records[start : start + _ROWS_PER_INSERT]
+    for start in range(0, len(entries), _ROWS_PER_INSERT):
+        chunk = entries[start : start + _ROWS_PER_INSERT]
         values = ", ".join([_ROW_MARKS] * len(chunk))
-        params = [value for row in rows[start : start + _ROWS_PER_INSERT] for value in row]
+        params = [value for _, row in chunk for value in row]
         if conn.execute(f"{_INSERT_FRESH} {values} {_ON_CONFLICT}", params).rowcount == len(chunk):
-            claimed.update((record.idempotency_key, record) for record in chunk)
+            claimed.update((record.idempotency_key, record) for record, _ in chunk)
     return claimed
 
 
