@@ -14,9 +14,14 @@ translated at the boundary into these, so callers catch one tree:
     │   ├── ConfirmTimeoutError   no confirm within the timeout: outcome unknown
     │   └── PublishBatchError     part of a batch failed; says which jobs were confirmed
     ├── BrokerConnectionError     the broker cannot be reached or the connection broke
+    │   └── ReconnectTimeoutError a worker found no broker for --reconnect-timeout
     └── TopologyError             the broker's objects are missing or conflict
         ├── TopologyMissingError  an exchange or queue that must exist does not
+        ├── ConsumerCancelledError  the broker cancelled a worker's consumer
         └── TopologyConflictError
+
+A daemon's command exits with the error's ``exit_code`` (1 unless it says otherwise),
+so that a supervisor can tell "restart me" from "fix me".
 
 Messages never contain passwords: URLs are masked before they reach an error.
 """
@@ -34,6 +39,9 @@ if TYPE_CHECKING:
 
 class BrokerJobsError(Exception):
     """Base of every error broker-jobs raises."""
+
+    #: What a command that stops on this error exits with.
+    exit_code = 1
 
 
 class ConfigurationError(BrokerJobsError):
@@ -139,6 +147,13 @@ class BrokerConnectionError(BrokerJobsError):
     """The broker cannot be reached, or the connection broke mid-operation."""
 
 
+class ReconnectTimeoutError(BrokerConnectionError):
+    """A worker had no broker for longer than its reconnect timeout."""
+
+    #: EX_TEMPFAIL (sysexits.h): a temporary failure; restarting may help.
+    exit_code = 75
+
+
 class TopologyError(BrokerJobsError):
     """The broker's objects cannot be declared as wanted."""
 
@@ -149,6 +164,22 @@ class TopologyMissingError(TopologyError):
             f"the broker says {broker_message!r}: the topology does not exist. Declare it"
             " first: `broker-jobs topology apply --app module:app` (or --file"
             " topology.toml), or publish with declare=True and an app that declares the task"
+        )
+
+
+class ConsumerCancelledError(TopologyError):
+    """The broker cancelled a worker's consumer: its queue was deleted (or, on a
+    cluster, lost with its node)."""
+
+    #: EX_UNAVAILABLE (sysexits.h): the queue is gone; an operator must act.
+    exit_code = 69
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        super().__init__(
+            f"the broker cancelled the consumer of queue {queue!r} (the queue was deleted?):"
+            " the worker stops rather than idle. Declare the queue again (`broker-jobs"
+            " topology apply --app module:app`) and restart the worker"
         )
 
 

@@ -13,6 +13,7 @@ from broker_jobs.cli_options import configure_logging, store_option, url_option
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.store.base import Store
 from broker_jobs.store.urls import open_store
+from broker_jobs.urls import BrokerURLs
 from broker_jobs.worker import Worker, WorkerSettings
 
 
@@ -39,13 +40,20 @@ from broker_jobs.worker import Worker, WorkerSettings
     help="Seconds a claim lasts without renewal; a dead worker's jobs wait this long.",
 )
 @click.option(
+    "--reconnect-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    envvar="BROKER_JOBS_RECONNECT_TIMEOUT",
+    help="Seconds without a broker after which the worker exits with code 75 so that"
+    " a supervisor restarts it (default: keep reconnecting, logging every 30 s).",
+)
+@click.option(
     "--consumer-timeout",
     default=1800.0,
     show_default=True,
     help="The broker's consumer_timeout in seconds; longer task time limits are refused.",
 )
 def worker_command(  # noqa: PLR0917 - click passes every option positionally
-    url: str,
+    url: BrokerURLs,
     app_path: str,
     tasks: tuple[str, ...],
     concurrency: int,
@@ -55,6 +63,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     grace: float,
     no_declare: bool,
     lease: float,
+    reconnect_timeout: float | None,
     consumer_timeout: float,
 ) -> None:
     """Consume and run jobs of MODULE:APP, acking each only once its outcome is recorded.
@@ -62,6 +71,11 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     \b
     Example:
       broker-jobs worker myproject.tasks:app --task image.resize --concurrency 8
+
+    \b
+    Exit codes: 0 stopped by SIGTERM/SIGINT (or drained, with --burst); 1 an error
+    the message explains; 69 the broker cancelled a consumer (its queue was
+    deleted); 75 no broker for --reconnect-timeout seconds.
     """
     configure_logging()
     try:
@@ -75,18 +89,21 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
             declare=not no_declare,
             lease=lease,
             consumer_timeout=consumer_timeout,
+            reconnect_timeout=reconnect_timeout,
         )
         with open_store(store_url) as store:
             outcomes = asyncio.run(_run(url, app, store, settings))
     except BrokerJobsError as error:
         click.echo(f"error: {error}", err=True)
-        sys.exit(1)
+        sys.exit(error.exit_code)
     click.echo(
         ", ".join(f"{name}: {count}" for name, count in sorted(outcomes.items())) or "no jobs"
     )
 
 
-async def _run(url: str, app: App, store: Store, settings: WorkerSettings) -> dict[str, int]:
+async def _run(
+    url: BrokerURLs, app: App, store: Store, settings: WorkerSettings
+) -> dict[str, int]:
     worker = Worker(url, app, store, settings)
     worker.install_signal_handlers()
     return dict(await worker.run())

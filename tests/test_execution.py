@@ -1,4 +1,4 @@
-"""The handler threads (``broker_jobs.execution.HandlerThreads``): no broker needed."""
+"""The handler threads (``broker_jobs.worker.execution.HandlerThreads``): no broker needed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from broker_jobs.execution import HandlerThreads
+from broker_jobs.worker.execution import HandlerThreads
 
 
 def test_posted_calls_run_on_the_threads_at_most_size_at_once() -> None:

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from broker_jobs import App, Job, JobRequest, Publisher, QueueOptions
 from broker_jobs.cli import main
-from broker_jobs.dead_letters import HEADER_ATTEMPTS, HEADER_ERROR, HEADER_REASON
+from broker_jobs.worker.dead_letters import HEADER_ATTEMPTS, HEADER_ERROR, HEADER_REASON
 from broker_jobs.errors import ConfigurationError
 from broker_jobs.retry import PermanentError, RetryPolicy
 from broker_jobs.store.base import Status
@@ -578,8 +578,10 @@ def test_worker_command_errors_are_clear_and_masked(
     monkeypatch.syspath_prepend(str(tmp_path))
     runner = CliRunner()
     base = ["worker", "errors_app:app", "--burst", "--store", "memory://"]
-    down = runner.invoke(main, [*base, "--no-declare", "--url", "amqp://u:hunter2@127.0.0.1:1/"])
-    assert down.exit_code == 1
+    unreachable = ["--url", "amqp://u:hunter2@127.0.0.1:1/", "--reconnect-timeout", "0.5"]
+    down = runner.invoke(main, [*base, "--no-declare", *unreachable])
+    assert down.exit_code == 75, down.output  # EX_TEMPFAIL: a supervisor restarts it
+    assert "--reconnect-timeout 0.5" in down.output
     assert "cannot connect to the broker at 127.0.0.1:1" in down.output
     assert "hunter2" not in down.output
     missing = runner.invoke(main, [*base, "--no-declare", "--url", broker.url])

@@ -35,23 +35,21 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from itertools import groupby
+from typing import Any
 
-import aio_pika
-import aio_pika.abc
-from aiormq import spec
 from aiormq.abc import DeliveredMessage
 from pydantic import BaseModel
 
 from broker_jobs.app import TaskSpec
 from broker_jobs.due import seconds_until_due
-from broker_jobs.envelope import Job, WireMessage, decode, utc_now
-from broker_jobs.execution import TimeLimitExceeded
+from broker_jobs.envelope import Job, decode, utc_now
 from broker_jobs.store.base import Claim, ClaimOutcome
+from broker_jobs.worker.acks import ChannelAcks
+from broker_jobs.worker.delivery import Delivery, delivered_wire_message
+from broker_jobs.worker.execution import TimeLimitExceeded
+from broker_jobs.worker.protocol import Runner
 from topology import names as n
-
-if TYPE_CHECKING:
-    from broker_jobs.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +59,8 @@ class _Item:
     """One delivery on the fast path."""
 
     delivered: DeliveredMessage
+    #: The acks of the channel it came from (lost with it).
+    acks: ChannelAcks
     task: str
     job: Job
     spec: TaskSpec
@@ -72,14 +72,23 @@ class _Item:
     settled: bool = False
 
     @functools.cached_property
-    def message(self) -> aio_pika.abc.AbstractIncomingMessage:
+    def message(self) -> Delivery:
         """aio-pika's view of the delivery, made only when the runner's per-delivery
         protocol takes the job over (a retry, a duplicate, a job busy elsewhere):
         making one costs ~40 us of the loop, per delivery, before the job starts."""
-        return incoming(self.delivered)
+        return Delivery(self.delivered, self.acks)
+
+    @property
+    def tag(self) -> int:
+        return self.delivered.delivery_tag or 0
+
+    def must_not_start(self, runner: Runner) -> bool:
+        """Not started yet, and the worker stops or the delivery's channel is lost:
+        left unsettled (its claim given back), the broker redelivers it."""
+        return runner.stopping or self.acks.lost
 
 
-class Pipeline:
+class FastPath:
     """Batches of deliveries for one runner: claimed as they arrive, run on the handler
     threads, their successes recorded by a recorder task. Start with :meth:`start`;
     feed with :meth:`deliver`."""
@@ -106,9 +115,6 @@ class Pipeline:
         self._tasks: list[asyncio.Task[None]] = []
         #: Claimed jobs not settled yet (running, or waiting for a handler thread).
         self._claimed_jobs: set[_Item] = set()
-        #: Delivery tags not acked yet, in delivery order, and whether each is
-        #: ready to be acked (its outcome recorded).
-        self._unacked: dict[int, bool] = {}
 
     @property
     def busy(self) -> bool:
@@ -126,15 +132,15 @@ class Pipeline:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def deliver(self, delivered: DeliveredMessage, task: str) -> None:
+    def deliver(self, delivered: DeliveredMessage, task: str, acks: ChannelAcks) -> None:
         """Take a delivery (the consumer's callback): decoded now, claimed with the
         others of this loop iteration in one store call."""
-        self._unacked[delivered.delivery_tag or 0] = False
         runner = self._runner
         if runner.stopping:  # arrived after the consumer was cancelled: it goes back
+            acks.forget(delivered.delivery_tag or 0)
             runner.outcomes.counts["left"] += 1
             return
-        item = self._fast(delivered, task)
+        item = self._fast(delivered, task, acks)
         if item is None:
             return
         self._in_hand += 1
@@ -142,33 +148,6 @@ class Pipeline:
         self._arrived.append(item)
         if len(self._arrived) == 1:
             asyncio.get_running_loop().call_soon(self._claim_arrived)
-
-    def forget(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        """A delivery the runner settles by itself (acked, nacked) one by one."""
-        self._unacked.pop(message.delivery_tag or 0, None)
-
-    async def ack_many(self, deliveries: list[DeliveredMessage]) -> None:
-        """Ack deliveries whose outcomes are recorded: those that, with every delivery
-        before them on the channel, are all settled go in one ``multiple`` frame (an
-        ack frame per job cost a socket write and a GIL hand-off each); the others
-        one by one. A delivery still in hand (held, retrying) is never covered."""
-        unacked = self._unacked
-        for delivered in deliveries:
-            unacked[delivered.delivery_tag or 0] = True
-        covered = 0
-        for tag, ready in unacked.items():  # in delivery order
-            if not ready:
-                break
-            covered = tag
-        by_tag = {delivered.delivery_tag or 0: delivered for delivered in deliveries}
-        if covered:
-            while unacked and next(iter(unacked)) <= covered:
-                del unacked[next(iter(unacked))]
-            await by_tag[covered].channel.basic_ack(covered, multiple=True)
-        for tag, delivered in by_tag.items():
-            if tag > covered:
-                unacked.pop(tag, None)
-                await delivered.channel.basic_ack(tag)
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until every claimed job settled; False after ``timeout`` seconds."""
@@ -180,7 +159,7 @@ class Pipeline:
 
     # -- decode, claim, start ---------------------------------------------------------------
 
-    def _fast(self, delivered: DeliveredMessage, task: str) -> _Item | None:
+    def _fast(self, delivered: DeliveredMessage, task: str, acks: ChannelAcks) -> _Item | None:
         """The delivery as a fast-path item, or None after handing it to the runner
         (decoded already where it could be: a message is decoded once)."""
         runner = self._runner
@@ -189,7 +168,7 @@ class Pipeline:
             spec = runner.app.get(job.task)
             payload = spec.validate(job.payload)
         except Exception:  # BrokerJobsError, or anything odd: the runner's path decides
-            message = incoming(delivered)
+            message = Delivery(delivered, acks)
             runner.spawn(message, task, runner.process(message, task))  # dead-letters it
             return None
         handler = spec.handler
@@ -199,22 +178,27 @@ class Pipeline:
             or seconds_until_due(job, utc_now()) > 0
             or _last_allowed_delivery(delivered, spec)
         ):
-            message = incoming(delivered)
+            message = Delivery(delivered, acks)
             runner.spawn(message, task, runner.process_decoded(message, job, spec, payload))
             return None
-        return _Item(delivered, task, job, spec, payload)
+        return _Item(delivered, acks, task, job, spec, payload)
 
     def _claim_arrived(self) -> None:
         """Claim this iteration's arrivals in one store call: here, at once, where the
         store can do it without waiting (:meth:`Store.try_claim_many`), else queued
         for the store's thread. The claimed jobs' handlers start right after the
         commit (:meth:`_start`); the loop keeps their leases renewed (:meth:`_claimed`)."""
-        items, self._arrived = self._arrived, []
+        arrived, self._arrived = self._arrived, []
         runner = self._runner
-        if runner.stopping:  # not claimed: left unsettled, the broker gives them back
-            runner.outcomes.counts["left"] += len(items)
-            for item in items:
+        items = []
+        for item in arrived:
+            if item.must_not_start(runner):  # not claimed: left, the broker gives it back
+                item.acks.forget(item.tag)
+                runner.outcomes.counts["left"] += 1
                 self._release(item)
+            else:
+                items.append(item)
+        if not items:
             return
         for item in items:
             item.holder = runner.next_holder()
@@ -293,9 +277,10 @@ class Pipeline:
                 self._report(item, _SKIPPED)
 
     def _run(self, item: _Item) -> None:
-        """On a handler thread: run the job, unless the worker is stopping (a job not
-        started gives its claim back and stays unacked; the broker returns it)."""
-        if self._runner.stopping:
+        """On a handler thread: run the job, unless the worker is stopping or the
+        delivery's channel is lost (a job not started gives its claim back and stays
+        unacked; the broker returns it)."""
+        if item.must_not_start(self._runner):
             self._report(item, _SKIPPED)
             return
         limit = item.spec.time_limit
@@ -317,7 +302,7 @@ class Pipeline:
         handler = item.spec.handler
         assert handler is not None  # checked by _fast
         async with runner.executor.slots:
-            if runner.stopping:  # not started: the claim goes back, the delivery too
+            if item.must_not_start(runner):  # not started: the claim goes back, the delivery too
                 self._give_claim_back(item)
                 return
             error: BaseException | None = None
@@ -442,13 +427,17 @@ class Pipeline:
             return
         for key in lost:
             log.warning("job with key %s finished after its lease was taken over", key)
-        outcome = "succeeded"
-        try:
-            await self.ack_many([item.delivered for item in items])
-        except Exception:  # the outcomes are recorded: the redeliveries will find them done
-            log.warning("acking %d deliveries failed; they will be redelivered", len(items))
-            outcome = "ack-failed"
-        runner.outcomes.counts[outcome] += len(items)
+        # Usually one channel; after a reconnect, jobs of the lost one finish too.
+        for acks, group in groupby(items, key=lambda item: item.acks):
+            settled = list(group)
+            outcome = "succeeded"
+            try:
+                if not await acks.ack_many([item.tag for item in settled]):
+                    outcome = "ack-lost"  # recorded: the redeliveries will find them done
+            except Exception:  # the outcomes are recorded: the redeliveries find them done
+                log.warning("acking %d deliveries failed; they will be redelivered", len(items))
+                outcome = "ack-failed"
+            runner.outcomes.counts[outcome] += len(settled)
         for item in items:  # settled only now: a stopping worker waits for the acks
             self._release(item)
 
@@ -458,7 +447,7 @@ class Pipeline:
         if not isinstance(error, Exception):  # KeyboardInterrupt and the like
             error = RuntimeError(repr(error))
 
-        async def after_failure() -> str:
+        async def after_failure() -> str | None:
             try:
                 return await runner.after_failure(
                     item.message, item.job, item.spec, error, item.holder
@@ -483,36 +472,6 @@ class Pipeline:
 
 #: What a skipped job's thread returns instead of running the handler.
 _SKIPPED = object()
-
-
-def wire_message(message: aio_pika.abc.AbstractIncomingMessage) -> WireMessage:
-    """The neutral form of a delivery, for :func:`~broker_jobs.envelope.decode`."""
-    return properties_wire_message(message.body, message.properties)
-
-
-def delivered_wire_message(delivered: DeliveredMessage) -> WireMessage:
-    """:func:`wire_message` of a delivery as aiormq hands it over (no aio-pika
-    message made)."""
-    return properties_wire_message(delivered.body, delivered.header.properties)
-
-
-def properties_wire_message(body: bytes, properties: spec.Basic.Properties) -> WireMessage:
-    timestamp = properties.timestamp
-    return WireMessage(
-        body=body,
-        message_id=properties.message_id,
-        type=properties.message_type,
-        content_type=properties.content_type,
-        content_encoding=properties.content_encoding,
-        timestamp=int(timestamp.timestamp()) if timestamp is not None else None,
-        headers=dict(properties.headers or {}),
-    )
-
-
-def incoming(delivered: DeliveredMessage) -> aio_pika.abc.AbstractIncomingMessage:
-    """aio-pika's message for a delivery (made once per delivery: it tracks whether
-    the delivery was settled)."""
-    return aio_pika.IncomingMessage(delivered, no_ack=False)
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

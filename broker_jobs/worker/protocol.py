@@ -25,20 +25,26 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-import aio_pika
 import aio_pika.abc
-from aiormq.abc import DeliveredMessage
+import aiormq.exceptions
 from pydantic import BaseModel
 
 from broker_jobs.app import App, TaskSpec
 from broker_jobs.async_publisher import AsyncPublisher
-from broker_jobs.dead_letters import DeathCause, dead_letter_message, publish_dead_letter
 from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job, decode, utc_now
-from broker_jobs.errors import BrokerJobsError, DecodeError
-from broker_jobs.execution import Executor
-from broker_jobs.pipeline import Pipeline, wire_message
+from broker_jobs.errors import (
+    BrokerConnectionError,
+    BrokerJobsError,
+    ConfirmTimeoutError,
+    DecodeError,
+)
 from broker_jobs.store.base import ClaimOutcome, LeaseLostError, Status, Store
+from broker_jobs.worker.dead_letters import DeathCause, dead_letter_message, publish_dead_letter
+from broker_jobs.worker.delivery import Delivery, wire_message
+from broker_jobs.worker.execution import Executor
+from broker_jobs.worker.link import BrokerLink, LinkStoppedError
+from broker_jobs.worker.settings import ProtocolSettings
 from topology import names as n
 from topology.delay import MAX_HOLD
 from topology.model import QueueType
@@ -46,25 +52,17 @@ from topology.model import QueueType
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-
-@dataclass
-class RunnerSettings:
-    worker_id: str
-    #: Seconds a claim stays ours without renewal; renewed every third of it.
-    lease: float = 60.0
-    confirm_timeout: float = 10.0
-
-    @property
-    def recheck_every(self) -> float:
-        """How often a delivery whose job runs under a live lease looks again."""
-        return min(5.0, self.lease / 4)
-
-    @property
-    def hold_busy_for(self) -> float:
-        """How long such a delivery is held before it is handed back to the ladder:
-        two leases cover a holder that died (its lease lapses), far below the
-        broker's consumer_timeout."""
-        return 2 * self.lease
+#: What a publish raises when the link, not the broker's judgement, failed it: made
+#: again on the next connection (a confirm timeout too: the same id and key is safe).
+LINK_ERRORS: tuple[type[BaseException], ...] = (
+    BrokerConnectionError,
+    ConfirmTimeoutError,
+    TimeoutError,
+    ConnectionError,
+    aiormq.exceptions.ChannelInvalidStateError,
+)
+#: Seconds between two publishes of a job while the link is up but the publish fails.
+RETRY_PUBLISH_AFTER = 0.5
 
 
 @dataclass
@@ -78,7 +76,8 @@ class Outcomes:
 
 
 class Runner:
-    """Applies the execution protocol to each delivery of the app's tasks."""
+    """Applies the execution protocol to each delivery of the app's tasks, over as
+    many connections as the worker's link goes through."""
 
     def __init__(
         self,
@@ -87,14 +86,14 @@ class Runner:
         *,
         executor: Executor,
         publisher: AsyncPublisher,
-        channel: aio_pika.abc.AbstractChannel,
-        settings: RunnerSettings,
+        link: BrokerLink,
+        settings: ProtocolSettings,
     ) -> None:
         self._app = app
         self._store = store
         self._executor = executor
         self._publisher = publisher
-        self._channel = channel
+        self._link = link
         self._settings = settings
         self.outcomes = Outcomes()
         # One thread for the store's short calls: several threads would only take
@@ -103,7 +102,6 @@ class Runner:
         self._stopping = False
         self._deliveries = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._pipeline = Pipeline(self)
 
     # -- what the worker and the fast path use ---------------------------------------------
 
@@ -120,7 +118,7 @@ class Runner:
         return self._executor
 
     @property
-    def settings(self) -> RunnerSettings:
+    def settings(self) -> ProtocolSettings:
         return self._settings
 
     @property
@@ -136,30 +134,24 @@ class Runner:
 
     @property
     def busy(self) -> bool:
-        """Whether any delivery is in hand (burst mode waits for this to end)."""
-        return self._pipeline.busy or bool(self._tasks)
+        """Whether a delivery is in hand on the per-delivery path."""
+        return bool(self._tasks)
 
-    def start(self) -> None:
-        self._pipeline.start()
-
-    def deliver(self, delivered: DeliveredMessage, task: str) -> None:
-        """Take a delivery from ``task``'s queue (the consumer's callback)."""
-        self._pipeline.deliver(delivered, task)
+    def must_not_start(self, message: Delivery) -> bool:
+        """A job not started yet is left unsettled when the worker stops or the
+        delivery's channel is lost (the broker redelivers it; its copy runs)."""
+        return self._stopping or message.acks.lost
 
     async def finish(self, grace: float) -> None:
-        """After ``stopping`` was set: let running jobs settle within ``grace`` seconds;
-        deliveries not started stay unsettled (the broker gives them back)."""
-        deadline = asyncio.get_running_loop().time() + grace
-        if not await self._pipeline.wait_idle(grace):
-            log.warning("jobs did not finish within the grace period")
-        await self._pipeline.stop()
-        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
-        if self._tasks:
-            _, pending = await asyncio.wait(self._tasks, timeout=remaining)
-            for task in pending:
-                task.cancel()
-            if pending:
-                log.warning("%d jobs did not finish within the grace period", len(pending))
+        """After ``stopping`` was set: let the per-delivery path's jobs settle within
+        ``grace`` seconds; the rest is cancelled (and left unsettled)."""
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(self._tasks, timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.warning("%d jobs did not finish within the grace period", len(pending))
 
     def next_holder(self) -> str:
         """A holder id of its own for each delivery: two copies of one job in this
@@ -168,7 +160,7 @@ class Runner:
 
     def spawn(
         self,
-        message: aio_pika.abc.AbstractIncomingMessage,
+        message: Delivery,
         task: str,
         outcome: Coroutine[Any, Any, str | None],
     ) -> None:
@@ -179,15 +171,16 @@ class Runner:
 
     async def _settle(
         self,
-        message: aio_pika.abc.AbstractIncomingMessage,
+        message: Delivery,
         task: str,
         outcome_of: Coroutine[Any, Any, str | None],
     ) -> None:
         try:
             outcome = await outcome_of
             if outcome is None:
-                # Stopping before the job started: leave it unsettled; closing the
-                # channel returns it to the queue for another worker.
+                # Stopping, or the channel lost, before the job started: left
+                # unsettled; the broker returns it to the queue.
+                message.acks.forget(message.tag)
                 self.outcomes.add("left")
                 return
         except Exception:
@@ -196,25 +189,26 @@ class Runner:
             return
         await self.ack(message, task, outcome)
 
-    async def give_back(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> None:
+    async def give_back(self, message: Delivery, task: str) -> None:
         """Our own failure (the store unreachable): return the delivery to the queue;
         its redelivery meets the store's record again."""
-        self._pipeline.forget(message)
-        await message.nack(requeue=True)
+        try:
+            await message.acks.nack(message.tag)
+        except Exception:  # the channel went meanwhile: the broker returns it anyway
+            log.warning("returning a %s delivery failed; it will be redelivered", task)
         self.outcomes.add("returned")
 
     async def ack(
-        self, message: aio_pika.abc.AbstractIncomingMessage, task: str, outcome: str
+        self, message: Delivery, task: str, outcome: str
     ) -> None:
         """Ack a settled delivery (its outcome recorded) and count the outcome."""
-        self._pipeline.forget(message)
         try:
-            await message.ack()
+            acked = await message.acks.ack(message.tag)
         except Exception:  # the outcome is recorded: the redelivery will find it done
             log.warning("acking a %s delivery failed; it will be redelivered", task)
             self.outcomes.add("ack-failed")
             return
-        self.outcomes.add(outcome)
+        self.outcomes.add(outcome if acked else "ack-lost")
 
     def in_store(
         self,
@@ -242,7 +236,7 @@ class Runner:
     def close(self) -> None:
         self._store_thread.shutdown(wait=True)
 
-    async def process(self, message: aio_pika.abc.AbstractIncomingMessage, task: str) -> str | None:
+    async def process(self, message: Delivery, task: str) -> str | None:
         try:
             job = decode(wire_message(message))
             spec = self._app.get(job.task)
@@ -256,7 +250,7 @@ class Runner:
 
     async def process_decoded(
         self,
-        message: aio_pika.abc.AbstractIncomingMessage,
+        message: Delivery,
         job: Job,
         spec: TaskSpec,
         payload: BaseModel,
@@ -266,6 +260,8 @@ class Runner:
         if hold > MAX_HOLD:
             # Published for later without going through the ladder (by hand, or by a
             # foreign publisher): send it through the ladder rather than hold it.
+            if self.must_not_start(message):
+                return None
             await self._republish(job, eta=job.due_at)
             return "rerouted"
         await asyncio.sleep(hold)
@@ -273,7 +269,7 @@ class Runner:
 
     async def run_when_free(
         self,
-        message: aio_pika.abc.AbstractIncomingMessage,
+        message: Delivery,
         job: Job,
         spec: TaskSpec,
         payload: BaseModel,
@@ -288,23 +284,28 @@ class Runner:
         deadline = asyncio.get_running_loop().time() + settings.hold_busy_for
         while True:
             async with self._executor.slots:
-                if self.stopping:
+                if self.must_not_start(message):
                     return None
                 outcome = await self._claim_and_run(message, job, spec, payload)
             if outcome != "busy":
                 return outcome
+            if self.must_not_start(message):
+                return None
             if asyncio.get_running_loop().time() >= deadline:
-                await self._republish(job, delay=settings.hold_busy_for)
+                try:
+                    await self._republish(job, delay=settings.hold_busy_for)
+                except LinkStoppedError:
+                    return None
                 return "busy"
             await asyncio.sleep(settings.recheck_every)
 
     async def _claim_and_run(
         self,
-        message: aio_pika.abc.AbstractIncomingMessage,
+        message: Delivery,
         job: Job,
         spec: TaskSpec,
         payload: BaseModel,
-    ) -> str:
+    ) -> str | None:
         settings, store = self._settings, self._store
         # Each delivery claims under its own holder id: two copies of one job in
         # this worker at once must not both count as "ours".
@@ -323,12 +324,12 @@ class Runner:
 
     async def _run(
         self,
-        message: aio_pika.abc.AbstractIncomingMessage,
+        message: Delivery,
         job: Job,
         spec: TaskSpec,
         payload: BaseModel,
         holder: str,
-    ) -> str:
+    ) -> str | None:
         """Run the claimed job's handler; record the outcome."""
         settings, store = self._settings, self._store
         assert spec.handler is not None  # checked by the caller
@@ -352,12 +353,12 @@ class Runner:
 
     async def _run_in_transaction(
         self,
-        message: aio_pika.abc.AbstractIncomingMessage,
+        message: Delivery,
         job: Job,
         spec: TaskSpec,
         payload: BaseModel,
         holder: str,
-    ) -> str:
+    ) -> str | None:
         """The handler's writes and the success record in one store transaction."""
         handler = spec.handler
         assert handler is not None
@@ -376,17 +377,21 @@ class Runner:
 
     async def after_failure(
         self,
-        message: aio_pika.abc.AbstractIncomingMessage,
+        message: Delivery,
         job: Job,
         spec: TaskSpec,
         error: Exception,
         holder: str,
-    ) -> str:
+    ) -> str | None:
         decision = spec.retry.decide(error, job.attempt)
         if decision.delay is not None:
             due = utc_now() + timedelta(seconds=decision.delay)
             # The next attempt is confirmed before this one is recorded and acked.
-            await self._republish(job.copy(attempt=job.attempt + 1), delay=decision.delay)
+            try:
+                await self._republish(job.copy(attempt=job.attempt + 1), delay=decision.delay)
+            except LinkStoppedError:
+                await self._abandon(job, holder)
+                return None
             text = f"{type(error).__name__}: {error}"
             await self.in_store(self._store.retry, job.idempotency_key, holder, text, due)
             return "retried"
@@ -396,12 +401,12 @@ class Runner:
 
     async def _dead_letter(
         self,
-        message: aio_pika.abc.AbstractIncomingMessage,
+        message: Delivery,
         task: str,
         cause: DeathCause,
         job: Job | None = None,
         holder: str | None = None,
-    ) -> str:
+    ) -> str | None:
         properties = message.properties
         dead = dead_letter_message(
             message.body,
@@ -416,9 +421,14 @@ class Runner:
             cause,
             self._settings.worker_id,
         )
-        await publish_dead_letter(
-            self._channel, self._app.names, task, dead, self._settings.confirm_timeout
-        )
+        names, timeout = self._app.names, self._settings.confirm_timeout
+        try:
+            await self._confirmed(
+                lambda channel: publish_dead_letter(channel, names, task, dead, timeout)
+            )
+        except LinkStoppedError:
+            await self._abandon(job, holder)
+            return None
         if job is not None:
             await self.in_store(self._store.dead, job.idempotency_key, holder, cause.error, job=job)
         elif properties.message_id:
@@ -441,20 +451,56 @@ class Runner:
     ) -> None:
         """Publish ``job`` again, same id, key, attempt and trace, through the delay
         path; confirmed before the caller acks the delivery it replaces."""
-        await self._publisher.publish(
-            job.task,
-            job.payload,
-            job_id=job.id,
-            idempotency_key=job.idempotency_key,
-            attempt=job.attempt,
-            traceparent=job.traceparent,
-            tracestate=job.tracestate,
-            delay=delay,
-            eta=eta,
-        )
+
+        async def publish(_: aio_pika.abc.AbstractChannel) -> None:
+            await self._publisher.publish(
+                job.task,
+                job.payload,
+                job_id=job.id,
+                idempotency_key=job.idempotency_key,
+                attempt=job.attempt,
+                traceparent=job.traceparent,
+                tracestate=job.tracestate,
+                delay=delay,
+                eta=eta,
+            )
+
+        await self._confirmed(publish)
+
+    async def _confirmed(
+        self, publish: Callable[[aio_pika.abc.AbstractChannel], Awaitable[object]]
+    ) -> None:
+        """``publish(channel)`` until the broker confirms it: a publish that meets a
+        lost link is made again on the next connection, before the delivery it
+        replaces counts as settled. Raises :class:`LinkStoppedError` if the worker
+        is asked to stop while the broker is away; the broker's own refusals
+        (a nack, an unroutable job, a missing exchange) are raised as they come."""
+        while True:
+            channel = await self._link.wait_up()
+            try:
+                await publish(channel)
+            except Exception as error:
+                if self._link.is_up and not isinstance(error, LINK_ERRORS):
+                    raise
+                log.warning(
+                    "a publish met a broken link (%s); it is made again once the broker"
+                    " is back",
+                    type(error).__name__,
+                )
+                if self._link.is_up:  # the publisher's own connection: it reconnects
+                    await asyncio.sleep(RETRY_PUBLISH_AFTER)
+                continue
+            return
+
+    async def _abandon(self, job: Job | None, holder: str | None) -> None:
+        """The worker stops while the broker is away: what this delivery had to
+        publish (a retry, a dead letter) never got out. Its claim is given back, so
+        that its redelivery runs the attempt again at once (not after the lease)."""
+        if job is not None and holder is not None:
+            await self.in_store(self._store.release, job.idempotency_key, holder)
 
     async def _crash_loop(
-        self, message: aio_pika.abc.AbstractIncomingMessage, job: Job, spec: TaskSpec
+        self, message: Delivery, job: Job, spec: TaskSpec
     ) -> DeathCause | None:
         """The cause to dead-letter a job whose runs keep killing their workers.
 

@@ -1,0 +1,18 @@
+"""The worker daemon, one concept a module:
+
+    daemon      Worker: sessions over a kept-up link, shutdown, burst mode, pruning
+    link        the connection to the broker: failover, backoff, outage logging
+    session     one connection's consuming: channel, consumers, how it ended
+    protocol    the execution protocol, one delivery at a time (Runner)
+    fast_path   the same protocol for the common delivery, in batches (FastPath)
+    acks        when and how a recorded delivery is acked, per channel
+    execution   handler threads, time limits, lease renewal
+    dead_letters  a dead job's message and its reason
+    delivery    a delivery's wire form and aio-pika view
+    settings    WorkerSettings, ProtocolSettings
+"""
+
+from broker_jobs.worker.daemon import Worker
+from broker_jobs.worker.settings import WorkerSettings
+
+__all__ = ["Worker", "WorkerSettings"]

@@ -1,0 +1,312 @@
+"""The worker daemon: consumes task queues and runs each delivery through the
+execution protocol (:mod:`broker_jobs.worker.protocol`, the common case through the
+fast path, :mod:`broker_jobs.worker.fast_path`), over as many connections as it
+takes (:mod:`broker_jobs.worker.link`).
+
+When a connection or its channel is lost, the deliveries in hand stay unsettled
+(their tags died with the channel; the broker redelivers them): handlers already
+running finish and record their outcomes in the store, whose records answer the
+redelivered copies; claimed jobs not started give their claims back. Then the worker
+connects again and consumes again.
+
+Shutdown order matters: first the consumers are cancelled (no new deliveries),
+then running jobs get ``grace`` seconds to finish and settle, then the connection
+closes, which returns whatever was delivered but not started to the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+
+import aio_pika.abc
+
+from broker_jobs.app import App
+from broker_jobs.async_publisher import AsyncPublisher
+from broker_jobs.connecting import CONNECT_ERRORS
+from broker_jobs.declaring import declare_at_start, existing_queues
+from broker_jobs.envelope import utc_now
+from broker_jobs.errors import BrokerConnectionError, ConfigurationError, ConsumerCancelledError
+from broker_jobs.store.base import Store, StoreError
+from broker_jobs.urls import BrokerURL, BrokerURLs
+from broker_jobs.worker.execution import Executor
+from broker_jobs.worker.fast_path import FastPath
+from broker_jobs.worker.link import BrokerLink
+from broker_jobs.worker.protocol import Runner
+from broker_jobs.worker.session import Cancelled, Lost, Session, SessionEnded, describe_loss
+from broker_jobs.worker.settings import ProtocolSettings, WorkerSettings
+from topology.delay import MAX_HOLD
+
+log = logging.getLogger(__name__)
+
+#: What opening a session raises when the broker goes away meanwhile: connect again.
+LINK_DOWN: tuple[type[BaseException], ...] = (*CONNECT_ERRORS, BrokerConnectionError)
+#: Seconds between checks of the queues' depth in burst mode.
+BURST_POLL = 0.1
+#: Seconds between prunings of the ledger.
+PRUNE_EVERY = 3600.0
+
+
+class Drained(SessionEnded):
+    """Burst mode: nothing runs and the queues are empty."""
+
+
+class Stopped(SessionEnded):
+    """The worker was asked to stop."""
+
+
+class Worker:
+    """Runs the handlers of some of an app's tasks until stopped (or drained, in
+    burst mode). ``await worker.run()`` returns the outcome counts.
+
+    ``url`` may name several nodes of one broker (a list, or a comma-separated
+    string): the worker connects to the first that answers and, when it loses
+    that one, to the others."""
+
+    def __init__(
+        self,
+        url: str | BrokerURL | BrokerURLs | Sequence[str],
+        app: App,
+        store: Store,
+        settings: WorkerSettings,
+    ) -> None:
+        self._urls = BrokerURLs.parse(url)
+        self._app = app
+        self._store = store
+        self._settings = settings
+        self._tasks = self._select_tasks()
+        self._check_time_limits()
+        self._worker_id = settings.worker_id or (
+            f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        )
+        self._stopping = asyncio.Event()
+        self._runner: Runner | None = None
+        self._fast_path: FastPath | None = None
+
+    @property
+    def worker_id(self) -> str:
+        return self._worker_id
+
+    def stop(self) -> None:
+        """Ask for a graceful stop (safe to call from a signal handler): no job
+        starts from now on; running ones finish within the grace period."""
+        self._stopping.set()
+        if self._runner is not None:
+            self._runner.stopping = True
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT stop gracefully; a second one exits at once (the broker
+        redelivers whatever was unacked, so nothing is lost either way)."""
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if self._stopping.is_set():
+                log.warning("second signal: exiting now; unacked jobs will be redelivered")
+                os._exit(1)
+            log.info("stopping: finishing running jobs (up to %g s)", self._settings.grace)
+            self.stop()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, on_signal)
+
+    @property
+    def busy(self) -> bool:
+        """Whether any delivery is in hand (burst mode waits for this to end)."""
+        runner, fast_path = self._runner, self._fast_path
+        return (runner is not None and runner.busy) or (fast_path is not None and fast_path.busy)
+
+    async def run(self) -> Counter[str]:
+        """Consume until stopped (or drained); raises
+        :class:`~broker_jobs.errors.ReconnectTimeoutError` after ``reconnect_timeout``
+        seconds without a broker, :class:`~broker_jobs.errors.ConsumerCancelledError`
+        when the broker cancels a consumer (after the running jobs settled)."""
+        settings = self._settings
+        name = f"broker-jobs worker {self._worker_id}"
+        link = BrokerLink(self._urls, name=name, settings=settings, stopping=self._stopping)
+        publisher = AsyncPublisher(
+            self._urls, self._app, declare=False, connection_name=f"{name} (retries)"
+        )
+        executor = Executor(settings.concurrency)
+        runner = self._runner = Runner(
+            self._app,
+            self._store,
+            executor=executor,
+            publisher=publisher,
+            link=link,
+            settings=ProtocolSettings(self._worker_id, lease=settings.lease),
+        )
+        runner.stopping = self._stopping.is_set()
+        fast_path = self._fast_path = FastPath(runner)
+        fast_path.start()
+        pruner = asyncio.create_task(self._prune_forever())
+        session: Session | None = None
+        try:
+            ended = await self._consume_until_ended(link, fast_path)
+            session, why = ended if ended is not None else (None, Stopped())
+            if session is not None:
+                await session.cancel_consumers()
+            runner.stopping = True
+            await self._finish(runner, fast_path, settings.grace)
+            if isinstance(why, Cancelled):
+                raise ConsumerCancelledError(why.queue)
+            return runner.outcomes.counts
+        finally:
+            pruner.cancel()
+            runner.close()
+            executor.shutdown()
+            await publisher.close()
+            if session is not None:
+                await session.close()
+
+    async def _consume_until_ended(
+        self, link: BrokerLink, fast_path: FastPath
+    ) -> tuple[Session, SessionEnded] | None:
+        """Connect, consume, and on a loss connect again; the last session and why it
+        ended (stopped, drained, a consumer cancelled), or None if the worker was
+        stopped while it had no broker."""
+        declared = not self._settings.declare
+        while True:
+            connection = await link.connect()
+            if connection is None:
+                return None
+            session = Session(connection)
+            try:
+                if not declared:
+                    await declare_at_start(
+                        link.url, self._app.topology(), f"broker-jobs worker {self._worker_id}"
+                    )
+                    declared = True
+                queues = {self._app.names.task_queue(task): task for task in self._tasks}
+                await session.open(queues, self._settings.prefetch_count, fast_path.deliver)
+            except LINK_DOWN as error:
+                link.lost(describe_loss(error))
+                await session.close()
+                continue
+            assert session.channel is not None  # opened
+            link.established(session.channel)
+            log.info(
+                "worker %s consuming %s on %s", self._worker_id, ", ".join(self._tasks), link.url
+            )
+            why = await self._until_ended(session, connection)
+            if not isinstance(why, Lost):
+                return session, why
+            assert session.acks is not None  # opened
+            in_hand = session.acks.lose()
+            link.lost(f"{why}; {in_hand} deliveries in hand will be redelivered")
+            await session.close()
+
+    async def _until_ended(
+        self, session: Session, connection: aio_pika.abc.AbstractConnection
+    ) -> SessionEnded:
+        """Why the session ended: lost, a consumer cancelled, stopped, or drained."""
+        watchers = [asyncio.create_task(session.ended()), asyncio.create_task(self._stop_asked())]
+        if self._settings.burst:
+            watchers.append(asyncio.create_task(self._until_drained(connection)))
+        try:
+            done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+            ended = done.pop()
+            error = ended.exception()
+            if error is not None:  # the burst probe met the loss first
+                return Lost(describe_loss(error))
+            return ended.result()
+        finally:
+            for watcher in watchers:
+                watcher.cancel()
+
+    async def _stop_asked(self) -> SessionEnded:
+        await self._stopping.wait()
+        return Stopped()
+
+    async def _finish(self, runner: Runner, fast_path: FastPath, grace: float) -> None:
+        """After ``stopping`` was set: let running jobs settle within ``grace`` seconds;
+        deliveries not started stay unsettled (the broker gives them back)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        if not await fast_path.wait_idle(grace):
+            log.warning("jobs did not finish within the grace period")
+        await fast_path.stop()
+        await runner.finish(max(0.0, deadline - loop.time()))
+
+    async def _until_drained(self, connection: aio_pika.abc.AbstractConnection) -> SessionEnded:
+        """Burst mode: return once nothing runs and the task queues and the delay
+        ladder (where retries wait) are empty, twice in a row.
+
+        Which queues exist is found once, on a blocking connection of its own (a
+        passive declare of a missing queue, say a ladder never declared, closes its
+        channel: reopening aio-pika channels at that pace made the broker see one
+        opened twice); depths are then read on one channel."""
+        names = self._app.names
+        queues = [names.task_queue(task) for task in self._tasks]
+        queues += [queue.name for queue in self._app.topology().queues if ".delay." in queue.name]
+        queues = await asyncio.to_thread(
+            existing_queues,
+            self._urls,
+            queues,
+            connection_name=f"broker-jobs worker {self._worker_id} (burst)",
+        )
+        probe = await connection.channel()
+        quiet = 0
+        while quiet < 2:
+            await asyncio.sleep(BURST_POLL)
+            depth = 0
+            for name in queues:
+                declared = await probe.declare_queue(name, passive=True)
+                depth += declared.declaration_result.message_count or 0
+            quiet = quiet + 1 if depth == 0 and not self.busy else 0
+        await probe.close()
+        return Drained()
+
+    async def _prune_forever(self) -> None:
+        """Keep the ledger bounded: finished records older than the retention go.
+        The retention must cover redeliveries and beat's catch-up window."""
+        while True:
+            cutoff = utc_now() - self._settings.retention
+            try:
+                pruned = await asyncio.to_thread(self._store.prune, cutoff)
+            except StoreError:
+                log.warning("pruning the ledger failed; trying again in an hour", exc_info=True)
+            else:
+                if pruned:
+                    log.info("pruned %d finished records older than %s", pruned, cutoff)
+            await asyncio.sleep(PRUNE_EVERY)
+
+    def _check_time_limits(self) -> None:
+        """Refuse a time limit the broker's consumer_timeout would cut short; warn
+        about tasks without one."""
+        timeout = self._settings.consumer_timeout
+        for task in self._tasks:
+            limit = self._app.get(task).time_limit
+            if limit is None:
+                log.warning(
+                    "task %s has no time limit: a run longer than the broker's"
+                    " consumer_timeout (%g s) loses its channel and is redelivered",
+                    task,
+                    timeout,
+                )
+            elif limit + MAX_HOLD >= timeout:
+                raise ConfigurationError(
+                    f"task {task!r} may run {limit:g} s, but the broker's consumer_timeout"
+                    f" is {timeout:g} s: RabbitMQ would close the channel mid-run and"
+                    " redeliver the job. Lower the task's time_limit, or raise"
+                    " consumer_timeout in rabbitmq.conf and tell the worker"
+                    " (--consumer-timeout)"
+                )
+
+    def _select_tasks(self) -> tuple[str, ...]:
+        runnable = [spec.name for spec in self._app if spec.handler is not None]
+        if self._settings.tasks is None:
+            if not runnable:
+                raise ConfigurationError("this app declares no task with a handler")
+            return tuple(runnable)
+        for task in self._settings.tasks:
+            if self._app.get(task).handler is None:
+                raise ConfigurationError(
+                    f"task {task!r} has no handler in this app: declare it with @app.task"
+                )
+        return self._settings.tasks

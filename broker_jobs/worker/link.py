@@ -1,0 +1,155 @@
+"""The worker's link to the broker, kept up for as long as the worker runs.
+
+A worker must never be alive and idle: when its connection or channel is lost (a
+node killed or stopped, missed heartbeats, a network cut, a channel closed by the
+broker) it connects again, to the first node that answers (the lost one last), with
+pauses that grow from :data:`FIRST_DELAY` to ``reconnect_max_delay`` seconds, each
+drawn in its upper half (jitter, so that a fleet of workers does not reconnect in
+step). It logs one WARNING when the link is lost, a reminder every
+``still_trying_every`` seconds while it is down, and one INFO line with the
+outage's length when it is back; after ``reconnect_timeout`` seconds without a
+broker it raises :class:`~broker_jobs.errors.ReconnectTimeoutError`, whose exit code
+tells a supervisor to restart the worker.
+
+Work that must reach the broker (a retry, a dead letter) waits for the link with
+:meth:`BrokerLink.wait_up`: it is published, confirmed, on the next connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+
+import aio_pika.abc
+
+from broker_jobs.connecting import connect_first
+from broker_jobs.errors import BrokerConnectionError, BrokerJobsError, ReconnectTimeoutError
+from broker_jobs.urls import BrokerURL, BrokerURLs
+from broker_jobs.worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+#: Seconds before the first reconnection attempt after a loss.
+FIRST_DELAY = 0.1
+#: Seconds a node gets to answer a connection attempt.
+CONNECT_TIMEOUT = 10.0
+
+
+class LinkStoppedError(BrokerJobsError):
+    """The worker is stopping while the broker is away: work waiting for the link
+    gives up (and leaves its delivery to be redelivered)."""
+
+
+class BrokerLink:
+    """Connects, notices losses, reconnects; :meth:`wait_up` for the live channel."""
+
+    def __init__(
+        self,
+        urls: BrokerURLs,
+        *,
+        name: str,
+        settings: WorkerSettings,
+        stopping: asyncio.Event,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._urls = urls
+        self._name = name
+        self._settings = settings
+        self._stopping = stopping
+        self._rng = rng or random.Random()
+        self._url: BrokerURL | None = None
+        self._channel: aio_pika.abc.AbstractChannel | None = None
+        self._up = asyncio.Event()
+        #: Loop time the current outage began (None while up, or before the first link).
+        self._down_since: float | None = None
+        self._connected_once = False
+
+    @property
+    def url(self) -> BrokerURL:
+        """The node connected to (or last connected to); the first before any."""
+        return self._url or self._urls.first
+
+    @property
+    def is_up(self) -> bool:
+        return self._up.is_set()
+
+    @property
+    def urls(self) -> BrokerURLs:
+        return self._urls
+
+    async def connect(self) -> aio_pika.abc.AbstractConnection | None:
+        """A new connection, trying until one is made; None if the worker is asked to
+        stop meanwhile. Raises :class:`ReconnectTimeoutError` past the timeout."""
+        loop = asyncio.get_running_loop()
+        started = self._down_since if self._down_since is not None else loop.time()
+        last_reminder = loop.time()
+        delay = FIRST_DELAY
+        while not self._stopping.is_set():
+            try:
+                connection, self._url = await connect_first(
+                    self._urls, after=self._url, timeout=CONNECT_TIMEOUT, connection_name=self._name
+                )
+            except BrokerConnectionError as error:
+                now = loop.time()
+                if self._down_since is None:  # the worker starts with no broker
+                    self._down_since = started
+                    log.warning("no broker yet: %s; trying again", error)
+                elif now - last_reminder >= self._settings.still_trying_every:
+                    last_reminder = now
+                    log.warning(
+                        "still no broker after %.0f s: %s; trying again", now - started, error
+                    )
+                timeout = self._settings.reconnect_timeout
+                if timeout is not None and now - started >= timeout:
+                    raise ReconnectTimeoutError(
+                        f"no broker for {now - started:.0f} s (--reconnect-timeout"
+                        f" {timeout:g}): {error}"
+                    ) from None
+                pause = self._rng.uniform(delay / 2, delay)
+                if timeout is not None:
+                    pause = min(pause, max(0.0, started + timeout - now))
+                await self._pause(pause)
+                delay = min(delay * 2, self._settings.reconnect_max_delay)
+                continue
+            return connection
+        return None
+
+    def established(self, channel: aio_pika.abc.AbstractChannel) -> None:
+        """The new connection consumes again; ``channel`` takes confirmed publishes."""
+        self._channel = channel
+        if self._down_since is not None and self._connected_once:
+            outage = asyncio.get_running_loop().time() - self._down_since
+            log.info("broker link back at %s after %.1f s without it", self.url, outage)
+        self._down_since = None
+        self._connected_once = True
+        self._up.set()
+
+    def lost(self, cause: str) -> None:
+        """The connection or its channel is gone (logged once per outage)."""
+        if not self._up.is_set():
+            return
+        self._up.clear()
+        self._channel = None
+        self._down_since = asyncio.get_running_loop().time()
+        log.warning("lost the broker at %s: %s; reconnecting", self.url, cause)
+
+    async def wait_up(self) -> aio_pika.abc.AbstractChannel:
+        """The live channel, once the link is up; :class:`LinkStoppedError` if the
+        worker is asked to stop while it is down."""
+        while not self._up.is_set():
+            if self._stopping.is_set():
+                raise LinkStoppedError("the worker is stopping and the broker is away")
+            up = asyncio.ensure_future(self._up.wait())
+            stop = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait({up, stop}, return_when=asyncio.FIRST_COMPLETED)
+            up.cancel()
+            stop.cancel()
+        assert self._channel is not None  # set whenever the link is up
+        return self._channel
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less if the worker is asked to stop."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)

@@ -1,0 +1,141 @@
+"""One connection's consuming: a channel, a consumer per task queue, the acks of
+its deliveries, and how it ended (lost, or a consumer cancelled by the broker).
+
+The queues are consumed on the channel's aiormq channel directly: aio-pika's
+``Queue.consume`` runs each delivery's callback in a task of its own, one loop
+iteration after the delivery's own task (measured: part of the latency gap to a raw
+consumer). aiormq calls the callback as it reads the delivery and runs what it
+returns in a task: the callback takes the delivery at once and returns a coroutine
+that does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import aio_pika
+import aio_pika.abc
+import aio_pika.exceptions
+import aiormq
+from aiormq.abc import DeliveredMessage
+from pamqp import commands
+
+from broker_jobs.errors import TopologyMissingError
+from broker_jobs.urls import mask_text
+from broker_jobs.worker.acks import ChannelAcks
+
+log = logging.getLogger(__name__)
+
+#: Takes a delivery of a task's queue, with the acks of its channel.
+OnDelivery = Callable[[DeliveredMessage, str, ChannelAcks], None]
+
+
+class SessionEnded(Exception):
+    """Why a session's consuming ended, other than the worker stopping."""
+
+
+class Lost(SessionEnded):
+    """The connection or the channel is gone; the worker reconnects."""
+
+
+class Cancelled(SessionEnded):
+    """The broker cancelled a consumer (its queue deleted); the worker stops."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        super().__init__(f"the broker cancelled the consumer of {queue}")
+
+
+class Session:
+    """Consumes the task queues on one connection until it ends."""
+
+    def __init__(self, connection: aio_pika.abc.AbstractConnection) -> None:
+        self.connection = connection
+        self.channel: aio_pika.abc.AbstractChannel | None = None
+        self.acks: ChannelAcks | None = None
+        self._consumers: dict[str, str] = {}  # consumer tag -> queue
+        self._ended: asyncio.Future[SessionEnded] = asyncio.get_running_loop().create_future()
+
+    async def open(self, queues: dict[str, str], prefetch: int, on_delivery: OnDelivery) -> None:
+        """Open a confirming channel and consume ``queues`` (queue name -> task).
+        Returned dead letters raise (no dead-letter queue): never ack what was dropped."""
+        channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+        self.channel = channel
+        await channel.set_qos(prefetch_count=prefetch)
+        underlay = await channel.get_underlay_channel()
+        acks = self.acks = ChannelAcks(underlay)
+        underlay.closing.add_done_callback(self._on_closed)
+        underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
+        for queue, task in queues.items():
+
+            def take(
+                delivered: DeliveredMessage, task: str = task
+            ) -> Coroutine[Any, Any, None]:
+                if delivered.delivery_tag is not None:
+                    acks.taken(delivered.delivery_tag)
+                try:
+                    on_delivery(delivered, task, acks)
+                except Exception:  # not into aiormq's reader: that would close the channel
+                    log.exception("taking a delivery from %s failed", task)
+                return _taken()
+
+            try:
+                ok = await underlay.basic_consume(queue, take)
+            except aio_pika.exceptions.ChannelNotFoundEntity as error:
+                raise TopologyMissingError(mask_text(str(error.args[-1]))) from None
+            assert ok.consumer_tag is not None  # the broker always names the consumer
+            self._consumers[ok.consumer_tag] = queue
+
+    async def ended(self) -> SessionEnded:
+        """Wait until the session ends: :class:`Lost` or :class:`Cancelled`."""
+        return await asyncio.shield(self._ended)
+
+    def end(self, why: SessionEnded) -> None:
+        if not self._ended.done():
+            self._ended.set_result(why)
+
+    async def cancel_consumers(self) -> None:
+        """No new deliveries (a graceful stop); a lost channel has none anyway."""
+        underlay = self.acks.channel if self.acks is not None else None
+        if underlay is None or underlay.is_closed:
+            return
+        for tag in list(self._consumers):
+            with contextlib.suppress(*aio_pika.exceptions.CONNECTION_EXCEPTIONS):
+                await underlay.basic_cancel(tag)
+
+    async def close(self) -> None:
+        """Close the connection (returning what it holds unacked to the queues)."""
+        with contextlib.suppress(Exception):  # a lost connection has nothing to close
+            await self.connection.close()
+
+    def _on_closed(self, closing: asyncio.Future[Any]) -> None:
+        cause = "the channel was closed"
+        if closing.cancelled():
+            cause = "the connection was closed"
+        elif (error := closing.exception()) is not None:
+            cause = describe_loss(error)
+        self.end(Lost(cause))
+
+    def _on_cancel(self, frame: commands.Basic.Cancel) -> None:
+        queue = self._consumers.pop(frame.consumer_tag or "", None)
+        if queue is not None:
+            self.end(Cancelled(queue))
+
+
+def describe_loss(error: BaseException) -> str:
+    """The cause of a lost connection or channel, for one log line."""
+    if isinstance(error, aiormq.exceptions.ConnectionClosed | aiormq.exceptions.ChannelClosed):
+        code, text = (*error.args, None, None)[:2]
+        if code is not None:
+            return f"{type(error).__name__} {code} {mask_text(str(text))}"
+    text = mask_text(str(error)).strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+async def _taken() -> None:
+    """What a consumer callback hands aiormq to run: the delivery is taken already."""
+
