@@ -14,7 +14,7 @@ import aio_pika
 import aio_pika.abc
 import aio_pika.exceptions
 
-from broker_jobs.declaring import declare_topology
+from broker_jobs.connecting import CONNECT_ERRORS, connect_first, describe
 from broker_jobs.envelope import Job, WireMessage
 from broker_jobs.errors import (
     BrokerConnectionError,
@@ -48,8 +48,9 @@ REFILL_BELOW = CONFIRM_WINDOW * 3 // 4
 class AsyncPublisher(PublisherBase):
     """The asyncio twin of :class:`~broker_jobs.publisher.Publisher`, same semantics:
     persistent, confirmed within ``confirm_timeout``, ``mandatory``, reconnect on the
-    next publish after the connection broke. Use it from one event loop; concurrent
-    publishes from tasks of that loop are safe and share the connection.
+    next publish after the connection broke (trying the other nodes first, given
+    several URLs). Use it from one event loop; concurrent publishes from tasks of
+    that loop are safe and share the connection.
     """
 
     default_connection_name = "broker-jobs async publisher"
@@ -113,6 +114,7 @@ class AsyncPublisher(PublisherBase):
     async def close(self) -> None:
         connection = self._connection
         self._forget_channel()
+        self._node = None  # used again, it starts with the first node
         if connection is not None and not connection.is_closed:
             await connection.close()
 
@@ -165,7 +167,7 @@ class AsyncPublisher(PublisherBase):
             return ConfirmTimeoutError(job.task, job.id, self._settings.confirm_timeout)
         if isinstance(error, aio_pika.exceptions.CONNECTION_EXCEPTIONS):
             return BrokerConnectionError(
-                f"the connection to {self._url.masked} broke before job {job.id} was"
+                f"the connection to {self._node_name()} broke before job {job.id} was"
                 f" confirmed ({type(error).__name__}: {mask_text(str(error))}): its outcome"
                 " is unknown; publishing it again with the same id and key is safe"
             )
@@ -177,7 +179,7 @@ class AsyncPublisher(PublisherBase):
         """The open confirm channel, and the jobs refused by the delay-ladder check."""
         async with self._connecting:
             if self._connection is not None and self._connection.is_closed:
-                log.warning("the connection to %s closed; reconnecting", self._url.masked)
+                log.warning("the connection to %s closed; reconnecting", self._node_name())
                 self._forget_channel()
             if self._channel is None:
                 self._forget_connection_facts()
@@ -200,30 +202,32 @@ class AsyncPublisher(PublisherBase):
         self._exchanges.clear()
 
     async def _connect(self) -> aio_pika.abc.AbstractChannel:
+        """Connect to the first node that answers (after a loss, the others first),
+        open the confirm channel, then declare the topology on that node."""
         settings = self._settings
-        if settings.declare:
-            await asyncio.to_thread(
-                declare_topology,
-                self._url,
-                self._factory.topology(),
-                timeout=settings.connect_timeout,
-                connection_name=f"{settings.connection_name} (declare)",
-            )
+        self._connection, node = await connect_first(
+            self._urls,
+            timeout=settings.connect_timeout,
+            connection_name=settings.connection_name,
+            after=self._node,
+        )
+        self._node = node
         try:
-            self._connection = await asyncio.wait_for(
-                aio_pika.connect(
-                    self._url.url, client_properties={"connection_name": settings.connection_name}
-                ),
-                settings.connect_timeout,
+            channel = await self._connection.channel(
+                publisher_confirms=True, on_return_raises=True
             )
-            return await self._connection.channel(publisher_confirms=True, on_return_raises=True)
-        except (TimeoutError, *aio_pika.exceptions.CONNECTION_EXCEPTIONS) as error:
+            if settings.declare:
+                await asyncio.to_thread(self._declare, node)
+        except CONNECT_ERRORS as error:
             await self._drop_connection()
             raise BrokerConnectionError(
-                f"cannot connect to the broker at {self._url.host}:{self._url.port}"
-                f" ({self._url.masked}): {type(error).__name__}: {mask_text(str(error))}."
-                " Check that RabbitMQ runs there and that the credentials and vhost are right"
+                f"cannot open a channel on the broker at {node.host}:{node.port}"
+                f" ({node.masked}): {describe(error)}"
             ) from None
+        except BaseException:
+            await self._drop_connection()
+            raise
+        return channel
 
     async def _drop_connection(self) -> None:
         connection = self._connection

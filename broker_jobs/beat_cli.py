@@ -23,6 +23,7 @@ from broker_jobs.envelope import utc_now
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.store.base import Store
 from broker_jobs.store.urls import open_store
+from broker_jobs.urls import BrokerURLs
 from scheduler.beat import ANNOUNCE_EVERY, Beat, BeatSettings, fire_key
 from scheduler.config import load_schedules
 from scheduler.schedules import Schedule
@@ -56,6 +57,7 @@ def beat_group() -> None:
     \b
     Examples:
       broker-jobs beat myproject.tasks:app
+      broker-jobs beat myproject.tasks:app --url amqp://u:p@mq1/,amqp://u:p@mq2/
       broker-jobs beat status myproject.tasks:app
     """
 
@@ -76,7 +78,7 @@ def beat_group() -> None:
     "--no-declare", is_flag=True, help="Declare nothing; the topology is operator-managed."
 )
 def run_command(  # noqa: PLR0917 - click passes every option positionally
-    url: str,
+    url: BrokerURLs,
     app_path: str,
     schedule_files: tuple[Path, ...],
     store_url: str,
@@ -98,7 +100,7 @@ def run_command(  # noqa: PLR0917 - click passes every option positionally
 
 
 async def _run(
-    url: str, app: App, schedules: Sequence[Schedule], store: Store, settings: BeatSettings
+    url: BrokerURLs, app: App, schedules: Sequence[Schedule], store: Store, settings: BeatSettings
 ) -> None:
     beat = Beat(url, app, schedules, store, settings)
     beat.install_signal_handlers()

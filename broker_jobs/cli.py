@@ -13,6 +13,7 @@ from broker_jobs.cli_options import url_option
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.publisher import Publisher
 from broker_jobs.topology_cli import topology_group
+from broker_jobs.urls import BrokerURLs
 from broker_jobs.worker_cli import worker_command
 from topology.names import DEFAULT_NAMESPACE
 
@@ -33,7 +34,7 @@ def main() -> None:
 @click.argument("task")
 @click.argument("payload", default="{}")
 def publish(  # noqa: PLR0917 - click passes every option positionally
-    url: str,
+    url: BrokerURLs,
     namespace: str,
     idempotency_key: str | None,
     no_declare: bool,
@@ -43,8 +44,9 @@ def publish(  # noqa: PLR0917 - click passes every option positionally
     """Publish one job of TASK with a JSON object PAYLOAD and print its id once confirmed.
 
     \b
-    Example:
+    Examples:
       broker-jobs publish image.resize '{"url": "https://example.com/a.png", "width": 128}'
+      broker-jobs publish --url amqp://u:p@mq1/ --url amqp://u:p@mq2/ report.build
     """
     try:
         data = json.loads(payload)

@@ -6,14 +6,35 @@ import logging
 
 import click
 
+from broker_jobs.errors import ConfigurationError
+from broker_jobs.urls import BrokerURLs
+
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
 
+
+def _broker_urls(
+    _ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]
+) -> BrokerURLs:
+    """The ``--url`` values (each may list URLs separated by commas) as one list."""
+    try:
+        return BrokerURLs.parse(value)
+    except ConfigurationError as error:  # the message masks passwords
+        raise click.BadParameter(str(error)) from None
+
+
+#: ``--url``, repeatable; the command function gets a :class:`BrokerURLs` named ``url``.
 url_option = click.option(
     "--url",
     envvar="BROKER_JOBS_URL",
-    default=DEFAULT_URL,
+    multiple=True,
+    default=(DEFAULT_URL,),
+    callback=_broker_urls,
+    metavar="URL",
     show_default="$BROKER_JOBS_URL or amqp://guest:***@localhost:5672/",
-    help="AMQP URL of the broker (amqps:// for TLS).",
+    help="AMQP URL of the broker (amqps:// for TLS). For the nodes of a cluster, repeat"
+    " --url or separate URLs with commas (in BROKER_JOBS_URL: commas or spaces): the"
+    " first node that answers is used, the others when its connection is lost. Write a"
+    " comma inside a password as %2C.",
 )
 
 #: The embedded default: an SQLite file in the working directory.

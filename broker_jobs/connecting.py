@@ -1,23 +1,36 @@
-"""Connecting aio-pika to the first node of a broker that answers.
+"""Connecting to the first node of a broker that answers.
 
-Every async client (the worker, :class:`~broker_jobs.AsyncPublisher`, beat) connects
-through :func:`connect_first`, so "several broker URLs" means the same everywhere:
-the URLs are tried in order (after a loss, starting with the node after the lost
-one), each within ``timeout``, and the error names every node and why it failed,
-with passwords masked.
+Every client connects through this module, so "several broker URLs" means the same
+everywhere: the URLs are tried in order (after a loss, starting with the node after
+the lost one), each within ``timeout``, and the error names every node and why it
+failed, with passwords masked.
+
+- :func:`connect_first`: aio-pika (the worker, :class:`~broker_jobs.AsyncPublisher`,
+  beat).
+- :func:`connect_first_blocking`: a pika ``BlockingConnection`` (declaring, the
+  operator's commands).
+- :func:`first_answering`: any other single-node connect (the sync publisher's
+  :class:`~broker_jobs.pika_link.PikaLink`) that raises :class:`NodeUnreachable`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import aio_pika
 import aio_pika.abc
 import aio_pika.exceptions
+import pika
+import pika.exceptions
 
 from broker_jobs.errors import BrokerConnectionError
-from broker_jobs.urls import BrokerURL, BrokerURLs, mask_text
+from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs, mask_text
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: What a failed connection attempt raises: the node is down, unreachable, slow,
 #: or refuses us (credentials, vhost), which another node may not.
@@ -25,10 +38,22 @@ CONNECT_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
     *aio_pika.exceptions.CONNECTION_EXCEPTIONS,
 )
+#: The same for pika's ``BlockingConnection``.
+BLOCKING_CONNECT_ERRORS: tuple[type[BaseException], ...] = (pika.exceptions.AMQPError,)
+
+
+class NodeUnreachable(BrokerConnectionError):
+    """One node did not answer. Raised by single-node connects; :func:`first_answering`
+    goes on to the next node, and names them all if none answers."""
+
+    def __init__(self, url: BrokerURL, reason: object) -> None:
+        self.url = url
+        self.line = node_failure(url, reason)
+        super().__init__(unreachable_message([self.line]))
 
 
 async def connect_first(
-    urls: BrokerURLs,
+    urls: AnyBrokerURLs,
     *,
     timeout: float,
     connection_name: str,
@@ -38,8 +63,8 @@ async def connect_first(
     """A connection to the first of ``urls`` that answers (those after ``after``
     first), and the URL it went to; ``options`` go to :func:`aio_pika.connect`.
     Raises :class:`BrokerConnectionError` naming each node tried."""
-    failures = []
-    for url in urls.after(after):
+    failures: list[str] = []
+    for url in BrokerURLs.parse(urls).after(after):
         try:
             connection = await asyncio.wait_for(
                 aio_pika.connect(
@@ -51,10 +76,70 @@ async def connect_first(
                 timeout,
             )
         except CONNECT_ERRORS as error:
-            failures.append(f"{url.host}:{url.port} ({url.masked}): {describe(error)}")
+            failures.append(node_failure(url, error))
             continue
+        _log_skipped(failures, url)
         return connection, url
-    raise BrokerConnectionError(
+    raise BrokerConnectionError(unreachable_message(failures))
+
+
+def connect_first_blocking(
+    urls: AnyBrokerURLs,
+    *,
+    timeout: float,
+    connection_name: str,
+    after: BrokerURL | None = None,
+) -> tuple[pika.BlockingConnection, BrokerURL]:
+    """The pika twin of :func:`connect_first`: a ``BlockingConnection`` to the first
+    of ``urls`` that answers, and its URL; same order, same error."""
+    return first_answering(
+        urls,
+        lambda url: _blocking_connection(url, timeout, connection_name),
+        after=after,
+    )
+
+
+def first_answering(
+    urls: AnyBrokerURLs, connect: Callable[[BrokerURL], T], *, after: BrokerURL | None = None
+) -> tuple[T, BrokerURL]:
+    """``connect(url)`` for each of ``urls`` in turn (those after ``after`` first)
+    until one does not raise :class:`NodeUnreachable`: its result and URL. Raises
+    :class:`BrokerConnectionError` naming each node tried."""
+    failures: list[str] = []
+    for url in BrokerURLs.parse(urls).after(after):
+        try:
+            connected = connect(url)
+        except NodeUnreachable as error:
+            failures.append(error.line)
+            continue
+        _log_skipped(failures, url)
+        return connected, url
+    raise BrokerConnectionError(unreachable_message(failures))
+
+
+def _blocking_connection(
+    url: BrokerURL, timeout: float, connection_name: str
+) -> pika.BlockingConnection:
+    parameters = pika.URLParameters(url.url)
+    parameters.connection_attempts = 1
+    parameters.socket_timeout = timeout
+    parameters.stack_timeout = timeout
+    parameters.blocked_connection_timeout = timeout
+    parameters.client_properties = {"connection_name": connection_name}
+    try:
+        return pika.BlockingConnection(parameters)
+    except BLOCKING_CONNECT_ERRORS as error:
+        raise NodeUnreachable(url, error) from None
+
+
+def node_failure(url: BrokerURL, reason: object) -> str:
+    """``host:port (masked URL): why``, one node's part of a connection error."""
+    why = describe(reason) if isinstance(reason, BaseException) else mask_text(str(reason))
+    return f"{url.host}:{url.port} ({url.masked}): {why}"
+
+
+def unreachable_message(failures: list[str]) -> str:
+    return (
         "cannot connect to the broker at " + "; ".join(failures) + ". Check that RabbitMQ"
         " runs there and that the credentials and vhost are right"
     )
@@ -66,3 +151,8 @@ def describe(error: BaseException) -> str:
     if isinstance(error, TimeoutError) and not text:
         text = "no answer in time"
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _log_skipped(failures: list[str], url: BrokerURL) -> None:
+    if failures:
+        log.warning("connected to %s; no answer from %s", url.masked, "; ".join(failures))

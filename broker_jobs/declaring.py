@@ -2,7 +2,9 @@
 
 Both publishers use this (the async one in a thread): declaration happens once per
 connection, so a short-lived blocking connection costs little and keeps one
-implementation of the conflict report.
+implementation of the conflict report. Each function takes the broker's URLs
+(anything :meth:`BrokerURLs.parse` takes) and connects to the first node that
+answers (:func:`~broker_jobs.connecting.connect_first_blocking`).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import asyncio
 import pika
 import pika.exceptions
 
+from broker_jobs.connecting import connect_first_blocking
 from broker_jobs.errors import BrokerConnectionError, TopologyConflictError, TopologyError
-from broker_jobs.urls import BrokerURL, mask_text
+from broker_jobs.urls import AnyBrokerURLs, mask_text
 from topology import DeclareReport, Names, Topology, declare, ladder_topology
 from topology import TopologyConflictError as _TopologyConflict
 
@@ -23,31 +26,12 @@ NOT_FOUND = 404
 DAEMON_DECLARE_TIMEOUT = 10.0
 
 
-def blocking_connection(
-    url: BrokerURL, *, timeout: float, connection_name: str
-) -> pika.BlockingConnection:
-    """A pika blocking connection, or :class:`BrokerConnectionError` naming the host."""
-    parameters = pika.URLParameters(url.url)
-    parameters.connection_attempts = 1
-    parameters.socket_timeout = timeout
-    parameters.stack_timeout = timeout
-    parameters.blocked_connection_timeout = timeout
-    parameters.client_properties = {"connection_name": connection_name}
-    try:
-        return pika.BlockingConnection(parameters)
-    except pika.exceptions.AMQPError as error:
-        raise BrokerConnectionError(
-            f"cannot connect to the broker at {url.host}:{url.port} ({url.masked}):"
-            f" {type(error).__name__} {mask_text(str(error))}."
-            " Check that RabbitMQ runs there and that the"
-            " credentials and vhost are right"
-        ) from None
-
-
 def declare_topology(
-    url: BrokerURL, topology: Topology, *, timeout: float, connection_name: str
+    urls: AnyBrokerURLs, topology: Topology, *, timeout: float, connection_name: str
 ) -> DeclareReport:
-    connection = blocking_connection(url, timeout=timeout, connection_name=connection_name)
+    connection, url = connect_first_blocking(
+        urls, timeout=timeout, connection_name=connection_name
+    )
     try:
         return declare(connection, topology)
     except _TopologyConflict as error:
@@ -68,12 +52,13 @@ def declare_topology(
             connection.close()
 
 
-async def declare_at_start(url: BrokerURL, topology: Topology, daemon: str) -> DeclareReport:
-    """A daemon's declaration at start-up, off its event loop (pika blocks);
-    ``daemon`` names it in the broker's connection list."""
+async def declare_at_start(urls: AnyBrokerURLs, topology: Topology, daemon: str) -> DeclareReport:
+    """A daemon's declaration at start-up, off its event loop (pika blocks), on the
+    first of ``urls`` that answers; ``daemon`` names it in the broker's connection
+    list."""
     return await asyncio.to_thread(
         declare_topology,
-        url,
+        urls,
         topology,
         timeout=DAEMON_DECLARE_TIMEOUT,
         connection_name=f"{daemon} (declare)",
@@ -81,7 +66,7 @@ async def declare_at_start(url: BrokerURL, topology: Topology, daemon: str) -> D
 
 
 def prepare_ladder(
-    url: BrokerURL,
+    urls: AnyBrokerURLs,
     names: Names,
     tasks: set[str],
     *,
@@ -98,9 +83,11 @@ def prepare_ladder(
     """
     if declare_ladder:
         declare_topology(
-            url, ladder_topology(names), timeout=timeout, connection_name=connection_name
+            urls, ladder_topology(names), timeout=timeout, connection_name=connection_name
         )
-    connection = blocking_connection(url, timeout=timeout, connection_name=connection_name)
+    connection, _ = connect_first_blocking(
+        urls, timeout=timeout, connection_name=connection_name
+    )
     try:
         return {task for task in tasks if not _queue_exists(connection, names.task_queue(task))}
     finally:
@@ -108,10 +95,13 @@ def prepare_ladder(
             connection.close()
 
 
-def existing_queues(url: BrokerURL, queues: list[str], *, connection_name: str) -> list[str]:
-    """Those of ``queues`` that exist (passive declares need no permission)."""
-    connection = blocking_connection(
-        url, timeout=DAEMON_DECLARE_TIMEOUT, connection_name=connection_name
+def existing_queues(
+    urls: AnyBrokerURLs, queues: list[str], *, connection_name: str
+) -> list[str]:
+    """Those of ``queues`` that exist (passive declares need no permission), asked
+    of the first of ``urls`` that answers."""
+    connection, _ = connect_first_blocking(
+        urls, timeout=DAEMON_DECLARE_TIMEOUT, connection_name=connection_name
     )
     try:
         return [queue for queue in queues if _queue_exists(connection, queue)]

@@ -22,9 +22,10 @@ import pika.frame
 import pika.spec
 from pika.adapters.select_connection import SelectConnection
 
+from broker_jobs.connecting import NodeUnreachable, first_answering
 from broker_jobs.envelope import WireMessage
 from broker_jobs.errors import BrokerConnectionError
-from broker_jobs.urls import BrokerURL, mask_text
+from broker_jobs.urls import AnyBrokerURLs, BrokerURL, mask_text
 
 #: Seconds to wait for the broker's close-ok before dropping the socket.
 CLOSE_TIMEOUT = 2.0
@@ -56,7 +57,9 @@ class _State:
 
 
 class PikaLink:
-    """One connection and one confirm-mode channel; dead once closed."""
+    """One connection and one confirm-mode channel; dead once closed. Opening one
+    raises :class:`~broker_jobs.connecting.NodeUnreachable` (a
+    :class:`BrokerConnectionError`) when the node does not answer."""
 
     def __init__(self, url: BrokerURL, *, connect_timeout: float, connection_name: str) -> None:
         self._url = url
@@ -84,12 +87,30 @@ class PikaLink:
         )
         if self._channel is None:
             self._abort()
-            reason = self._open_error or "timed out"
-            raise BrokerConnectionError(
-                f"cannot connect to the broker at {url.host}:{url.port} ({url.masked}):"
-                f" {_describe(reason)}. Check that RabbitMQ runs there and the credentials"
-                " and vhost are right"
-            )
+            raise NodeUnreachable(url, self._open_error or "no answer in time")
+
+    @classmethod
+    def connect_first(
+        cls,
+        urls: AnyBrokerURLs,
+        *,
+        after: BrokerURL | None = None,
+        connect_timeout: float,
+        connection_name: str,
+    ) -> PikaLink:
+        """A link to the first of ``urls`` that answers (those after ``after``
+        first; see :func:`~broker_jobs.connecting.first_answering`)."""
+        link, _ = first_answering(
+            urls,
+            lambda url: cls(url, connect_timeout=connect_timeout, connection_name=connection_name),
+            after=after,
+        )
+        return link
+
+    @property
+    def url(self) -> BrokerURL:
+        """The node this link is connected to."""
+        return self._url
 
     @property
     def is_open(self) -> bool:

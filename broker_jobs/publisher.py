@@ -11,7 +11,6 @@ from typing import Unpack
 
 from pika.exceptions import ChannelClosedByBroker
 
-from broker_jobs.declaring import declare_topology
 from broker_jobs.envelope import Job
 from broker_jobs.errors import (
     BrokerConnectionError,
@@ -51,6 +50,8 @@ class Publisher(PublisherBase):
     ``confirm_timeout`` seconds or a :class:`ConfirmTimeoutError` is raised. The
     connection opens on first use and reopens on the next publish after it broke
     (a broker restart, say); ``publish`` retries once on a fresh connection then.
+    Given the URLs of several nodes, it connects to the first that answers, and
+    after a lost connection tries the other nodes before the lost one.
 
     Threads: a pika connection must not be used from two threads at once, so every
     call takes an internal lock. Sharing one publisher between threads is safe, and
@@ -107,6 +108,7 @@ class Publisher(PublisherBase):
             if self._link is not None:
                 self._link.close()
                 self._link = None
+            self._node = None  # used again, it starts with the first node
 
     def __enter__(self) -> Publisher:
         return self
@@ -165,19 +167,21 @@ class Publisher(PublisherBase):
                 self._link.close()
                 self._link = None
         if self._link is None:
-            if self._settings.declare:
-                declare_topology(
-                    self._url,
-                    self._factory.topology(),
-                    timeout=self._settings.connect_timeout,
-                    connection_name=f"{self._settings.connection_name} (declare)",
-                )
             self._forget_connection_facts()
-            self._link = PikaLink(
-                self._url,
+            link = PikaLink.connect_first(
+                self._urls,
+                after=self._node,  # after a loss, the other nodes first
                 connect_timeout=self._settings.connect_timeout,
                 connection_name=self._settings.connection_name,
             )
+            self._node = link.url
+            if self._settings.declare:
+                try:
+                    self._declare(link.url)
+                except BaseException:
+                    link.close()
+                    raise
+            self._link = link
         return self._link
 
     def _record_settled(

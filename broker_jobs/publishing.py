@@ -16,7 +16,7 @@ from typing import Any, TypedDict, Unpack
 from pydantic import BaseModel, ValidationError
 
 from broker_jobs.app import App
-from broker_jobs.declaring import prepare_ladder
+from broker_jobs.declaring import declare_topology, prepare_ladder
 from broker_jobs.due import Delay, Route, due_time, route_for
 from broker_jobs.envelope import Job, WireMessage, encode, utc_now
 from broker_jobs.errors import (
@@ -29,7 +29,7 @@ from broker_jobs.errors import (
     UnroutableError,
     describe_validation_error,
 )
-from broker_jobs.urls import BrokerURL
+from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs
 from topology import DEFAULT_NAMESPACE, InvalidNameError, Names, Topology, namespace_topology
 
 Payload = BaseModel | Mapping[str, Any]
@@ -97,7 +97,7 @@ class PublisherBase:
 
     def __init__(
         self,
-        url: str,
+        url: AnyBrokerURLs,
         app: App | None = None,
         *,
         namespace: str | None = None,
@@ -106,10 +106,16 @@ class PublisherBase:
         declare: bool = True,
         connection_name: str | None = None,
     ) -> None:
-        """``app`` types and validates payloads (or pass ``namespace`` to publish
-        plain dicts by task name); ``declare=False`` leaves the topology to the
-        operator; ``connection_name`` shows in the broker's connection list."""
-        self._url = BrokerURL(url)
+        """``url``: the broker's AMQP URL, or the URLs of its nodes (a sequence, or
+        separated by commas): the publisher connects to the first that answers and,
+        after losing a connection, tries the other nodes first. ``app`` types and
+        validates payloads (or pass ``namespace`` to publish plain dicts by task
+        name); ``declare=False`` leaves the topology to the operator;
+        ``connection_name`` shows in the broker's connection list."""
+        self._urls = BrokerURLs.parse(url)
+        #: The node of the current connection, or of the last one (lost or closed):
+        #: the next connection tries the others first.
+        self._node: BrokerURL | None = None
         self._factory = JobFactory(app, namespace)
         self._settings = PublisherSettings(
             confirm_timeout,
@@ -138,7 +144,7 @@ class PublisherBase:
         tasks = {item.job.task for item in prepared if item.route.via_ladder}
         unknown = tasks - self._routable_tasks
         missing = prepare_ladder(
-            self._url,
+            self._urls.starting_at(self._node),
             self._factory.names,
             unknown,
             declare_ladder=self._settings.declare and not self._ladder_ready,
@@ -153,6 +159,20 @@ class PublisherBase:
             if item.route.via_ladder and item.job.task in missing
         }
 
+    def _declare(self, node: BrokerURL) -> None:
+        """Declare the topology (blocking), on ``node`` if it answers: called just
+        after connecting to it."""
+        declare_topology(
+            self._urls.starting_at(node),
+            self._factory.topology(),
+            timeout=self._settings.connect_timeout,
+            connection_name=f"{self._settings.connection_name} (declare)",
+        )
+
+    def _node_name(self) -> str:
+        """The node connected to (masked), or every node before the first connection."""
+        return self._node.masked if self._node is not None else self._urls.masked
+
     def _forget_connection_facts(self) -> None:
         """After a reconnect the broker may have been reset: check again."""
         self._ladder_ready = False
@@ -160,7 +180,7 @@ class PublisherBase:
 
     def __repr__(self) -> str:
         namespace = self._factory.names.namespace
-        return f"{type(self).__name__}({self._url.masked!r}, namespace={namespace!r})"
+        return f"{type(self).__name__}({self._urls.masked!r}, namespace={namespace!r})"
 
 
 @dataclass(frozen=True)

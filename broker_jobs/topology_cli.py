@@ -25,9 +25,9 @@ import pika.exceptions
 
 from broker_jobs.app_loader import load_app
 from broker_jobs.cli_options import url_option
-from broker_jobs.declaring import blocking_connection
+from broker_jobs.connecting import connect_first_blocking
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.urls import BrokerURL, mask_text
+from broker_jobs.urls import BrokerURL, BrokerURLs, mask_text
 from topology import Names, TopologyConflictError, declare
 from topology.definitions import RABBITMQ_DEFINITIONS, definitions
 from topology.errors import Conflict
@@ -96,7 +96,7 @@ def _namespace_option(function: F) -> F:
 @topology_group.command()
 @url_option
 @_source_options
-def plan(url: str, app_path: str | None, file_path: Path | None) -> None:
+def plan(url: BrokerURLs, app_path: str | None, file_path: Path | None) -> None:
     """Show what exists, what apply would create and what conflicts. Read-only.
 
     Exit 0 when in sync, 2 when changes are pending, 1 on conflicts or errors.
@@ -108,8 +108,8 @@ def plan(url: str, app_path: str | None, file_path: Path | None) -> None:
     """
     with _errors():
         spec = _spec(app_path, file_path)
-        inspection = _inspect(url, spec, "plan")
-    click.echo(f"namespace {spec.names.namespace!r} on {BrokerURL(url).masked}")
+        inspection, node = _inspect(url, spec, "plan")
+    click.echo(f"namespace {spec.names.namespace!r} on {node.masked}")
     for line in _object_lines(inspection, only_problems=False):
         click.echo(line)
     click.echo(_bindings_line(inspection))
@@ -131,7 +131,7 @@ def plan(url: str, app_path: str | None, file_path: Path | None) -> None:
 @topology_group.command()
 @url_option
 @_source_options
-def apply(url: str, app_path: str | None, file_path: Path | None) -> None:
+def apply(url: BrokerURLs, app_path: str | None, file_path: Path | None) -> None:
     """Declare every exchange, queue and binding; change and delete nothing.
 
     Existing objects are left as they are; one with other settings is reported
@@ -144,7 +144,7 @@ def apply(url: str, app_path: str | None, file_path: Path | None) -> None:
     """
     with _errors():
         spec = _spec(app_path, file_path)
-        with _connection(url, "apply") as connection:
+        with _connection(url, "apply") as (connection, node):
             before = inspect_topology(connection, spec.topology())
             try:
                 report = declare(connection, spec.topology())
@@ -159,7 +159,7 @@ def apply(url: str, app_path: str | None, file_path: Path | None) -> None:
     for state in before.having(Status.MISSING):
         click.echo(f"  + {state.kind} {state.name} ({state.detail}): created")
     click.echo(
-        f"applied namespace {spec.names.namespace!r} on {BrokerURL(url).masked}:"
+        f"applied namespace {spec.names.namespace!r} on {node.masked}:"
         f" {len(before.having(Status.MISSING))} created,"
         f" {len(report.exchanges) + len(report.queues)} exchanges and queues in place,"
         f" {report.bindings} bindings declared (nothing changed or deleted)"
@@ -169,7 +169,7 @@ def apply(url: str, app_path: str | None, file_path: Path | None) -> None:
 @topology_group.command()
 @url_option
 @_source_options
-def verify(url: str, app_path: str | None, file_path: Path | None) -> None:
+def verify(url: BrokerURLs, app_path: str | None, file_path: Path | None) -> None:
     """Check that the broker holds the topology, for CI/CD and readiness probes.
 
     Read-only. Exit 0 when every exchange and queue exists as declared, 1 when one
@@ -182,7 +182,7 @@ def verify(url: str, app_path: str | None, file_path: Path | None) -> None:
     """
     with _errors():
         spec = _spec(app_path, file_path)
-        inspection = _inspect(url, spec, "verify")
+        inspection, _ = _inspect(url, spec, "verify")
     namespace = spec.names.namespace
     if not inspection.in_sync:
         for line in _object_lines(inspection, only_problems=True):
@@ -267,7 +267,7 @@ def export(
     " consumer_timeout instead of probing.",
 )
 def preflight_command(  # noqa: PLR0917 - click passes every option positionally
-    url: str,
+    url: BrokerURLs,
     app_path: str | None,
     file_path: Path | None,
     namespace: str | None,
@@ -287,16 +287,24 @@ def preflight_command(  # noqa: PLR0917 - click passes every option positionally
     """
     with _errors():
         spec = _spec(app_path, file_path, namespace=namespace, required=False)
-        broker = BrokerURL(url)
+        nodes: list[BrokerURL] = []  # the node checked: reconnects go to it first
+
+        def connect() -> pika.BlockingConnection:
+            connection, node = connect_first_blocking(
+                url.starting_at(nodes[0] if nodes else None),
+                timeout=CONNECT_TIMEOUT,
+                connection_name="broker-jobs topology preflight",
+            )
+            nodes[:] = [node]
+            return connection
+
         checks = preflight(
-            lambda: blocking_connection(
-                broker, timeout=CONNECT_TIMEOUT, connection_name="broker-jobs topology preflight"
-            ),
+            connect,
             Needs.of(spec.topology(), max_task_timeout),
             spec.names.namespace,
             rabbitmqctl(ctl_command) if ctl_command else None,
         )
-    click.echo(f"preflight of {broker.masked}")
+    click.echo(f"preflight of {nodes[0].masked if nodes else url.masked}")
     for check in checks:
         click.echo(f"  {check.level.value:<8} {check.title}: {check.detail}")
         if check.fix:
@@ -376,20 +384,23 @@ def _spec(
 
 
 @contextmanager
-def _connection(url: str, command: str) -> Iterator[pika.BlockingConnection]:
-    connection = blocking_connection(
-        BrokerURL(url), timeout=CONNECT_TIMEOUT, connection_name=f"broker-jobs topology {command}"
+def _connection(
+    urls: BrokerURLs, command: str
+) -> Iterator[tuple[pika.BlockingConnection, BrokerURL]]:
+    """A connection to the first node that answers, and that node."""
+    connection, node = connect_first_blocking(
+        urls, timeout=CONNECT_TIMEOUT, connection_name=f"broker-jobs topology {command}"
     )
     try:
-        yield connection
+        yield connection, node
     finally:
         if connection.is_open:
             connection.close()
 
 
-def _inspect(url: str, spec: NamespaceSpec, command: str) -> Inspection:
-    with _connection(url, command) as connection:
-        return inspect_topology(connection, spec.topology())
+def _inspect(urls: BrokerURLs, spec: NamespaceSpec, command: str) -> tuple[Inspection, BrokerURL]:
+    with _connection(urls, command) as (connection, node):
+        return inspect_topology(connection, spec.topology()), node
 
 
 @contextmanager

@@ -31,6 +31,18 @@ class BrokerURL:
             )
         if not parts.hostname:
             raise ConfigurationError(f"broker URL {mask_url(self.url)!r} names no host")
+        if "://" in parts.path or "://" in parts.query:
+            # Another URL after a separator that did not split (http://, a typo):
+            # not shown, since mask_url only masks this URL's own password.
+            raise ConfigurationError(
+                f"broker URL for host {parts.hostname!r} holds another URL after its host:"
+                " separate broker URLs with commas, each starting amqp:// or amqps://"
+            )
+        if "," in parts.hostname:
+            raise ConfigurationError(
+                f"broker URL {mask_url(self.url)!r}: a host cannot contain a comma; give each"
+                " node a URL of its own: amqp://user:password@host1/,amqp://user:password@host2/"
+            )
         try:
             _ = parts.port
         except ValueError as error:
@@ -82,6 +94,12 @@ def mask_text(text: str) -> str:
     return _URL_PASSWORD.sub(r"\1:***@", text)
 
 
+#: A comma followed by the next URL's scheme: where a list of URLs is split.
+_URL_SEPARATOR = re.compile(r",(?=\s*amqps?://)", re.IGNORECASE)
+#: Stripped from both ends of each URL of a list.
+_AROUND = ", \t\r\n"
+
+
 @dataclass(frozen=True)
 class BrokerURLs:
     """The AMQP URLs of one broker: a single node, or several nodes of a cluster.
@@ -101,7 +119,14 @@ class BrokerURLs:
             )
 
     @classmethod
-    def parse(cls, value: str | BrokerURL | BrokerURLs | Sequence[str | BrokerURL]) -> BrokerURLs:
+    def parse(cls, value: AnyBrokerURLs) -> BrokerURLs:
+        """``value``: a URL, URLs separated by commas, or a sequence of either.
+
+        A comma separates two URLs only where the next one starts (``amqp://`` or
+        ``amqps://``): a piece of a password is never taken for a URL of its own,
+        and so never shown unmasked in an error. Commas and spaces around the URLs
+        are ignored.
+        """
         if isinstance(value, BrokerURLs):
             return value
         items = [value] if isinstance(value, str | BrokerURL) else list(value)
@@ -109,8 +134,13 @@ class BrokerURLs:
         for item in items:
             if isinstance(item, BrokerURL):
                 urls.append(item)
-                continue
-            urls.extend(BrokerURL(part.strip()) for part in item.split(",") if part.strip())
+            elif isinstance(item, str):
+                parts = (part.strip(_AROUND) for part in _URL_SEPARATOR.split(item))
+                urls.extend(BrokerURL(part) for part in parts if part)
+            else:
+                raise ConfigurationError(
+                    f"a broker URL must be a string, not {type(item).__name__}"
+                )
         return cls(tuple(urls))
 
     @property
@@ -123,6 +153,14 @@ class BrokerURLs:
             return self.urls
         at = self.urls.index(url)
         return self.urls[at + 1 :] + self.urls[: at + 1]
+
+    def starting_at(self, url: BrokerURL | None) -> BrokerURLs:
+        """The same URLs, ``url`` first and the others after it in turn: the order
+        for a second connection to the node a client is connected to."""
+        if url is None or url not in self.urls:
+            return self
+        at = self.urls.index(url)
+        return BrokerURLs(self.urls[at:] + self.urls[:at])
 
     @property
     def masked(self) -> str:
@@ -139,3 +177,8 @@ class BrokerURLs:
 
     def __repr__(self) -> str:
         return f"BrokerURLs({self.masked!r})"
+
+
+#: What clients take as their broker: a URL, URLs separated by commas, a sequence
+#: of URLs, or :class:`BrokerURLs`.
+AnyBrokerURLs = str | BrokerURL | BrokerURLs | Sequence[str | BrokerURL]

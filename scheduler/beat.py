@@ -35,7 +35,7 @@ from broker_jobs.envelope import Job, utc_now
 from broker_jobs.errors import BrokerConnectionError, ConfigurationError, PublishError
 from broker_jobs.publishing import JobFactory
 from broker_jobs.store.base import Store, StoreError
-from broker_jobs.urls import BrokerURL
+from broker_jobs.urls import AnyBrokerURLs, BrokerURLs
 from scheduler.emitter import Emitter
 from scheduler.leadership import Leadership
 from scheduler.schedules import Schedule
@@ -84,7 +84,7 @@ class Beat:
 
     def __init__(
         self,
-        url: str,
+        url: AnyBrokerURLs,
         app: App,
         schedules: Sequence[Schedule],
         store: Store,
@@ -93,8 +93,10 @@ class Beat:
         on_emitted: OnEmitted | None = None,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
-        """``clock`` gives the time the schedules are evaluated at (tests fix it)."""
-        self._url = BrokerURL(url)
+        """``url``: the broker's URL, or its nodes' URLs (a sequence, or separated by
+        commas; the first that answers is used, the others after a loss). ``clock``
+        gives the time the schedules are evaluated at (tests fix it)."""
+        self._urls = BrokerURLs.parse(url)
         self._app = app
         self._schedules = tuple(schedules)
         self._store = store
@@ -133,10 +135,10 @@ class Beat:
         settings = self._settings
         if settings.declare:
             await declare_at_start(
-                self._url, self._app.topology(), f"broker-jobs beat {self._identity}"
+                self._urls, self._app.topology(), f"broker-jobs beat {self._identity}"
             )
         leadership = Leadership(
-            self._url.url,
+            self._urls,
             self._app.namespace,
             self._identity,
             heartbeat=settings.heartbeat,

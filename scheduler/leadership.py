@@ -72,8 +72,9 @@ import aio_pika.abc
 import aio_pika.exceptions
 import aiormq.exceptions
 
+from broker_jobs.connecting import connect_first
 from broker_jobs.errors import BrokerConnectionError, ConfigurationError
-from broker_jobs.urls import BrokerURL, mask_text
+from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs, mask_text
 from topology.names import ARG_QUEUE_TYPE, InvalidNameError, Names
 from topology.permissions import beat_leader_queue
 
@@ -156,13 +157,16 @@ class _Session:
 class Leadership:
     """Take part in the election of one beat leader per namespace.
 
-    ``identity`` names this beat in tokens, logs and the connection name.
-    ``heartbeat`` (seconds) sets how fast the broker drops a silent beat, hence how
-    long a paused leader keeps others waiting (two to three heartbeats) and the lease
-    (one heartbeat). ``refresh_every`` is how often a beat holding no token publishes
-    one. ``on_change(leader)`` is called on the event loop when leadership is won or
-    lost; keep it quick. ``force_leader`` is for tests only (a split-brain proof): the
-    beat takes no part in the election and :meth:`is_leader` is true whenever it is
+    ``url`` is the broker's URL, or the URLs of its nodes (a sequence, or separated
+    by commas): a session goes to the first node that answers, the next one to the
+    other nodes first (:attr:`node` is the one in use). ``identity`` names this beat
+    in tokens, logs and the connection name. ``heartbeat`` (seconds) sets how fast
+    the broker drops a silent beat, hence how long a paused leader keeps others
+    waiting (two to three heartbeats) and the lease (one heartbeat).
+    ``refresh_every`` is how often a beat holding no token publishes one.
+    ``on_change(leader)`` is called on the event loop when leadership is won or lost;
+    keep it quick. ``force_leader`` is for tests only (a split-brain proof): the beat
+    takes no part in the election and :meth:`is_leader` is true whenever it is
     connected.
 
     Use from one event loop: ``await start()``, then call :meth:`is_leader` just
@@ -172,7 +176,7 @@ class Leadership:
 
     def __init__(
         self,
-        url: str,
+        url: AnyBrokerURLs,
         namespace: str,
         identity: str,
         *,
@@ -181,7 +185,10 @@ class Leadership:
         on_change: Callable[[bool], None] | None = None,
         force_leader: bool = False,
     ) -> None:
-        self._url = BrokerURL(url)
+        self._urls = BrokerURLs.parse(url)
+        #: The node of the current session, or of the last one: a new session
+        #: tries the other nodes first.
+        self._node: BrokerURL | None = None
         try:
             names = Names(namespace)
         except InvalidNameError as error:
@@ -232,6 +239,11 @@ class Leadership:
     def elected_at(self) -> ElectedAt | None:
         """When leadership was last won (kept after it is lost)."""
         return self._elected_at
+
+    @property
+    def node(self) -> BrokerURL | None:
+        """The broker node of the current session (or of the last one)."""
+        return self._node
 
     @property
     def connected(self) -> bool:
@@ -337,7 +349,7 @@ class Leadership:
         session = self._session
         if session is None or session.lost or session.connection.is_closed:
             raise BrokerConnectionError(
-                f"beat {self._identity} is not connected to the broker at {self._url.masked}"
+                f"beat {self._identity} is not connected to the broker at {self._urls.masked}"
             )
         return session
 
@@ -433,21 +445,19 @@ class Leadership:
         log.warning(
             "beat %s: no session with the broker at %s: %s%s; retrying in %.1f s",
             self._identity,
-            self._url.masked,
+            self._urls.masked,
             described,
             hint,
             delay,
         )
 
     async def _open_session(self) -> _Session:
-        connection = await asyncio.wait_for(
-            aio_pika.connect(
-                self._url.url,
-                heartbeat=self._heartbeat,
-                timeout=CONNECT_TIMEOUT,
-                client_properties={"connection_name": f"broker-jobs beat {self._identity}"},
-            ),
-            CONNECT_TIMEOUT,
+        connection, self._node = await connect_first(
+            self._urls,
+            timeout=CONNECT_TIMEOUT,
+            connection_name=f"broker-jobs beat {self._identity}",
+            after=self._node,  # after a session ended, the other nodes first
+            heartbeat=self._heartbeat,
         )
         session = _Session(connection)
         self._session = session

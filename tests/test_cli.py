@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import click
 import pika
 import pytest
 from click.testing import CliRunner
@@ -13,7 +15,9 @@ from pydantic import BaseModel
 
 from broker_jobs import App
 from broker_jobs.cli import main
+from broker_jobs.cli_options import url_option
 from broker_jobs.store import SQLiteStore
+from broker_jobs.urls import BrokerURLs
 from scheduler.beat import fire_key
 from tests.support import Broker, drain
 from topology import declare
@@ -28,7 +32,8 @@ def test_version_and_help() -> None:
     assert runner.invoke(main, ["--version"]).output.startswith("broker-jobs, version ")
     result = runner.invoke(main, ["publish", "--help"])
     assert result.exit_code == 0
-    assert "Example:" in result.output
+    assert "Examples:" in result.output
+    assert "repeat --url or separate URLs with commas" in " ".join(result.output.split())
 
 
 @pytest.mark.broker
@@ -56,6 +61,59 @@ def test_publish_prints_the_confirmed_job_id(
     (job,) = drain(connection, app.names.task_queue("note.add"))
     assert job.id == result.output.strip()
     assert (job.idempotency_key, job.payload) == ("k1", {"text": "hi"})
+
+
+@click.command()
+@url_option
+def show_urls(url: BrokerURLs) -> None:
+    click.echo(" ".join(f"{node.host}:{node.port}" for node in url))
+
+
+def test_url_is_repeatable_takes_commas_and_the_environment() -> None:
+    runner = CliRunner()
+    given = ["--url", "amqp://u:p@mq1/,amqp://u:p@mq2:5673/", "--url", "amqps://u:p@mq3/"]
+    assert runner.invoke(show_urls, given).output == "mq1:5672 mq2:5673 mq3:5671\n"
+    listed = {"BROKER_JOBS_URL": "amqp://u:p@mq1/ amqp://u:p@mq2/,amqp://u:p@mq3/"}
+    assert runner.invoke(show_urls, [], env=listed).output == "mq1:5672 mq2:5672 mq3:5672\n"
+    assert runner.invoke(show_urls, ["--url", "amqp://mq9/"], env=listed).output == "mq9:5672\n"
+    unset = {"BROKER_JOBS_URL": None}
+    assert runner.invoke(show_urls, [], env=unset).output == "localhost:5672\n"
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (["--url", ""], "no broker URL given"),
+        (["--url", "amqp://u:hunter2@mq1/", "--url", "http://u:hunter2@mq2/"], "unsupported"),
+        (["--url", "amqp://u:hunter2@mq1,mq2/"], "a host cannot contain a comma"),
+    ],
+)
+def test_bad_urls_are_usage_errors_without_the_password(given: list[str], message: str) -> None:
+    result = CliRunner().invoke(show_urls, given)
+    assert result.exit_code == 2
+    assert "Invalid value for '--url'" in result.output
+    assert message in result.output
+    assert "hunter2" not in result.output
+
+
+@pytest.mark.broker
+def test_publish_goes_to_the_first_node_that_answers(
+    broker: Broker, make_app: Callable[[], App], connection: pika.BlockingConnection
+) -> None:
+    app = make_app()
+    app.declare("note.add", Note)
+    declare(connection, app.topology(ladder=False))
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        down = f"amqp://u:hunter2@127.0.0.1:{probe.getsockname()[1]}/"
+    result = CliRunner().invoke(
+        main,
+        ["publish", "--url", down, "--url", broker.url, "--namespace", app.namespace,
+         "note.add", '{"text": "hi"}'],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (job,) = drain(connection, app.names.task_queue("note.add"))
+    assert job.id == result.output.strip()
 
 
 def test_bad_payloads_are_refused_with_a_hint() -> None:

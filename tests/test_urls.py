@@ -1,11 +1,38 @@
-"""Credentials never leave the process: URL validation and masking."""
+"""Broker URLs: validation, masking (credentials never leave the process), and
+several nodes: parsing lists, and clients connecting to the first node that answers
+and, after a loss, to the others first.
+
+Failover needs no cluster: a URL of a closed port stands for a node that is down,
+and a TCP relay to the test broker for a node whose connections the test cuts.
+"""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit, urlunsplit
 
-from broker_jobs import ConfigurationError, mask_url
-from broker_jobs.urls import BrokerURL, mask_text
+import pika
+import pytest
+from pydantic import BaseModel
+
+from broker_jobs import App, BrokerConnectionError, ConfigurationError, mask_url
+from broker_jobs.connecting import connect_first, connect_first_blocking
+from broker_jobs.declaring import declare_at_start, existing_queues
+from broker_jobs.urls import BrokerURL, BrokerURLs, mask_text
+from scheduler.leadership import Leadership
+from tests.support import AnyPublisher, Broker, drain
+
+MakePublisher = Callable[..., AnyPublisher]
+
+
+class Resize(BaseModel):
+    url: str
+    width: int
 
 
 def test_mask_url_hides_only_the_password() -> None:
@@ -36,3 +63,280 @@ def test_bad_urls_are_refused_masked(bad: str) -> None:
     with pytest.raises(ConfigurationError) as caught:
         BrokerURL(bad)
     assert "secret" not in str(caught.value)
+
+
+# -- several URLs: parsing -------------------------------------------------------------
+
+
+def test_several_urls_from_commas_and_sequences_in_order() -> None:
+    urls = BrokerURLs.parse("amqp://u:p@mq1/, amqps://u:p@mq2/ ,AMQP://u:p@mq3:5673/v")
+    assert [(url.host, url.port) for url in urls] == [("mq1", 5672), ("mq2", 5671), ("mq3", 5673)]
+    assert BrokerURLs.parse(["amqp://a/,amqp://b/", BrokerURL("amqp://c/")]) == BrokerURLs.parse(
+        "amqp://a/,amqp://b/,amqp://c/"
+    )
+    assert BrokerURLs.parse(urls) is urls
+    assert BrokerURLs.parse(",amqp://a/, ,").urls == (BrokerURL("amqp://a/"),)
+
+
+def test_a_single_url_is_taken_whole_commas_and_all() -> None:
+    (url,) = BrokerURLs.parse("amqp://u:p@h/a,b")
+    assert url.vhost == "a,b"
+    # A comma splits only before the next scheme: a password's comma stays in it
+    # (and its pieces never reach an error unmasked); %2C is the safe spelling.
+    (url,) = BrokerURLs.parse("amqp://u:se,cret@h/")
+    assert url.masked == "amqp://u:***@h/"
+    (url,) = BrokerURLs.parse("amqp://u:se%2Ccret@h/")
+    assert url.masked == "amqp://u:***@h/"
+
+
+def test_masked_lists_hide_every_password() -> None:
+    urls = BrokerURLs.parse("amqp://u:hunter2@mq1/,amqp://u:swordfish@mq2/")
+    for text in (str(urls), repr(urls), urls.masked):
+        assert "hunter2" not in text
+        assert "swordfish" not in text
+    assert urls.masked == "amqp://u:***@mq1/, amqp://u:***@mq2/"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("", "no broker URL given"),
+        (" , ", "no broker URL given"),
+        ([], "no broker URL given"),
+        ("amqp://u:secret@mq1,mq2/", "a host cannot contain a comma"),
+        ("amqp://u:secret@mq1/,http://u:secret@mq2/", "holds another URL after its host"),
+        ("amqp://u:secret@mq1/,xamqp://u:secret@mq2/", "holds another URL after its host"),
+        ("amqp://u:secret@mq1/, amqp://u:secret@:1/", "names no host"),
+        ([None], "must be a string, not NoneType"),
+    ],
+)
+def test_empty_or_invalid_lists_are_refused_clearly(value: object, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        BrokerURLs.parse(value)  # type: ignore[arg-type]
+    assert "secret" not in str(caught.value)
+
+
+def test_the_order_after_a_loss_and_for_a_second_connection() -> None:
+    a, b, c = urls = BrokerURLs.parse("amqp://a/,amqp://b/,amqp://c/")
+    assert urls.after(None) == (a, b, c)
+    assert urls.after(b) == (c, a, b)
+    assert urls.starting_at(b).urls == (b, c, a)
+    assert urls.starting_at(None) is urls
+    assert urls.starting_at(BrokerURL("amqp://elsewhere/")) is urls
+
+
+# -- several URLs: connecting ------------------------------------------------------------
+
+
+def closed_port() -> int:
+    """A port nothing listens on (bound once, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def on_port(url: str, port: int, password: str | None = None) -> str:
+    """``url`` with its host and port replaced by 127.0.0.1:``port``."""
+    parts = urlsplit(url)
+    user = parts.username or "guest"
+    secret = password if password is not None else parts.password or "guest"
+    return urlunsplit(parts._replace(netloc=f"{user}:{secret}@127.0.0.1:{port}"))
+
+
+class Relay:
+    """A TCP relay to the test broker: a second "node" the test can cut off (every
+    relayed connection dropped at once) and bring back on the same port."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self._target = (parts.hostname or "127.0.0.1", parts.port or 5672)
+        self.accepted = 0
+        self.port = 0
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._listener: socket.socket | None = None
+        self._stopping = threading.Event()
+        self.listen()
+
+    def url(self, url: str) -> str:
+        return on_port(url, self.port)
+
+    def listen(self) -> None:
+        self._stopping.clear()
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self._listener.settimeout(0.05)
+        self.port = self._listener.getsockname()[1]
+        self._spawn(self._accept, self._listener)
+
+    def cut(self) -> None:
+        """Close the listener and every relayed connection; wait for the threads."""
+        self._stopping.set()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        for thread in self._threads:
+            thread.join(5)
+        self._threads.clear()
+        for sock in sockets:
+            sock.close()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    def _spawn(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while not self._stopping.is_set():
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            upstream = socket.create_connection(self._target)
+            client.settimeout(None)
+            with self._lock:
+                self.accepted += 1
+                self._sockets += [client, upstream]
+            self._spawn(self._pump, client, upstream)
+            self._spawn(self._pump, upstream, client)
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.fixture
+def relay(broker: Broker) -> Iterator[Relay]:
+    made = Relay(broker.url)
+    yield made
+    made.cut()
+
+
+def test_no_node_answering_names_every_node_masked() -> None:
+    first, second = closed_port(), closed_port()
+    urls = [
+        f"amqp://app:hunter2@127.0.0.1:{first}/",
+        f"amqp://app:hunter2@127.0.0.1:{second}/",
+    ]
+    errors = []
+    with pytest.raises(BrokerConnectionError) as caught:
+        connect_first_blocking(urls, timeout=3, connection_name="test")
+    errors.append(str(caught.value))
+    with pytest.raises(BrokerConnectionError) as caught:
+        asyncio.run(connect_first(urls, timeout=3, connection_name="test"))
+    errors.append(str(caught.value))
+    for message in errors:
+        assert message.startswith(f"cannot connect to the broker at 127.0.0.1:{first} (")
+        assert f"; 127.0.0.1:{second} (amqp://app:***@127.0.0.1:{second}/): " in message
+        assert "hunter2" not in message
+
+
+@pytest.mark.broker
+def test_blocking_and_async_connects_skip_a_node_that_does_not_answer(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    down = on_port(broker.url, closed_port(), password="hunter2")
+    connection, node = connect_first_blocking(
+        [down, broker.url], timeout=3, connection_name="test blocking failover"
+    )
+    connection.close()
+    assert node == BrokerURL(broker.url)
+
+    async def connect() -> BrokerURL:
+        connection, node = await connect_first(
+            f"{down},{broker.url}", timeout=3, connection_name="test async failover"
+        )
+        await connection.close()
+        return node
+
+    assert asyncio.run(connect()) == BrokerURL(broker.url)
+    skipped = [r.getMessage() for r in caplog.records if "no answer from" in r.getMessage()]
+    assert len(skipped) == 2
+    assert all("hunter2" not in line and ":***@" in line for line in skipped)
+
+
+@pytest.mark.broker
+def test_declaring_goes_to_the_first_node_that_answers(
+    broker: Broker, make_app: Callable[[], App]
+) -> None:
+    app = make_app()
+    app.declare("image.resize", Resize)
+    urls = BrokerURLs.parse([on_port(broker.url, closed_port()), broker.url])
+    asyncio.run(declare_at_start(urls, app.topology(), "test declare"))
+    queue = app.names.task_queue("image.resize")
+    assert existing_queues(urls, [queue, "no-such-queue"], connection_name="test") == [queue]
+
+
+@pytest.mark.broker
+def test_publishers_skip_a_node_that_does_not_answer(
+    broker: Broker, make_app: Callable[[], App], make_publisher: MakePublisher
+) -> None:
+    app = make_app()
+    app.declare("image.resize", Resize)
+    down = on_port(broker.url, closed_port())
+    publisher = make_publisher(app, url=[down, broker.url])
+    first = publisher.publish("image.resize", Resize(url="a", width=1))
+    # A delayed job: the delay ladder is declared and its task's queue checked, on
+    # the node the publisher is connected to.
+    later = publisher.publish("image.resize", Resize(url="b", width=2), delay=30)
+    assert later.due_at is not None
+    with contextlib.closing(broker.connection("test check")) as connection:
+        assert drain(connection, app.names.task_queue("image.resize")) == [first]
+
+
+@pytest.mark.broker
+def test_after_a_lost_connection_publishers_try_the_other_node_first(
+    broker: Broker, make_app: Callable[[], App], make_publisher: MakePublisher, relay: Relay
+) -> None:
+    app = make_app()
+    app.declare("image.resize", Resize)
+    publisher = make_publisher(app, url=f"{relay.url(broker.url)},{broker.url}")
+    before = publisher.publish("image.resize", Resize(url="a", width=1))
+    assert relay.accepted >= 1, "the first publish goes through the first node"
+    relay.cut()  # the node is lost...
+    relay.listen()  # ...and back at once: the next connection still tries the other first
+    accepted = relay.accepted
+    after = publisher.publish("image.resize", Resize(url="b", width=2))
+    assert relay.accepted == accepted
+    with contextlib.closing(broker.connection("test check")) as connection:
+        stored = drain(connection, app.names.task_queue("image.resize"))
+    assert {job.id for job in stored} == {before.id, after.id}
+
+
+@pytest.mark.broker
+def test_a_beat_session_goes_to_the_other_node_after_a_loss(
+    broker: Broker, namespace: str, relay: Relay, connection: pika.BlockingConnection
+) -> None:
+    first, second = BrokerURL(relay.url(broker.url)), BrokerURL(broker.url)
+
+    async def run() -> None:
+        leadership = Leadership([first.url, second.url], namespace, "test-failover", heartbeat=2)
+        await leadership.start()
+        try:
+            assert await leadership.wait_until_leader(10)
+            assert leadership.node == first
+            relay.cut()
+            relay.listen()
+            accepted = relay.accepted
+            deadline = time.monotonic() + 10
+            while not (leadership.node == second and leadership.is_leader()):
+                assert time.monotonic() < deadline, "no new session on the other node"
+                await asyncio.sleep(0.02)  # polling: the session ends in the background
+            assert relay.accepted == accepted
+        finally:
+            await leadership.stop()
+            connection.channel().queue_delete(leadership.queue)
+            connection.channel().exchange_delete(leadership.queue)
+
+    asyncio.run(run())
