@@ -12,6 +12,10 @@ The beat's records (the last fire of each schedule, the leader of each group) li
 two small tables beside the ledger, each written with one statement: a fire is an
 UPSERT that only moves forward, so it stays monotonic whatever the callers' order.
 
+Many processes may open one new file at once: switching it to WAL and creating the
+tables are retried while another opener holds the lock (SQLite answers some of those
+races SQLITE_BUSY at once, without its busy timeout), for up to the busy timeout.
+
 The file must live on a local file system (WAL needs shared memory between the
 processes; network file systems break SQLite's locking).
 """
@@ -22,8 +26,10 @@ import asyncio
 import contextlib
 import logging
 import queue as _queue
+import random
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -60,6 +66,12 @@ SCHEMA_VERSION = 1
 
 #: Seconds a writer waits for another process's transaction before giving up.
 DEFAULT_BUSY_TIMEOUT = 10.0
+
+#: Pauses between tries when opening the file meets another opener's lock: doubled
+#: from the first to the last, each shortened or lengthened by up to half at random
+#: (openers released together do not retry in step).
+_OPEN_FIRST_PAUSE = 0.001
+_OPEN_LAST_PAUSE = 0.05
 
 _COLUMNS = (
     "idempotency_key, job_id, task, status, attempts, created_at, updated_at, worker,"
@@ -187,19 +199,29 @@ class SQLiteStore(ExclusiveStore):
     @contextmanager
     def _translate(self, action: str) -> Iterator[None]:
         """sqlite3 errors -> StoreError saying what happened and what to do."""
+        started = time.monotonic()
         try:
             yield
         except sqlite3.Error as error:
-            raise self._store_error(action, error) from error
+            raise self._store_error(action, error, time.monotonic() - started) from error
 
-    def _store_error(self, action: str, error: sqlite3.Error) -> StoreError:
+    def _store_error(
+        self, action: str, error: sqlite3.Error, waited: float | None = None, tries: int = 1
+    ) -> StoreError:
+        """``waited``: the seconds spent on the step that failed (all its ``tries``)."""
         text = str(error)
         where = f"SQLite store {str(self.path)!r}"
-        if "locked" in text or "busy" in text:
+        if _is_busy(error) or "locked" in text or "busy" in text:
+            # SQLite answers some lock conflicts at once, without the busy timeout (when
+            # waiting could deadlock): say how long it really was.
+            spent = "" if waited is None else f" after {_duration(waited)}"
+            if tries > 1:
+                spent += f" and {tries} tries"
             return StoreError(
-                f"{where}: cannot {action}: the file stayed locked by another process for"
-                f" more than {self._busy_timeout:g} s. Look for a process holding a long"
-                " transaction on it (a shell, a backup), or raise busy_timeout"
+                f"{where}: cannot {action}: the file was locked by another process;"
+                f" gave up{spent} (busy timeout {self._busy_timeout:g} s). Look for a"
+                " process holding a long transaction on it (a shell, a backup), or raise"
+                " busy_timeout"
             )
         if "unable to open" in text:
             return StoreError(
@@ -237,34 +259,76 @@ class SQLiteStore(ExclusiveStore):
             yield _SQLiteRecords(conn)
 
     def _migrate(self) -> None:
+        """Switch the file to WAL and create (or migrate) the tables, safely when many
+        processes open a new file at once.
+
+        Switching to WAL reads the file, then takes the write lock: when another opener
+        holds it meanwhile, SQLite answers SQLITE_BUSY at once, without the busy
+        timeout (waiting while holding the read lock could deadlock). So each step is
+        tried again after a short pause while the lock is busy, until the busy timeout
+        has passed since the first try; another opener has usually switched the file
+        by then, and the next try finds it in WAL mode.
+        """
         conn = self._connection()
-        with self._translate("open"):
-            # Persistent in the file; changing it takes a lock, so only when needed.
-            (mode,) = conn.execute("PRAGMA journal_mode").fetchone()
-            if mode != "wal":
-                (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-                if mode != "wal":
-                    raise StoreError(
-                        f"SQLite store {str(self.path)!r}: cannot switch to WAL mode (got"
-                        f" {mode!r}); put the file on a local file system"
+        started = time.monotonic()
+        pause = _OPEN_FIRST_PAUSE
+        tries = 0
+        while True:
+            tries += 1
+            step = "switch the file to WAL mode"
+            try:
+                self._use_wal(conn)
+                step = "create the tables"
+                self._create_tables(conn)
+            except sqlite3.Error as error:
+                waited = time.monotonic() - started
+                if conn.in_transaction:
+                    with suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                if not _is_busy(error) or waited >= self._busy_timeout:
+                    raise self._store_error(step, error, waited, tries) from error
+                time.sleep(min(pause * random.uniform(0.5, 1.5), self._busy_timeout - waited))
+                pause = min(pause * 2, _OPEN_LAST_PAUSE)
+            else:
+                if tries > 1:
+                    log.debug(
+                        "%r opened after %d tries (another process held the lock)", self, tries
                     )
-        with self._transaction("create the tables") as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS broker_jobs_schema (version INTEGER NOT NULL)")
-            (version,) = conn.execute("SELECT max(version) FROM broker_jobs_schema").fetchone()
-            if version is None:
-                for statement in _CREATE:
-                    conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO broker_jobs_schema (version) VALUES (?)", (SCHEMA_VERSION,)
-                )
-            elif version > SCHEMA_VERSION:
+                return
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        # Persistent in the file; changing it takes a lock, so only when needed (and
+        # read again on each try: another opener may have switched it meanwhile).
+        (mode,) = conn.execute("PRAGMA journal_mode").fetchone()
+        if mode != "wal":
+            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            if mode != "wal":
                 raise StoreError(
-                    f"SQLite store {str(self.path)!r} was created by a newer broker-jobs"
-                    f" (schema version {version}; this one knows up to {SCHEMA_VERSION})."
-                    " Upgrade broker-jobs on this host, or use another file"
+                    f"SQLite store {str(self.path)!r}: cannot switch to WAL mode (got"
+                    f" {mode!r}); put the file on a local file system"
                 )
-            for statement in (*_CREATE_BEAT, *_CREATE_JOB_ID_INDEX):
+
+    def _create_tables(self, conn: sqlite3.Connection) -> None:
+        # One BEGIN IMMEDIATE transaction: the write lock is taken before the version is
+        # read, so of the openers of a new file one creates the tables and the others
+        # find them, version included (or none of it, if this one fails).
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("CREATE TABLE IF NOT EXISTS broker_jobs_schema (version INTEGER NOT NULL)")
+        (version,) = conn.execute("SELECT max(version) FROM broker_jobs_schema").fetchone()
+        if version is None:
+            for statement in _CREATE:
                 conn.execute(statement)
+            conn.execute("INSERT INTO broker_jobs_schema (version) VALUES (?)", (SCHEMA_VERSION,))
+        elif version > SCHEMA_VERSION:
+            conn.execute("ROLLBACK")
+            raise StoreError(
+                f"SQLite store {str(self.path)!r} was created by a newer broker-jobs"
+                f" (schema version {version}; this one knows up to {SCHEMA_VERSION})."
+                " Upgrade broker-jobs on this host, or use another file"
+            )
+        for statement in (*_CREATE_BEAT, *_CREATE_JOB_ID_INDEX):
+            conn.execute(statement)
+        conn.execute("COMMIT")
 
     # --- the hot path: claim and finish without the generic sections -------------------
 
@@ -348,6 +412,7 @@ class SQLiteStore(ExclusiveStore):
         # One UPDATE guarded by the lease: atomic on its own (autocommit).
         moment = utc(now)
         conn = getattr(self._local, "batch", None) or self._connection()
+        started = time.monotonic()
         try:
             if error is None:
                 cursor = conn.execute(
@@ -359,7 +424,7 @@ class SQLiteStore(ExclusiveStore):
                     (status.value, _text(moment), clip_error(error), _text(due_at), key, worker),
                 )
         except sqlite3.Error as exc:
-            raise self._store_error("change a record", exc) from exc
+            raise self._store_error("change a record", exc, time.monotonic() - started) from exc
         if cursor.rowcount != 1:
             raise LeaseLostError(key, worker, self.get(key), action)
 
@@ -504,6 +569,7 @@ class SQLiteStore(ExclusiveStore):
         except BaseException as error:
             return [(c, False, error) for c in batch]
         results: list[tuple[_Call, bool, Any]] = []
+        started = time.monotonic()
         try:
             conn.execute("BEGIN IMMEDIATE")
             self._local.batch = conn
@@ -521,7 +587,7 @@ class SQLiteStore(ExclusiveStore):
                 with suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             if isinstance(error, sqlite3.Error):
-                error = self._store_error("change a record", error)
+                error = self._store_error("change a record", error, time.monotonic() - started)
             return [(c, False, error) for c in batch]
         return results
 
@@ -761,6 +827,16 @@ def _settle(settled: list[tuple[Any, bool, Any]]) -> None:
             future.set_result(value)
         else:
             future.set_exception(value)
+
+
+def _is_busy(error: sqlite3.Error) -> bool:
+    """SQLITE_BUSY (extended codes included): another connection holds the file's lock."""
+    code = getattr(error, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF == sqlite3.SQLITE_BUSY
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
 def _text(moment: datetime | None) -> str | None:
