@@ -45,8 +45,8 @@ from broker_jobs import App, AsyncPublisher, JobRequest, PublishBatchError
 from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job, decode, utc_now
 from broker_jobs.errors import DecodeError
-from broker_jobs.worker.delivery import wire_message
 from broker_jobs.testing.rabbit_node import RabbitNode
+from broker_jobs.worker.delivery import wire_message
 from topology import Topology
 from topology.delay import DELAY_LEVELS, DELAY_UNIT, EARLY_MARGIN, MAX_DELAY, MAX_HOLD
 

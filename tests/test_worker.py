@@ -24,13 +24,13 @@ from pydantic import BaseModel
 
 from broker_jobs import App, Job, JobRequest, Publisher, QueueOptions
 from broker_jobs.cli import main
-from broker_jobs.worker.dead_letters import HEADER_ATTEMPTS, HEADER_ERROR, HEADER_REASON
 from broker_jobs.errors import ConfigurationError
 from broker_jobs.retry import PermanentError, RetryPolicy
 from broker_jobs.store.base import Status
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.worker import Worker, WorkerSettings
+from broker_jobs.worker.dead_letters import HEADER_ATTEMPTS, HEADER_ERROR, HEADER_REASON
 from tests.support import Broker, drain_at_least, wait_until
 from topology import Topology, declare
 

@@ -37,7 +37,7 @@ from broker_jobs.store.base import Store, StoreError
 from broker_jobs.urls import BrokerURL, BrokerURLs
 from broker_jobs.worker.execution import Executor
 from broker_jobs.worker.fast_path import FastPath
-from broker_jobs.worker.link import BrokerLink
+from broker_jobs.worker.link import BrokerLink, ExpectedDisconnects
 from broker_jobs.worker.protocol import Runner
 from broker_jobs.worker.session import Cancelled, Lost, Session, SessionEnded, describe_loss
 from broker_jobs.worker.settings import ProtocolSettings, WorkerSettings
@@ -88,6 +88,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._runner: Runner | None = None
         self._fast_path: FastPath | None = None
+        self._link: BrokerLink | None = None
 
     @property
     def worker_id(self) -> str:
@@ -116,6 +117,12 @@ class Worker:
             loop.add_signal_handler(signum, on_signal)
 
     @property
+    def connected_to(self) -> BrokerURL | None:
+        """The node the worker consumes from; None while it has no broker."""
+        link = self._link
+        return link.url if link is not None and link.is_up else None
+
+    @property
     def busy(self) -> bool:
         """Whether any delivery is in hand (burst mode waits for this to end)."""
         runner, fast_path = self._runner, self._fast_path
@@ -126,9 +133,15 @@ class Worker:
         :class:`~broker_jobs.errors.ReconnectTimeoutError` after ``reconnect_timeout``
         seconds without a broker, :class:`~broker_jobs.errors.ConsumerCancelledError`
         when the broker cancels a consumer (after the running jobs settled)."""
+        with ExpectedDisconnects().installed():
+            return await self._run()
+
+    async def _run(self) -> Counter[str]:
         settings = self._settings
         name = f"broker-jobs worker {self._worker_id}"
-        link = BrokerLink(self._urls, name=name, settings=settings, stopping=self._stopping)
+        link = self._link = BrokerLink(
+            self._urls, name=name, settings=settings, stopping=self._stopping
+        )
         publisher = AsyncPublisher(
             self._urls, self._app, declare=False, connection_name=f"{name} (retries)"
         )

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Iterator
 
 import aio_pika.abc
 
@@ -153,3 +154,33 @@ class BrokerLink:
         """Sleep ``seconds``, or less if the worker is asked to stop."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
+
+
+class ExpectedDisconnects(logging.Filter):
+    """Drops aiormq's own lines about a lost connection (a traceback at WARNING, an
+    ERROR per refused attempt) and about a consumer the broker cancelled: the link
+    logs each of these once, in one line, with the cause and the masked URL."""
+
+    #: The beginnings of aiormq's messages (their format strings) that are dropped.
+    EXPECTED = (
+        "Cancelling cause reader exited abnormally",
+        "error when creating transport",
+        "Consumer %r cancelled by the broker",
+    )
+    #: The loggers they come from.
+    LOGGERS = ("aiormq.connection", "aiormq.channel")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(self.EXPECTED))
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """While the worker runs (not at import: other users of aiormq keep its lines)."""
+        loggers = [logging.getLogger(name) for name in self.LOGGERS]
+        for logger in loggers:
+            logger.addFilter(self)
+        try:
+            yield
+        finally:
+            for logger in loggers:
+                logger.removeFilter(self)

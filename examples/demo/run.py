@@ -33,10 +33,10 @@ import pika
 import pika.exceptions
 
 from broker_jobs import Job, Publisher, encode, mask_url
-from broker_jobs.worker.dead_letters import HEADER_ATTEMPTS, HEADER_ERROR, HEADER_REASON
 from broker_jobs.store import open_store
 from broker_jobs.store.base import TERMINAL, JobRecord, Status, Store
 from broker_jobs.testing.rabbit_node import RabbitNode, RabbitNodeError
+from broker_jobs.worker.dead_letters import HEADER_ATTEMPTS, HEADER_ERROR, HEADER_REASON
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_PATH = "examples.demo.tasks:app"

@@ -1,0 +1,375 @@
+"""The worker through broker faults, injected for real: the node killed (kill -9) or
+stopped and started again, the network cut for longer than the heartbeat, the
+broker away at SIGTERM or for longer than --reconnect-timeout, the task queue
+deleted, and (marked ``cluster``) the node of a 3-node cluster that the worker is
+connected to killed. Workers are never restarted here: they recover by themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pika
+import pytest
+from pydantic import BaseModel
+
+from broker_jobs import App, JobRequest, Publisher
+from broker_jobs.store.memory import MemoryStore
+from broker_jobs.testing.rabbit_cluster import RabbitCluster
+from broker_jobs.testing.rabbit_node import RabbitNode
+from broker_jobs.testing.tcp_proxy import TcpProxy
+from broker_jobs.worker import Worker, WorkerSettings
+from tests.support import Broker, wait_until
+from tests.test_worker import EffectsDatabase
+from topology import Topology
+
+pytestmark = pytest.mark.broker
+
+
+class Add(BaseModel):
+    key: str
+
+
+# -- workers as an operator runs them: the CLI, in processes of their own ------------------
+
+
+class WorkerProcess:
+    """``broker-jobs worker`` in a process of its own; its log is collected as it comes."""
+
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        command = [sys.executable, "-c", "from broker_jobs.cli import main; main()", "worker"]
+        self.process = subprocess.Popen(
+            [*command, *args], cwd=cwd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+        )
+        self._log: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        with self.process.stderr:
+            for line in self.process.stderr:
+                self._log.append(line)
+
+    @property
+    def log(self) -> str:
+        return "".join(self._log)
+
+    def logged(self, text: str, *, within: float) -> None:
+        wait_until(lambda: text in self.log, within=within, what=f"the worker logging {text!r}")
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM, then the exit code (after the log is read to its end)."""
+        if self.alive:
+            self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout)
+        self._reader.join(5)
+        return code
+
+    def kill(self) -> None:
+        if self.alive:
+            self.process.kill()
+        self.process.wait()
+        self._reader.join(5)
+
+
+@pytest.fixture
+def worker_processes() -> Iterator[Callable[[list[str], Path], WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(args: list[str], cwd: Path) -> WorkerProcess:
+        worker = WorkerProcess(args, cwd)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.kill()
+
+
+def write_app(tmp_path: Path, namespace: str, body: str) -> Path:
+    """An app module ``recovery_app`` in ``tmp_path``, for worker processes."""
+    header = f"""
+        from pydantic import BaseModel
+        from broker_jobs import App
+
+        class Add(BaseModel):
+            key: str
+
+        app = App(namespace={namespace!r})
+    """
+    (tmp_path / "recovery_app.py").write_text(textwrap.dedent(header) + textwrap.dedent(body))
+    return tmp_path
+
+
+def declared_app(namespace: str, cleanup: Callable[[Topology], Topology]) -> App:
+    """The same app as the worker processes run, for publishing and cleaning up."""
+    app = App(namespace=namespace)
+    app.declare("counter.add", Add)
+    cleanup(app.topology())
+    return app
+
+
+def no_tracebacks(worker: WorkerProcess) -> None:
+    assert "Traceback" not in worker.log, worker.log[-3000:]
+
+
+# -- kill -9 and graceful stop of the node, two workers, effects exactly once ---------------
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("fault", ["kill -9", "rabbitmqctl stop"])
+def test_two_workers_drain_through_a_broker_restart_each_effect_exactly_once(
+    broker: Broker,
+    namespace: str,
+    tmp_path: Path,
+    cleanup_topology: Callable[[Topology], Topology],
+    worker_processes: Callable[[list[str], Path], WorkerProcess],
+    request: pytest.FixtureRequest,
+    fault: str,
+) -> None:
+    node = broker.controllable()
+    database = EffectsDatabase("postgres", tmp_path, request)
+    write_app(
+        tmp_path,
+        namespace,
+        f"""
+        @app.task("counter.add", transactional=True)
+        def add(payload: Add, db) -> None:
+            db.execute("INSERT INTO {database.table} (key) VALUES (%s)", (payload.key,))
+        """,
+    )
+    app = declared_app(namespace, cleanup_topology)
+    keys = [f"k{n}" for n in range(1500)]
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish_many([JobRequest("counter.add", {"key": key}) for key in keys])
+    args = ["--url", broker.url, "recovery_app:app", "--store", database.store_url]
+    workers = [worker_processes([*args, "--concurrency", "4"], tmp_path) for _ in range(2)]
+
+    def effects() -> int:
+        return int(database.execute(f"SELECT COUNT(*) FROM {database.table}")[0][0])
+
+    wait_until(lambda: effects() >= 200, within=60, what="200 jobs run before the fault")
+    try:
+        if fault == "kill -9":
+            node.kill()
+        else:
+            node.stop()
+    finally:
+        node.start()
+    assert effects() < len(keys), "the workers finished before the fault; nothing tested"
+    wait_until(lambda: effects() >= len(keys), within=180, what="every job run after the fault")
+    for worker in workers:
+        assert worker.alive, worker.log[-3000:]
+        worker.logged("lost the broker", within=1)
+        worker.logged("broker link back", within=1)
+    rows = database.execute(f"SELECT key, COUNT(*) FROM {database.table} GROUP BY key")
+    counts = {str(key): int(count) for key, count in rows}
+    assert sorted(counts) == sorted(keys), "an effect is missing"
+    assert set(counts.values()) == {1}, "an effect happened twice"
+    with broker.connection("test recovery check") as connection:
+        queue = app.names.task_queue("counter.add")
+        wait_until(
+            lambda: connection.channel().queue_declare(queue, passive=True).method.message_count
+            == 0,
+            within=30,
+            what="the task queue empty",
+        )
+    for worker in workers:
+        assert worker.stop() == 0, worker.log[-3000:]
+        no_tracebacks(worker)
+
+
+# -- in-process workers, for faults that leave the broker running -------------------------
+
+
+class WorkerThread:
+    """A :class:`Worker` on an event loop of its own thread (stopped like SIGTERM)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.outcomes: Counter[str] | None = None
+        self.error: BaseException | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.outcomes = self._loop.run_until_complete(self.worker.run())
+        except BaseException as error:  # the test looks at it
+            self.error = error
+        finally:
+            self._loop.close()
+
+    def stop(self, timeout: float = 60) -> Counter[str]:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self.worker.stop)
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the worker did not stop"
+        if self.error is not None:
+            raise self.error
+        assert self.outcomes is not None
+        return self.outcomes
+
+
+class Effects:
+    def __init__(self) -> None:
+        self.runs: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def record(self, key: str) -> None:
+        with self._lock:
+            self.runs[key] += 1
+
+
+def counting_app(make_app: Callable[[], App], effects: Effects) -> App:
+    app = make_app()
+
+    @app.task("counter.add", time_limit=30)
+    def add(payload: Add) -> None:
+        effects.record(payload.key)
+
+    return app
+
+
+def test_a_network_cut_longer_than_the_heartbeat_is_noticed_and_healed(
+    broker: Broker, make_app: Callable[[], App]
+) -> None:
+    effects = Effects()
+    app = counting_app(make_app, effects)
+    keys = [f"k{n}" for n in range(600)]
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish_many([JobRequest("counter.add", {"key": key}) for key in keys[:300]])
+    with TcpProxy(f"{broker.url}?heartbeat=1") as proxy:
+        settings = WorkerSettings(concurrency=4, lease=5)
+        running = WorkerThread(Worker(proxy.url, app, MemoryStore(), settings))
+        wait_until(lambda: len(effects.runs) >= 50, within=30, what="50 jobs run")
+        proxy.cut()
+        wait_until(
+            lambda: running.worker.connected_to is None,
+            within=30,
+            what="the worker noticing the cut (missed heartbeats)",
+        )
+        with Publisher(broker.url, app) as publisher:  # while cut: not through the proxy
+            publisher.publish_many([JobRequest("counter.add", {"key": key}) for key in keys[300:]])
+        proxy.heal()
+        wait_until(lambda: len(effects.runs) == len(keys), within=60, what="every job run")
+        outcomes = running.stop()
+    assert set(effects.runs) == set(keys)
+    assert set(effects.runs.values()) == {1}, "a job ran twice"
+    assert outcomes["succeeded"] >= len(keys) - outcomes["ack-lost"]
+
+
+def test_sigterm_while_the_broker_is_away_stops_the_worker_at_once_with_exit_0(
+    broker: Broker,
+    namespace: str,
+    tmp_path: Path,
+    cleanup_topology: Callable[[Topology], Topology],
+    worker_processes: Callable[[list[str], Path], WorkerProcess],
+) -> None:
+    write_app(tmp_path, namespace, '@app.task("counter.add")\ndef add(payload: Add) -> None: ...\n')
+    declared_app(namespace, cleanup_topology)
+    with TcpProxy(broker.url) as proxy:
+        args = ["--url", proxy.url, "recovery_app:app", "--store", "memory://"]
+        worker = worker_processes(args, tmp_path)
+        worker.logged("consuming", within=30)
+        proxy.stop()  # the broker is away: connections closed, nobody listening
+        worker.logged("lost the broker", within=10)
+        assert worker.alive
+        assert worker.stop(timeout=10) == 0, worker.log[-3000:]
+    no_tracebacks(worker)
+
+
+def test_a_worker_without_a_broker_for_its_reconnect_timeout_exits_75(
+    broker: Broker,
+    namespace: str,
+    tmp_path: Path,
+    cleanup_topology: Callable[[Topology], Topology],
+    worker_processes: Callable[[list[str], Path], WorkerProcess],
+) -> None:
+    write_app(tmp_path, namespace, '@app.task("counter.add")\ndef add(payload: Add) -> None: ...\n')
+    declared_app(namespace, cleanup_topology)
+    with TcpProxy(broker.url) as proxy:
+        args = ["--url", proxy.url, "recovery_app:app", "--store", "memory://"]
+        worker = worker_processes([*args, "--reconnect-timeout", "1"], tmp_path)
+        worker.logged("consuming", within=30)
+        proxy.stop()
+        code = worker.process.wait(20)
+    worker.stop()
+    assert code == 75, worker.log[-3000:]
+    assert "--reconnect-timeout 1" in worker.log
+    no_tracebacks(worker)
+
+
+def test_a_worker_whose_queue_is_deleted_says_so_and_exits_69(
+    broker: Broker,
+    namespace: str,
+    tmp_path: Path,
+    cleanup_topology: Callable[[Topology], Topology],
+    worker_processes: Callable[[list[str], Path], WorkerProcess],
+    connection: pika.BlockingConnection,
+) -> None:
+    write_app(tmp_path, namespace, '@app.task("counter.add")\ndef add(payload: Add) -> None: ...\n')
+    app = declared_app(namespace, cleanup_topology)
+    args = ["--url", broker.url, "recovery_app:app", "--store", "memory://"]
+    worker = worker_processes(args, tmp_path)
+    worker.logged("consuming", within=30)
+    connection.channel().queue_delete(app.names.task_queue("counter.add"))
+    code = worker.process.wait(20)
+    worker.stop()
+    assert code == 69, worker.log[-3000:]
+    assert "cancelled the consumer" in worker.log
+    no_tracebacks(worker)
+
+
+# -- a cluster: the worker's node dies, the worker moves on --------------------------------
+
+
+@pytest.mark.cluster
+def test_a_worker_moves_to_a_live_node_when_its_node_is_killed(
+    rabbit_cluster: RabbitCluster,
+) -> None:
+    effects = Effects()
+    app = App(namespace=f"t{uuid.uuid4().hex[:10]}")
+
+    @app.task("counter.add", time_limit=30)
+    def add(payload: Add) -> None:
+        effects.record(payload.key)
+
+    keys = [f"k{n}" for n in range(1000)]
+    urls = rabbit_cluster.urls
+    with Publisher(urls, app) as publisher:
+        publisher.publish_many([JobRequest("counter.add", {"key": key}) for key in keys])
+    running = WorkerThread(
+        Worker(urls, app, MemoryStore(), WorkerSettings(concurrency=4, lease=5))
+    )
+    first = wait_until(lambda: running.worker.connected_to, within=60, what="the worker consuming")
+    wait_until(lambda: len(effects.runs) >= 100, within=60, what="100 jobs run")
+    victim: RabbitNode = next(node for node in rabbit_cluster.nodes if node.url == first.url)
+    try:
+        victim.kill()
+        wait_until(
+            lambda: (url := running.worker.connected_to) is not None and url != first,
+            within=60,
+            what="the worker consuming from another node",
+        )
+        assert len(effects.runs) < len(keys), "drained before the kill; nothing tested"
+        wait_until(lambda: len(effects.runs) == len(keys), within=120, what="every job run")
+        running.stop()
+    finally:
+        rabbit_cluster.start()  # the killed node rejoins, for the tests after this one
+    assert set(effects.runs.values()) == {1}, "a job ran twice"
