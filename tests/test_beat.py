@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -421,3 +422,27 @@ def test_a_store_failure_pauses_the_leader_and_loses_no_fire(
     ran = executions(broker, namespace, store)
     fires = store.find(status=Status.SUCCEEDED, task=TASK, limit=1000)
     assert ran["tick"] == len(fires) >= len(set(emitted))
+
+
+def test_a_beat_given_several_urls_leads_through_the_first_that_answers(
+    broker: Broker, namespace: str, cleanup_topology: Callable[..., object]
+) -> None:
+    """A node that is down first in the list: the beat declares, leads and emits
+    through the next one."""
+    app = build_app(namespace)
+    app.schedule("steady", TASK, every=0.2)
+    cleanup_topology(app.topology())
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        down = f"amqp://guest:guest@127.0.0.1:{probe.getsockname()[1]}/"
+    emitted: list[datetime] = []
+    beat = Beat(
+        [down, broker.url],
+        app,
+        load_schedules(app),
+        MemoryStore(),
+        BeatSettings(heartbeat=2),
+        on_emitted=lambda schedule, fire, job: emitted.append(fire),
+    )
+    run_beat_until(beat, lambda: len(emitted) >= 2)
+    assert len(emitted) >= 2

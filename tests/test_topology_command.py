@@ -9,6 +9,7 @@ import contextlib
 import importlib
 import json
 import shlex
+import socket
 import sys
 import time
 import uuid
@@ -27,6 +28,7 @@ from broker_jobs import App, Job, Publisher
 from broker_jobs.cli import main
 from broker_jobs.store import MemoryStore
 from broker_jobs.testing.rabbit_node import RabbitNode
+from broker_jobs.urls import BrokerURL
 from scheduler import Beat, BeatSettings, load_schedules
 from tests.support import Broker, drain
 from topology import Names, Topology, declare
@@ -42,8 +44,8 @@ class Mail(BaseModel):
     to: str
 
 
-def topology(*args: str) -> Result:
-    return CliRunner().invoke(main, ["topology", *args])
+def topology(*args: str, env: dict[str, str | None] | None = None) -> Result:
+    return CliRunner().invoke(main, ["topology", *args], env=env)
 
 
 def exists(connection: pika.BlockingConnection, kind: str, name: str) -> bool:
@@ -229,6 +231,46 @@ def test_errors_name_the_problem_without_a_traceback_or_password(tmp_path: Path)
     assert result.stderr.startswith("error: cannot connect to the broker at 127.0.0.1:1")
     assert "hunter2" not in result.output
     assert "Traceback" not in result.output
+
+
+def closed_port_url(password: str = "guest") -> str:
+    """A URL of a port nothing listens on: a node that is down."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"amqp://ops:{password}@127.0.0.1:{probe.getsockname()[1]}/"
+
+
+def test_commands_use_the_first_node_that_answers(
+    broker: Broker, app_path: str, namespace: str
+) -> None:
+    down = closed_port_url()
+    apply = topology("apply", "--url", down, "--url", broker.url, "--app", app_path)
+    assert apply.exit_code == 0, apply.output
+    assert f"on {BrokerURL(broker.url).masked}:" in apply.stdout
+    plan = topology("plan", "--url", f"{down},{broker.url}", "--app", app_path)
+    assert plan.exit_code == 0, plan.output
+    assert plan.stdout.startswith(f"namespace {namespace!r} on {BrokerURL(broker.url).masked}")
+    verify = topology("verify", "--app", app_path, env={"BROKER_JOBS_URL": f"{down} {broker.url}"})
+    assert verify.exit_code == 0, verify.output
+    preflight = topology("preflight", "--url", down, "--url", broker.url, "--namespace", namespace)
+    assert preflight.exit_code == 0, preflight.output
+    assert preflight.stdout.startswith(f"preflight of {BrokerURL(broker.url).masked}")
+
+
+def test_no_node_answering_names_each_without_a_password(tmp_path: Path) -> None:
+    spec = tmp_path / "topology.toml"
+    spec.write_text('namespace = "x"\n')
+    first, second = closed_port_url("hunter2"), closed_port_url("hunter2")
+    result = topology("verify", "--url", first, "--url", second, "--file", str(spec))
+    assert result.exit_code == 1
+    for url in (first, second):
+        node = BrokerURL(url)
+        assert f"{node.host}:{node.port} ({node.masked}): " in result.stderr
+    assert "hunter2" not in result.output
+    bad = topology("verify", "--url", "amqp://ops:hunter2@mq1,mq2/", "--file", str(spec))
+    assert bad.exit_code == 1  # a usage error: 1 in these commands
+    assert "a host cannot contain a comma" in bad.output
+    assert "hunter2" not in bad.output
 
 
 @pytest.mark.parametrize(
