@@ -18,6 +18,10 @@ ladder is a fixed set of objects per namespace, whatever the load: 26 exchanges,
 Whole seconds go through the ladder; the job leaves it :data:`EARLY_MARGIN` early
 (each hop adds a few milliseconds of lateness, which the margin absorbs) and the
 consumer waits out the rest from the ``bj-due-at`` header: at most :data:`MAX_HOLD`.
+
+Each level counts its time from the job's arrival in it, so a broker outage during
+which a job's next hop fell due makes that job late by up to the outage's length
+(docs/wire-format.md gives the measured bound).
 """
 
 from __future__ import annotations
