@@ -199,7 +199,11 @@ class Relay:
                 continue
             except OSError:
                 return
-            upstream = socket.create_connection(self._target)
+            try:
+                upstream = socket.create_connection(self._target)
+            except OSError:  # the broker is down: so is this "node"
+                client.close()
+                continue
             client.settimeout(None)
             with self._lock:
                 self.accepted += 1
