@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import aio_pika
 import aio_pika.abc
@@ -39,6 +38,7 @@ import pika.exceptions
 import pytest
 
 from broker_jobs.errors import BrokerConnectionError, ConfigurationError
+from broker_jobs.testing.tcp_proxy import TcpProxy
 from scheduler.leadership import Leadership
 from tests.support import Broker
 
@@ -250,46 +250,6 @@ def assert_terms_never_interleave(runs: list[tuple[str, str]]) -> None:
     assert starts == sorted(starts), runs
 
 
-class Blackhole:
-    """A TCP proxy to the broker that can stop passing bytes while keeping both
-    connections open: a network partition, as seen by the client and the broker."""
-
-    def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        self.upstream = (parts.hostname or "localhost", parts.port or 5672)
-        self.cut = threading.Event()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.url = urlunsplit(parts._replace(netloc=self._netloc(parts)))
-        self._sockets: list[socket.socket] = [self._listener]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _netloc(self, parts: SplitResult) -> str:
-        userinfo = parts.netloc.rpartition("@")[0]
-        port = self._listener.getsockname()[1]
-        return f"{userinfo}@127.0.0.1:{port}" if userinfo else f"127.0.0.1:{port}"
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                client, _ = self._listener.accept()
-                server = socket.create_connection(self.upstream)
-                self._sockets += [client, server]
-                for source, target in ((client, server), (server, client)):
-                    threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
-
-    def _pump(self, source: socket.socket, target: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                if not self.cut.is_set():
-                    target.sendall(data)
-            if not self.cut.is_set():  # a partition hides the peer's close too
-                target.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        for sock in self._sockets:
-            sock.close()
-
-
 @pytest.fixture
 def leader_objects(namespace: str, connection: pika.BlockingConnection) -> Iterator[str]:
     """Declare ``<ns>.emits`` (where contenders emit); delete it and the election's
@@ -421,7 +381,7 @@ def test_a_leader_cut_off_by_the_network_stands_down_before_another_is_elected(
     it stands down after one heartbeat, while the broker hands over after two or
     three (aiormq alone notices the silence after 3 x (heartbeat + 1) s)."""
     contenders.heartbeat = 2
-    partition = Blackhole(contenders.url)
+    partition = TcpProxy(contenders.url).start()
     try:
         contenders.spawn("a", partition.url)
         contenders.expect_kind("LEADER", "a")
@@ -429,7 +389,7 @@ def test_a_leader_cut_off_by_the_network_stands_down_before_another_is_elected(
         contenders.expect_kind("CONNECTED", "b")
         contenders.expect_kind("EMIT", "a")
         cut_at = time.time()
-        partition.cut.set()
+        partition.cut()
         stood_down = contenders.expect_kind("FOLLOWER", "a", after=cut_at)
         elected = contenders.expect_kind("LEADER", "b", after=cut_at)
         contenders.expect_kind("EMIT", "b", after=elected.at)
@@ -441,7 +401,7 @@ def test_a_leader_cut_off_by_the_network_stands_down_before_another_is_elected(
         assert stood_down.at < elected.at
         contenders.close()
     finally:
-        partition.close()
+        partition.stop()
     contenders.assert_one_leader_at_a_time()
     runs = emitted_terms(connection, leader_objects)
     assert_terms_never_interleave(runs)
