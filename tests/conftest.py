@@ -21,6 +21,7 @@ import pytest
 
 from broker_jobs import App, Publisher
 from broker_jobs.testing.postgres_node import PostgresNode
+from broker_jobs.testing.rabbit_cluster import RabbitCluster
 from broker_jobs.testing.rabbit_node import RabbitNode
 from tests.support import AnyPublisher, AsyncFacade, Broker, docker_answers, unavailable
 from topology import Topology
@@ -163,3 +164,24 @@ def postgres_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield node.dsn
     finally:
         node.cleanup()
+
+
+@pytest.fixture(scope="session")
+def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitCluster]:
+    """A 3-node RabbitMQ cluster of throwaway nodes, for tests marked ``cluster``.
+
+    Started the first time a test asks for it (~15-30 s here), shared by the rest of
+    the session, stopped and removed at its end. Its nodes have names, ports and data
+    dirs of their own, apart from the session's single ``broker`` node. A test that
+    kills or stops nodes brings them back before it ends (``rabbit_cluster.start()``
+    starts the nodes that are down and waits until all are running in the cluster).
+    """
+    if not RabbitCluster.available():
+        unavailable("no RabbitMQ cluster: apt-get install rabbitmq-server")
+    cluster = RabbitCluster.create(tmp_path_factory.mktemp("rabbit-cluster"), size=3)
+    try:
+        cluster.start()
+        print(f"\nthrowaway 3-node RabbitMQ cluster formed in {cluster.started_in:.1f} s")
+        yield cluster
+    finally:
+        cluster.cleanup()

@@ -4,6 +4,8 @@ Fault tests need a real broker they can kill and restart at will without touchin
 system node (its cookie, data dir or the ``rabbitmq`` user).  So we run the lib-dir
 ``rabbitmq-server`` script directly (the ``/usr/sbin`` wrapper switches user and uses the
 system cookie) with a private HOME/cookie, ports and data dir, all under ``base_dir``.
+Nodes meant to form a cluster (:mod:`broker_jobs.testing.rabbit_cluster`) are created
+with one shared ``cookie``; each still has a HOME of its own.
 """
 
 from __future__ import annotations
@@ -51,16 +53,24 @@ def _find_sbin() -> Path | None:
     )
 
 
+#: Ports handed to the nodes created in this process. A killed node's ports are free
+#: until it restarts; another node created meanwhile (a cluster next to the session's
+#: single node) must not take them.
+_HANDED_OUT: set[int] = set()
+
+
 def _free_port(taken: int = 0) -> int:
     """Let the kernel pick: if the AMQP port is taken the node boots, then dies ~8 s later.
 
-    Skips 35672-35682, where every rabbitmqctl on the machine puts its own dist listener.
+    Skips 35672-35682, where every rabbitmqctl on the machine puts its own dist listener,
+    and the ports of every node created before in this process.
     """
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
-        if port != taken and not 35672 <= port <= 35682:
+        if port != taken and port not in _HANDED_OUT and not 35672 <= port <= 35682:
+            _HANDED_OUT.add(port)
             return port
 
 
@@ -112,16 +122,25 @@ class RabbitNode:
     amqp_port: int
     dist_port: int
     nodename: str
+    #: The Erlang cookie; None: a random one of this node's own. Nodes that form a
+    #: cluster (or talk to each other at all) need the same one.
+    cookie: str | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @classmethod
-    def create(cls, base_dir: Path | None = None) -> RabbitNode:
-        """Pick free ports and a unique node name; does not start anything."""
+    def create(
+        cls, base_dir: Path | None = None, *, cookie: str | None = None, prefix: str = "bjtest"
+    ) -> RabbitNode:
+        """Pick free ports and a unique node name; does not start anything.
+
+        ``cookie``: the Erlang cookie to share with other nodes (default: a random one).
+        ``prefix``: the node name's start (``<prefix>-<pid>-<random>@localhost``).
+        """
         base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="bjtest-rabbit-"))
         amqp = _free_port()
         dist = _free_port(taken=amqp)
-        name = f"bjtest-{os.getpid()}-{secrets.token_hex(4)}@localhost"
-        return cls(base_dir=base, amqp_port=amqp, dist_port=dist, nodename=name)
+        name = f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}@localhost"
+        return cls(base_dir=base, amqp_port=amqp, dist_port=dist, nodename=name, cookie=cookie)
 
     @staticmethod
     def available() -> bool:
@@ -186,7 +205,7 @@ class RabbitNode:
             (self.base_dir / sub).mkdir(parents=True, exist_ok=True)
         cookie = self.base_dir / "home" / ".erlang.cookie"
         if not cookie.exists():
-            cookie.write_text(secrets.token_hex(16).upper())
+            cookie.write_text(self.cookie or secrets.token_hex(16).upper())
             cookie.chmod(0o400)
         conf = f"loopback_users = none\nlisteners.tcp.1 = 127.0.0.1:{self.amqp_port}\n"
         (self.base_dir / "rabbitmq.conf").write_text(conf)
