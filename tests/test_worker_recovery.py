@@ -274,19 +274,35 @@ def test_a_network_cut_longer_than_the_heartbeat_is_noticed_and_healed(
     assert outcomes["succeeded"] >= len(keys) - outcomes["ack-lost"]
 
 
+@pytest.fixture
+def idle_app(
+    namespace: str, tmp_path: Path, cleanup_topology: Callable[[Topology], Topology]
+) -> App:
+    """An app whose worker processes wait for jobs that never come."""
+    write_app(tmp_path, namespace, '@app.task("counter.add")\ndef add(payload: Add) -> None: ...\n')
+    return declared_app(namespace, cleanup_topology)
+
+
+def consuming_worker(
+    worker_processes: Callable[[list[str], Path], WorkerProcess],
+    url: str,
+    tmp_path: Path,
+    *options: str,
+) -> WorkerProcess:
+    args = ["--url", url, "recovery_app:app", "--store", "memory://", *options]
+    worker = worker_processes(args, tmp_path)
+    worker.logged("consuming", within=30)
+    return worker
+
+
 def test_sigterm_while_the_broker_is_away_stops_the_worker_at_once_with_exit_0(
     broker: Broker,
-    namespace: str,
+    idle_app: App,
     tmp_path: Path,
-    cleanup_topology: Callable[[Topology], Topology],
     worker_processes: Callable[[list[str], Path], WorkerProcess],
 ) -> None:
-    write_app(tmp_path, namespace, '@app.task("counter.add")\ndef add(payload: Add) -> None: ...\n')
-    declared_app(namespace, cleanup_topology)
     with TcpProxy(broker.url) as proxy:
-        args = ["--url", proxy.url, "recovery_app:app", "--store", "memory://"]
-        worker = worker_processes(args, tmp_path)
-        worker.logged("consuming", within=30)
+        worker = consuming_worker(worker_processes, proxy.url, tmp_path)
         proxy.stop()  # the broker is away: connections closed, nobody listening
         worker.logged("lost the broker", within=10)
         assert worker.alive
@@ -296,17 +312,14 @@ def test_sigterm_while_the_broker_is_away_stops_the_worker_at_once_with_exit_0(
 
 def test_a_worker_without_a_broker_for_its_reconnect_timeout_exits_75(
     broker: Broker,
-    namespace: str,
+    idle_app: App,
     tmp_path: Path,
-    cleanup_topology: Callable[[Topology], Topology],
     worker_processes: Callable[[list[str], Path], WorkerProcess],
 ) -> None:
-    write_app(tmp_path, namespace, '@app.task("counter.add")\ndef add(payload: Add) -> None: ...\n')
-    declared_app(namespace, cleanup_topology)
     with TcpProxy(broker.url) as proxy:
-        args = ["--url", proxy.url, "recovery_app:app", "--store", "memory://"]
-        worker = worker_processes([*args, "--reconnect-timeout", "1"], tmp_path)
-        worker.logged("consuming", within=30)
+        worker = consuming_worker(
+            worker_processes, proxy.url, tmp_path, "--reconnect-timeout", "1"
+        )
         proxy.stop()
         code = worker.process.wait(20)
     worker.stop()
@@ -317,18 +330,13 @@ def test_a_worker_without_a_broker_for_its_reconnect_timeout_exits_75(
 
 def test_a_worker_whose_queue_is_deleted_says_so_and_exits_69(
     broker: Broker,
-    namespace: str,
+    idle_app: App,
     tmp_path: Path,
-    cleanup_topology: Callable[[Topology], Topology],
     worker_processes: Callable[[list[str], Path], WorkerProcess],
     connection: pika.BlockingConnection,
 ) -> None:
-    write_app(tmp_path, namespace, '@app.task("counter.add")\ndef add(payload: Add) -> None: ...\n')
-    app = declared_app(namespace, cleanup_topology)
-    args = ["--url", broker.url, "recovery_app:app", "--store", "memory://"]
-    worker = worker_processes(args, tmp_path)
-    worker.logged("consuming", within=30)
-    connection.channel().queue_delete(app.names.task_queue("counter.add"))
+    worker = consuming_worker(worker_processes, broker.url, tmp_path)
+    connection.channel().queue_delete(idle_app.names.task_queue("counter.add"))
     code = worker.process.wait(20)
     worker.stop()
     assert code == 69, worker.log[-3000:]
