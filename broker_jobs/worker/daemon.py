@@ -32,7 +32,12 @@ from broker_jobs.async_publisher import AsyncPublisher
 from broker_jobs.connecting import CONNECT_ERRORS
 from broker_jobs.declaring import declare_at_start, existing_queues
 from broker_jobs.envelope import utc_now
-from broker_jobs.errors import BrokerConnectionError, ConfigurationError, ConsumerCancelledError
+from broker_jobs.errors import (
+    BrokerConnectionError,
+    ConfigurationError,
+    ConsumerCancelledError,
+    ReconnectTimeoutError,
+)
 from broker_jobs.store.base import Store, StoreError
 from broker_jobs.urls import BrokerURL, BrokerURLs
 from broker_jobs.worker.execution import Executor
@@ -160,7 +165,12 @@ class Worker:
         pruner = asyncio.create_task(self._prune_forever())
         session: Session | None = None
         try:
-            ended = await self._consume_until_ended(link, fast_path)
+            try:
+                ended = await self._consume_until_ended(link, fast_path)
+            except ReconnectTimeoutError:  # handlers still running get their grace
+                runner.stopping = True
+                await self._finish(runner, fast_path, settings.grace)
+                raise
             session, why = ended if ended is not None else (None, Stopped())
             if session is not None:
                 await session.cancel_consumers()
@@ -201,6 +211,9 @@ class Worker:
                 link.lost(describe_loss(error))
                 await session.close()
                 continue
+            except BaseException:  # the topology is missing or in conflict: stop
+                await session.close()
+                raise
             assert session.channel is not None  # opened
             link.established(session.channel)
             log.info(
