@@ -23,6 +23,8 @@ import pytest
 from pydantic import BaseModel
 
 from broker_jobs import App, JobRequest, Publisher
+from broker_jobs.retry import RetryPolicy
+from broker_jobs.store.base import Status
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.testing.rabbit_cluster import RabbitCluster
 from broker_jobs.testing.rabbit_node import RabbitNode
@@ -271,7 +273,7 @@ def test_a_network_cut_longer_than_the_heartbeat_is_noticed_and_healed(
         outcomes = running.stop()
     assert set(effects.runs) == set(keys)
     assert set(effects.runs.values()) == {1}, "a job ran twice"
-    assert outcomes["succeeded"] >= len(keys) - outcomes["ack-lost"]
+    assert outcomes["succeeded"] == len(keys)
 
 
 @pytest.fixture
@@ -293,6 +295,53 @@ def consuming_worker(
     worker = worker_processes(args, tmp_path)
     worker.logged("consuming", within=30)
     return worker
+
+
+def test_a_retry_published_when_the_link_drops_is_confirmed_on_the_next_connection(
+    broker: Broker, make_app: Callable[[], App]
+) -> None:
+    """The handler fails while the connection is gone: the next attempt is published
+    on the new connection, the lost delivery's copy is a duplicate, the job runs
+    twice in all (the failure and the retry) and is recorded succeeded."""
+    runs: list[int] = []
+    started, release = threading.Event(), threading.Event()
+    app = make_app()
+    quick = RetryPolicy(max_attempts=3, base_delay=0.2, max_delay=0.2, jitter=False)
+
+    @app.task("counter.add", retry=quick, time_limit=30)
+    def add(payload: Add) -> None:
+        runs.append(len(runs) + 1)
+        if len(runs) == 1:
+            started.set()
+            release.wait(30)
+            raise ConnectionError("the first run fails")
+
+    store = MemoryStore()
+    with Publisher(broker.url, app) as publisher:
+        job = publisher.publish("counter.add", {"key": "flaky"})
+    with TcpProxy(broker.url) as proxy:
+        running = WorkerThread(Worker(proxy.url, app, store, WorkerSettings(lease=5)))
+        assert started.wait(30), "the job did not start"
+        proxy.drop()  # the worker's and its publisher's connections reset
+        wait_until(
+            lambda: running.worker.outcomes["link-lost"] >= 1, within=10, what="the loss noticed"
+        )
+        release.set()
+        wait_until(lambda: len(runs) == 2, within=30, what="the retry run")
+        wait_until(
+            lambda: store.get(job.idempotency_key).status is Status.SUCCEEDED,  # type: ignore[union-attr]
+            within=10,
+            what="the retry recorded",
+        )
+        wait_until(
+            lambda: running.worker.outcomes["duplicate"] >= 1,
+            within=30,
+            what="the lost delivery's copy answered as a duplicate",
+        )
+        outcomes = running.stop()
+    assert runs == [1, 2], "the failed attempt ran again"
+    assert outcomes["retried"] == 1
+    assert outcomes["ack-lost"] == 1, "the failed delivery's ack was not tried on the new channel"
 
 
 def test_sigterm_while_the_broker_is_away_stops_the_worker_at_once_with_exit_0(

@@ -122,6 +122,11 @@ class Worker:
             loop.add_signal_handler(signum, on_signal)
 
     @property
+    def outcomes(self) -> Counter[str]:
+        """What the worker did so far, by outcome (``link-lost`` counts outages)."""
+        return Counter(self._runner.outcomes.counts) if self._runner is not None else Counter()
+
+    @property
     def connected_to(self) -> BrokerURL | None:
         """The node the worker consumes from; None while it has no broker."""
         link = self._link
@@ -166,7 +171,7 @@ class Worker:
         session: Session | None = None
         try:
             try:
-                ended = await self._consume_until_ended(link, fast_path)
+                ended = await self._consume_until_ended(link, runner, fast_path)
             except ReconnectTimeoutError:  # handlers still running get their grace
                 runner.stopping = True
                 await self._finish(runner, fast_path, settings.grace)
@@ -188,7 +193,7 @@ class Worker:
                 await session.close()
 
     async def _consume_until_ended(
-        self, link: BrokerLink, fast_path: FastPath
+        self, link: BrokerLink, runner: Runner, fast_path: FastPath
     ) -> tuple[Session, SessionEnded] | None:
         """Connect, consume, and on a loss connect again; the last session and why it
         ended (stopped, drained, a consumer cancelled), or None if the worker was
@@ -225,6 +230,7 @@ class Worker:
             assert session.acks is not None  # opened
             in_hand = session.acks.lose()
             link.lost(f"{why}; {in_hand} deliveries in hand will be redelivered")
+            runner.outcomes.add("link-lost")
             await session.close()
 
     async def _until_ended(

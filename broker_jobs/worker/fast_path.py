@@ -430,14 +430,15 @@ class FastPath:
         # Usually one channel; after a reconnect, jobs of the lost one finish too.
         for acks, group in groupby(items, key=lambda item: item.acks):
             settled = list(group)
-            outcome = "succeeded"
             try:
-                if not await acks.ack_many([item.tag for item in settled]):
-                    outcome = "ack-lost"  # recorded: the redeliveries will find them done
+                acked = await acks.ack_many([item.tag for item in settled])
             except Exception:  # the outcomes are recorded: the redeliveries find them done
                 log.warning("acking %d deliveries failed; they will be redelivered", len(items))
-                outcome = "ack-failed"
-            runner.outcomes.counts[outcome] += len(settled)
+                runner.outcomes.counts["ack-failed"] += len(settled)
+                continue
+            runner.outcomes.counts["succeeded"] += len(settled)
+            if not acked:  # recorded: the redelivered copies will find them done
+                runner.outcomes.counts["ack-lost"] += len(settled)
         for item in items:  # settled only now: a stopping worker waits for the acks
             self._release(item)
 

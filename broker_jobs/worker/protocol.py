@@ -208,7 +208,9 @@ class Runner:
             log.warning("acking a %s delivery failed; it will be redelivered", task)
             self.outcomes.add("ack-failed")
             return
-        self.outcomes.add(outcome if acked else "ack-lost")
+        self.outcomes.add(outcome)
+        if not acked:  # recorded: the redelivered copy will find it settled
+            self.outcomes.add("ack-lost")
 
     def in_store(
         self,
