@@ -135,19 +135,16 @@ def decode(message: WireMessage) -> Job:
     Only ``message_id``, ``type`` and the JSON body are required, so a minimal
     publisher in any language works; missing optional headers take their defaults.
     """
-    if message.content_type != n.CONTENT_TYPE:
-        raise DecodeError(
-            "content-type",
-            f"content_type is {message.content_type!r}, expected {n.CONTENT_TYPE!r}",
-        )
-    if message.content_encoding not in (None, "", n.CONTENT_ENCODING):
+    _check_content_type(message.content_type)
+    if (message.content_encoding or "utf-8").lower() not in _UTF8:
         raise DecodeError(
             "content-encoding",
-            f"content_encoding is {message.content_encoding!r}, expected 'utf-8' or none",
+            f"content_encoding is {message.content_encoding!r}, expected 'utf-8' or none"
+            " (compressed bodies are not accepted: send the JSON as it is)",
         )
     payload = _parse_body(message.body)
     headers = dict(message.headers or {})
-    version = headers.get(n.HEADER_WIRE_VERSION, n.WIRE_VERSION)
+    version = _integer_header(headers, n.HEADER_WIRE_VERSION, n.WIRE_VERSION)
     if version != n.WIRE_VERSION:
         raise DecodeError(
             "wire-version", f"{n.HEADER_WIRE_VERSION} is {version!r}, expected {n.WIRE_VERSION}"
@@ -161,7 +158,7 @@ def decode(message: WireMessage) -> Job:
         "task": message.type,
         "payload": payload,
         "idempotency_key": _text_header(headers, n.HEADER_IDEMPOTENCY_KEY) or "",
-        "attempt": headers.get(n.HEADER_ATTEMPT, 1),
+        "attempt": _integer_header(headers, n.HEADER_ATTEMPT, 1),
         "due_at": _text_header(headers, n.HEADER_DUE_AT),
         "traceparent": _text_header(headers, n.HEADER_TRACEPARENT),
         "tracestate": _text_header(headers, n.HEADER_TRACESTATE),
@@ -191,15 +188,54 @@ def _parse_body(body: bytes) -> dict[str, Any]:
     return payload
 
 
+#: Spellings of UTF-8 accepted in content_encoding and a content_type's charset.
+_UTF8 = ("utf-8", "utf8")
+
+
+def _check_content_type(content_type: str | None) -> None:
+    """``application/json``, with parameters or not (``; charset=utf-8`` is many
+    clients' default); a charset other than UTF-8 is refused."""
+    media, *parameters = (content_type or "").split(";")
+    if media.strip().lower() != n.CONTENT_TYPE:
+        raise DecodeError(
+            "content-type", f"content_type is {content_type!r}, expected {n.CONTENT_TYPE!r}"
+        )
+    for parameter in parameters:
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in _UTF8:
+            raise DecodeError(
+                "content-type", f"content_type is {content_type!r}: the charset must be utf-8"
+            )
+
+
 def _text_header(headers: Mapping[str, Any], name: str) -> str | None:
+    """A string header: an AMQP long string, or a byte array holding UTF-8."""
     value = headers.get(name)
-    if isinstance(value, bytes):  # AMQP long strings may arrive as bytes
+    if isinstance(value, bytes | bytearray | memoryview):
         try:
-            value = value.decode("utf-8")
+            return bytes(value).decode("utf-8")
         except UnicodeDecodeError:
-            raise DecodeError("header", f"header {name!r} is not UTF-8") from None
+            raise DecodeError("header", f"header {name!r} is a byte array but not UTF-8") from None
     if value is not None and not isinstance(value, str):
-        raise DecodeError("header", f"header {name!r} must be a string, got {value!r}")
+        raise DecodeError(
+            "header",
+            f"header {name!r} must be a string (an AMQP long string, or a byte array of"
+            f" UTF-8), got {type(value).__name__} {value!r}",
+        )
+    return value
+
+
+def _integer_header(headers: Mapping[str, Any], name: str, default: int) -> int:
+    """An integer header: any AMQP integer type; never a string, float or boolean."""
+    value = headers.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DecodeError(
+            "header",
+            f"header {name!r} must be an integer (any AMQP integer type), got"
+            f" {type(value).__name__} {value!r}",
+        )
     return value
 
 

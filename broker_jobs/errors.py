@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from topology.names import DEAD_REASONS
+
 if TYPE_CHECKING:
     from topology.errors import Conflict
 
@@ -83,6 +85,8 @@ class DecodeError(JobError):
     """A message that is not a valid job; ``reason`` is a short machine-usable cause."""
 
     def __init__(self, reason: str, details: str) -> None:
+        if reason not in DEAD_REASONS:  # it becomes a dead letter's reason on the wire
+            raise ValueError(f"no such dead-letter reason {reason!r}: add it to DEAD_REASONS")
         self.reason = reason
         super().__init__(f"not a valid job ({reason}): {details}")
 

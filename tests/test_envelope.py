@@ -108,7 +108,14 @@ def wire(body: bytes = b"{}", **changes: object) -> WireMessage:
         (wire(type=None), "type"),
         (wire(type="bad name"), "envelope"),
         (wire(headers={n.HEADER_ATTEMPT: 0}), "envelope"),
-        (wire(headers={n.HEADER_ATTEMPT: "many"}), "envelope"),
+        (wire(headers={n.HEADER_ATTEMPT: "many"}), "header"),
+        (wire(headers={n.HEADER_ATTEMPT: "1"}), "header"),
+        (wire(headers={n.HEADER_ATTEMPT: 1.0}), "header"),
+        (wire(headers={n.HEADER_ATTEMPT: True}), "header"),
+        (wire(headers={n.HEADER_WIRE_VERSION: "1"}), "header"),
+        (wire(headers={n.HEADER_IDEMPOTENCY_KEY: bytearray(b"\xff")}), "header"),
+        (wire(content_type="application/json; charset=latin-1"), "content-type"),
+        (wire(content_type="application/jsonp"), "content-type"),
         (wire(headers={n.HEADER_IDEMPOTENCY_KEY: 42}), "header"),
         (wire(headers={n.HEADER_DUE_AT: "tomorrow"}), "envelope"),
         (wire(headers={n.HEADER_WIRE_VERSION: 99}), "wire-version"),
@@ -131,9 +138,57 @@ def test_minimal_message_decodes_with_defaults() -> None:
     assert job.created_at == datetime.fromtimestamp(1_700_000_000, UTC)
 
 
-def test_bytes_headers_are_read_as_utf8() -> None:
-    job = decode(wire(headers={n.HEADER_IDEMPOTENCY_KEY: b"invoice-42"}))
-    assert job.idempotency_key == "invoice-42"
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_every_string_header_may_be_a_byte_array_of_utf8(kind: type) -> None:
+    """aiormq decodes an AMQP byte array ('x') as a bytearray, pika as bytes."""
+    values = {
+        n.HEADER_IDEMPOTENCY_KEY: "invoice-42-é",
+        n.HEADER_CREATED_AT: "2026-11-29T10:00:00.000000Z",
+        n.HEADER_DUE_AT: "2026-11-29T10:00:05.000000Z",
+        n.HEADER_TRACEPARENT: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        n.HEADER_TRACESTATE: "congo=t61rcWkgMzE",
+    }
+    assert set(values) == set(n.STRING_HEADERS)
+    job = decode(wire(headers={name: kind(text.encode()) for name, text in values.items()}))
+    assert job.idempotency_key == values[n.HEADER_IDEMPOTENCY_KEY]
+    assert job.created_at == datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+    assert job.due_at == datetime(2026, 11, 29, 10, 0, 5, tzinfo=UTC)
+    assert (job.traceparent, job.tracestate) == (
+        values[n.HEADER_TRACEPARENT],
+        values[n.HEADER_TRACESTATE],
+    )
+
+
+@pytest.mark.parametrize("name", n.STRING_HEADERS)
+def test_every_string_header_refuses_other_types_alike(name: str) -> None:
+    for value in (42, 1.5, True, ["a"]):
+        with pytest.raises(DecodeError) as caught:
+            decode(wire(headers={name: value}))
+        assert caught.value.reason == "header"
+        assert "must be a string" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", n.INTEGER_HEADERS)
+def test_every_integer_header_takes_any_integer_and_refuses_other_types_alike(name: str) -> None:
+    assert decode(wire(headers={name: 1})).attempt == 1
+    for value in ("1", b"1", 1.0, True, [1]):
+        with pytest.raises(DecodeError) as caught:
+            decode(wire(headers={name: value}))
+        assert caught.value.reason == "header"
+        assert "must be an integer" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/json", "application/json; charset=utf-8", 'Application/JSON;charset="UTF-8"'],
+)
+def test_content_type_may_carry_a_utf8_charset(content_type: str) -> None:
+    assert decode(wire(content_type=content_type, content_encoding="UTF-8")).task == "image.resize"
+
+
+def test_every_reason_is_one_of_the_wire_contracts() -> None:
+    with pytest.raises(ValueError, match="DEAD_REASONS"):
+        DecodeError("made-up", "a reason nobody documented")
 
 
 def test_new_job_ids_are_uuid7_carrying_the_millisecond_they_were_made_in() -> None:

@@ -5,9 +5,11 @@ broker-jobs publishes carries exactly the documented properties and headers."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pika
 import pytest
@@ -16,6 +18,7 @@ from pydantic import BaseModel
 from broker_jobs import App, Job
 from tests.support import AnyPublisher, drain
 from topology import declare
+from topology import names as n
 
 pytestmark = pytest.mark.broker
 
@@ -118,4 +121,24 @@ def test_library_jobs_carry_the_documented_properties(
         "bj-created-at": job.created_at.isoformat(timespec="microseconds").replace(
             "+00:00", "Z"
         ),
+    }
+
+
+def test_the_pages_table_of_dead_letter_reasons_is_the_codes() -> None:
+    """Every reason the worker can write is on the page, with the same meaning, and
+    the page lists no other: the two cannot drift."""
+    page = (Path(__file__).parent.parent / "docs" / "wire-format.md").read_text()
+    block = page.split("<!-- dead-reasons", 1)[1].split("<!-- /dead-reasons -->", 1)[0]
+    rows = re.findall(r"^\| `([a-z-]+)` \| (.+) \|$", block, flags=re.MULTILINE)
+    assert rows == list(n.DEAD_REASONS.items())
+
+
+def test_every_header_the_page_types_is_decoded_by_that_type() -> None:
+    """The page's header table and the decoder's one rule for types agree."""
+    page = (Path(__file__).parent.parent / "docs" / "wire-format.md").read_text()
+    typed = dict(re.findall(r"^\| `((?:bj-|trace)[a-z-]+)` \| (string|integer)", page, re.M))
+    job_headers = {name: kind for name, kind in typed.items() if not name.startswith("bj-dead")}
+    assert job_headers == {
+        **dict.fromkeys(n.STRING_HEADERS, "string"),
+        **dict.fromkeys(n.INTEGER_HEADERS, "integer"),
     }

@@ -180,18 +180,19 @@ def test_poison_messages_are_dead_lettered_and_the_worker_carries_on(
     raw(b"{not json")
     raw(b"\x80\x03pickle", content_type="application/x-python-pickle")
     raw(b'{"wrong": "schema"}')
-    raw(b"{}", type="counter.unknown")
     raw(b'{"key": "big", "blob": "' + b"x" * 10_000_000 + b'"}', type="nonsense task")
+    raw(b"{}", type="counter.unknown")  # another task's message: not in the ledger
     with Publisher(broker.url, app) as publisher:
         publisher.publish("counter.add", {"key": "fine"})
     store = MemoryStore()
     outcomes = run_worker(broker, app, store)
     assert effects.runs == Counter({"fine": 1})
-    assert all(store.get(poison).status is Status.DEAD for poison in poison_ids)  # type: ignore[union-attr]
+    assert all(store.get(poison).status is Status.DEAD for poison in poison_ids[:-1])  # type: ignore[union-attr]
+    assert store.get(poison_ids[-1]) is None
     reasons = sorted(
         str(headers[HEADER_REASON]) for headers in dead_letters(connection, app, "counter.add")
     )
-    assert reasons == sorted(["json", "content-type", "schema", "unknown-task", "envelope"])
+    assert reasons == sorted(["json", "content-type", "schema", "wrong-queue", "envelope"])
     assert outcomes["succeeded"] == 1
 
 
@@ -807,3 +808,74 @@ def test_a_handlers_own_timeout_error_is_its_failure_not_the_time_limit(
         assert record.status is Status.DEAD
         assert "TimeoutError: upstream" in (record.last_error or ""), record.last_error
         assert "TimeLimitExceeded" not in (record.last_error or "")
+
+
+def publish_by_hand(
+    connection: pika.BlockingConnection,
+    app: App,
+    queue_task: str,
+    *,
+    type_: str,
+    headers: dict[str, object],
+    body: bytes = b'{"key": "by-hand"}',
+) -> str:
+    """Publish to ``queue_task``'s routing key as a foreign service would (pika)."""
+    message_id = str(uuid.uuid4())
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.basic_publish(
+        app.names.work_exchange,
+        queue_task,
+        body,
+        pika.BasicProperties(
+            content_type="application/json",
+            delivery_mode=2,
+            message_id=message_id,
+            type=type_,
+            headers=headers,
+        ),
+        mandatory=True,
+    )
+    return message_id
+
+
+def test_a_message_naming_another_task_is_dead_lettered_never_run(
+    broker: Broker, app: App, effects: Effects, connection: pika.BlockingConnection
+) -> None:
+    """Permission to publish to one task's queue gives no way to run another task."""
+    declare(connection, app.topology())
+    store = MemoryStore()
+    publish_by_hand(
+        connection, app, "counter.add", type_="counter.reject", headers={"bj-idempotency-key": "K"}
+    )
+    outcomes = run_worker(broker, app, store, tasks=("counter.add",))
+    assert outcomes["dead:wrong-queue"] == 1
+    assert not effects.runs, "the other task's handler ran"
+    (letter,) = dead_letters(connection, app, "counter.add")
+    assert letter[HEADER_REASON] == "wrong-queue"
+    assert "counter.reject" in str(letter[HEADER_ERROR])
+    assert store.get("K") is None, "a foreign queue's message must not settle the key"
+
+
+def test_string_headers_sent_as_byte_arrays_are_read_as_utf8(
+    broker: Broker, app: App, effects: Effects, connection: pika.BlockingConnection
+) -> None:
+    """pika sends bytes as AMQP byte arrays ('x'); aiormq hands them over as bytearray."""
+    declare(connection, app.topology())
+    store = MemoryStore()
+    publish_by_hand(
+        connection,
+        app,
+        "counter.add",
+        type_="counter.add",
+        headers={
+            "bj-idempotency-key": b"invoice-42",
+            "bj-created-at": b"2026-11-29T10:00:00.000000Z",
+            "traceparent": b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "bj-attempt": 1,
+        },
+    )
+    outcomes = run_worker(broker, app, store)
+    assert outcomes["succeeded"] == 1
+    assert effects.runs == Counter({"by-hand": 1})
+    assert store.get("invoice-42").status is Status.SUCCEEDED  # type: ignore[union-attr]

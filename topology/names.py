@@ -38,6 +38,54 @@ HEADER_WIRE_VERSION = "bj-wire-version"
 HEADER_TRACEPARENT = "traceparent"
 HEADER_TRACESTATE = "tracestate"
 
+#: The type of each job header (``docs/wire-format.md``, "one rule for types"):
+#: strings arrive as AMQP long strings or byte arrays of UTF-8; integers as any AMQP
+#: integer type, never as a string, a float or a boolean.
+STRING_HEADERS = (
+    HEADER_IDEMPOTENCY_KEY,
+    HEADER_CREATED_AT,
+    HEADER_DUE_AT,
+    HEADER_TRACEPARENT,
+    HEADER_TRACESTATE,
+)
+INTEGER_HEADERS = (HEADER_WIRE_VERSION, HEADER_ATTEMPT)
+
+# Headers the worker adds to a dead letter (a new message: RabbitMQ's ``x-`` headers
+# of the original are dropped, so a dead letter carries no ``x-death``).
+#: Why the job is dead: one of :data:`DEAD_REASONS`.
+HEADER_DEAD_REASON = "bj-dead-reason"
+#: The error, ``Type: message``, at most 2,000 characters.
+HEADER_DEAD_ERROR = "bj-dead-error"
+#: A traceback excerpt (the last 4,000 characters), when a handler raised.
+HEADER_DEAD_TRACEBACK = "bj-dead-traceback"
+#: How many attempts ran, when the job was run at all.
+HEADER_DEAD_ATTEMPTS = "bj-dead-attempts"
+#: The worker that dead-lettered it (``host:pid:random``).
+HEADER_DEAD_WORKER = "bj-dead-worker"
+#: When, ISO 8601 UTC with milliseconds.
+HEADER_DEAD_AT = "bj-dead-at"
+
+#: Every reason a dead letter can carry in :data:`HEADER_DEAD_REASON`, and what it
+#: means. docs/wire-format.md lists the same (a test compares them).
+DEAD_REASONS: dict[str, str] = {
+    "content-type": "content_type is not application/json",
+    "content-encoding": "content_encoding is neither absent nor utf-8",
+    "encoding": "the body is not UTF-8",
+    "json": "the body is not JSON, or not a JSON object",
+    "wire-version": "bj-wire-version is not 1",
+    "message-id": "message_id is missing",
+    "type": "the type property (the task name) is missing",
+    "header": "a bj- or trace header has the wrong type or is not UTF-8",
+    "envelope": "a property or header value is invalid (a bad task name, a bad time,"
+    " an attempt below 1, an id or key too long)",
+    "wrong-queue": "the type property names another task than the queue's: never run",
+    "schema": "the payload fails the task's model",
+    "no-handler": "the worker's app has no handler for the task",
+    "exhausted": "the handler failed on every attempt its retry policy allows",
+    "permanent": "the handler raised a permanent error",
+    "crash-loop": "the job killed its worker on each delivery up to the queue's limit",
+}
+
 #: Set by RabbitMQ on a quorum queue's redeliveries (read only): how many times the
 #: message was delivered and returned; the queue dead-letters it past its limit.
 HEADER_DELIVERY_COUNT = "x-delivery-count"

@@ -18,13 +18,13 @@ import aio_pika.abc
 
 from topology import names as n
 
-#: Header names added to a dead letter.
-HEADER_REASON = "bj-dead-reason"
-HEADER_ERROR = "bj-dead-error"
-HEADER_TRACEBACK = "bj-dead-traceback"
-HEADER_ATTEMPTS = "bj-dead-attempts"
-HEADER_WORKER = "bj-dead-worker"
-HEADER_AT = "bj-dead-at"
+#: Header names added to a dead letter (wire names: topology/names.py).
+HEADER_REASON = n.HEADER_DEAD_REASON
+HEADER_ERROR = n.HEADER_DEAD_ERROR
+HEADER_TRACEBACK = n.HEADER_DEAD_TRACEBACK
+HEADER_ATTEMPTS = n.HEADER_DEAD_ATTEMPTS
+HEADER_WORKER = n.HEADER_DEAD_WORKER
+HEADER_AT = n.HEADER_DEAD_AT
 
 #: Characters of an error message and of a traceback kept in a dead letter.
 MAX_ERROR = 2000
@@ -34,12 +34,17 @@ MAX_TRACEBACK = 4000
 @dataclass(frozen=True)
 class DeathCause:
     """Why a job is dead: a short reason (``exhausted``, ``permanent``, ``json``,
-    ``unknown-task``, ``schema``...) and the error behind it."""
+    ``wrong-queue``, ``schema``...: ``DEAD_REASONS`` of topology/names.py) and the
+    error behind it."""
 
     reason: str
     error: str
     attempts: int | None = None
     traceback: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.reason not in n.DEAD_REASONS:  # the wire contract lists every reason
+            raise ValueError(f"no such dead-letter reason {self.reason!r}: add it to DEAD_REASONS")
 
     @classmethod
     def from_exception(cls, reason: str, error: BaseException, attempts: int) -> DeathCause:

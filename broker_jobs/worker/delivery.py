@@ -8,8 +8,35 @@ import aio_pika.abc
 from aiormq import spec
 from aiormq.abc import DeliveredMessage
 
-from broker_jobs.envelope import WireMessage
+from broker_jobs.envelope import Job, WireMessage, decode
+from broker_jobs.errors import BrokerJobsError
 from broker_jobs.worker.acks import ChannelAcks
+
+
+class WrongQueueError(BrokerJobsError):
+    """A message whose type names another task than the queue it came from. A queue's
+    messages only ever run its own task: permission to publish to one task must not
+    give a way to run another."""
+
+    def __init__(self, named: str) -> None:
+        self.named = named
+        super().__init__(f"the message names task {named!r}")
+
+    def explain(self, queue_task: str) -> str:
+        return (
+            f"the message's type is {self.named!r} but it arrived in the queue of task"
+            f" {queue_task!r}: a queue's messages only run its own task (publish it with"
+            f" routing key {self.named!r}, or fix its type property)"
+        )
+
+
+def decode_for_queue(message: WireMessage, queue_task: str) -> Job:
+    """The job in a delivery from ``queue_task``'s queue: :class:`DecodeError` if it is
+    not a valid job, :class:`WrongQueueError` if it names another task."""
+    job = decode(message)
+    if job.task != queue_task:
+        raise WrongQueueError(job.task)
+    return job
 
 
 def wire_message(message: aio_pika.abc.AbstractIncomingMessage) -> WireMessage:

@@ -43,10 +43,10 @@ from pydantic import BaseModel
 
 from broker_jobs.app import TaskSpec
 from broker_jobs.due import seconds_until_due
-from broker_jobs.envelope import Job, decode, utc_now
+from broker_jobs.envelope import Job, utc_now
 from broker_jobs.store.base import Claim, ClaimOutcome
 from broker_jobs.worker.acks import ChannelAcks
-from broker_jobs.worker.delivery import Delivery, delivered_wire_message
+from broker_jobs.worker.delivery import Delivery, decode_for_queue, delivered_wire_message
 from broker_jobs.worker.execution import TimeLimitExceeded
 from broker_jobs.worker.protocol import Runner
 from topology import names as n
@@ -164,7 +164,7 @@ class FastPath:
         (decoded already where it could be: a message is decoded once)."""
         runner = self._runner
         try:
-            job = decode(delivered_wire_message(delivered))
+            job = decode_for_queue(delivered_wire_message(delivered), task)
             spec = runner.app.get(job.task)
             payload = spec.validate(job.payload)
         except Exception:  # BrokerJobsError, or anything odd: the runner's path decides

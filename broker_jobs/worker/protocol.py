@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from broker_jobs.app import App, TaskSpec
 from broker_jobs.async_publisher import AsyncPublisher
 from broker_jobs.due import seconds_until_due
-from broker_jobs.envelope import Job, decode, utc_now
+from broker_jobs.envelope import Job, utc_now
 from broker_jobs.errors import (
     BrokerConnectionError,
     BrokerJobsError,
@@ -41,7 +41,7 @@ from broker_jobs.errors import (
 )
 from broker_jobs.store.base import ClaimOutcome, LeaseLostError, Status, Store
 from broker_jobs.worker.dead_letters import DeathCause, dead_letter_message, publish_dead_letter
-from broker_jobs.worker.delivery import Delivery, wire_message
+from broker_jobs.worker.delivery import Delivery, WrongQueueError, decode_for_queue, wire_message
 from broker_jobs.worker.execution import Executor
 from broker_jobs.worker.link import BrokerLink, LinkStoppedError
 from broker_jobs.worker.settings import ProtocolSettings
@@ -239,15 +239,20 @@ class Runner:
         self._store_thread.shutdown(wait=True)
 
     async def process(self, message: Delivery, task: str) -> str | None:
+        """The whole protocol for a delivery of ``task``'s queue."""
         try:
-            job = decode(wire_message(message))
+            job = decode_for_queue(wire_message(message), task)
             spec = self._app.get(job.task)
             payload = spec.validate(job.payload)
         except DecodeError as error:
             return await self._dead_letter(message, task, DeathCause(error.reason, str(error)))
-        except BrokerJobsError as error:  # unknown task, invalid payload
-            reason = "unknown-task" if job.task not in self._app else "schema"
-            return await self._dead_letter(message, task, DeathCause(reason, str(error)))
+        except WrongQueueError as error:
+            # Not recorded under its key: that would let a publisher of one task mark
+            # another task's job with the same key dead without running it.
+            cause = DeathCause("wrong-queue", error.explain(task))
+            return await self._dead_letter(message, task, cause, record=False)
+        except BrokerJobsError as error:  # the payload fails the task's model
+            return await self._dead_letter(message, task, DeathCause("schema", str(error)))
         return await self.process_decoded(message, job, spec, payload)
 
     async def process_decoded(
@@ -408,7 +413,11 @@ class Runner:
         cause: DeathCause,
         job: Job | None = None,
         holder: str | None = None,
+        *,
+        record: bool = True,
     ) -> str | None:
+        """Publish the delivery to ``task``'s dead-letter queue with ``cause``
+        (confirmed), then record the job dead (unless ``record`` is False)."""
         properties = message.properties
         dead = dead_letter_message(
             message.body,
@@ -431,7 +440,9 @@ class Runner:
         except LinkStoppedError:
             await self._abandon(job, holder)
             return None
-        if job is not None:
+        if not record:
+            pass
+        elif job is not None:
             await self.in_store(self._store.dead, job.idempotency_key, holder, cause.error, job=job)
         elif properties.message_id:
             # A poison message never became a job: the ledger still says it is dead,
