@@ -25,6 +25,8 @@ from topology import names as n
 
 #: AMQP delivery mode 2: the broker writes the message to disk.
 PERSISTENT = 2
+#: The longest job id: message_id is an AMQP short string.
+MAX_ID_BYTES = 255
 
 
 def new_job_id() -> str:
@@ -69,6 +71,14 @@ class Job(BaseModel):
     @classmethod
     def _task_name(cls, task: str) -> str:
         return n.check_task_name(task)
+
+    @field_validator("id")
+    @classmethod
+    def _short_string(cls, job_id: str) -> str:
+        # message_id is an AMQP short string: 255 bytes, not characters.
+        if len(job_id.encode("utf-8")) > MAX_ID_BYTES:
+            raise ValueError(f"must be at most {MAX_ID_BYTES} bytes in UTF-8 (AMQP short string)")
+        return job_id
 
     @field_validator("created_at", "due_at")
     @classmethod

@@ -116,6 +116,8 @@ def wire(body: bytes = b"{}", **changes: object) -> WireMessage:
         (wire(headers={n.HEADER_IDEMPOTENCY_KEY: bytearray(b"\xff")}), "header"),
         (wire(content_type="application/json; charset=latin-1"), "content-type"),
         (wire(content_type="application/jsonp"), "content-type"),
+        (wire(headers={n.HEADER_IDEMPOTENCY_KEY: "k" * 256}), "envelope"),
+        (wire(message_id="é" * 128), "envelope"),
         (wire(headers={n.HEADER_IDEMPOTENCY_KEY: 42}), "header"),
         (wire(headers={n.HEADER_DUE_AT: "tomorrow"}), "envelope"),
         (wire(headers={n.HEADER_WIRE_VERSION: 99}), "wire-version"),

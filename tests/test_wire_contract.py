@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from broker_jobs import App, Job
-from tests.support import AnyPublisher, drain
+from tests.support import AnyPublisher, Broker, drain
 from topology import declare
 from topology import names as n
 
@@ -142,3 +142,12 @@ def test_every_header_the_page_types_is_decoded_by_that_type() -> None:
         **dict.fromkeys(n.STRING_HEADERS, "string"),
         **dict.fromkeys(n.INTEGER_HEADERS, "integer"),
     }
+
+
+def test_the_default_vhost_may_be_written_as_a_slash_or_as_percent_2f(
+    app: App, make_publisher: Callable[..., AnyPublisher], broker: Broker
+) -> None:
+    base = broker.url.split("?")[0].rstrip("/")
+    for url in (f"{base}/", f"{base}/%2F"):
+        publisher = make_publisher(app, url=url)
+        assert publisher.publish("image.resize", {"url": "u", "width": 1}).id

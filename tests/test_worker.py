@@ -818,6 +818,8 @@ def publish_by_hand(
     type_: str,
     headers: dict[str, object],
     body: bytes = b'{"key": "by-hand"}',
+    delivery_mode: int = 2,
+    content_type: str = "application/json",
 ) -> str:
     """Publish to ``queue_task``'s routing key as a foreign service would (pika)."""
     message_id = str(uuid.uuid4())
@@ -828,8 +830,8 @@ def publish_by_hand(
         queue_task,
         body,
         pika.BasicProperties(
-            content_type="application/json",
-            delivery_mode=2,
+            content_type=content_type,
+            delivery_mode=delivery_mode,
             message_id=message_id,
             type=type_,
             headers=headers,
@@ -879,3 +881,22 @@ def test_string_headers_sent_as_byte_arrays_are_read_as_utf8(
     assert outcomes["succeeded"] == 1
     assert effects.runs == Counter({"by-hand": 1})
     assert store.get("invoice-42").status is Status.SUCCEEDED  # type: ignore[union-attr]
+
+
+def test_a_transient_job_with_a_charset_in_its_content_type_runs(
+    broker: Broker, app: App, effects: Effects, connection: pika.BlockingConnection
+) -> None:
+    """The page: delivery_mode 1 is not refused; application/json; charset=utf-8 is
+    many clients' default and accepted."""
+    declare(connection, app.topology())
+    publish_by_hand(
+        connection,
+        app,
+        "counter.add",
+        type_="counter.add",
+        headers={},
+        delivery_mode=1,
+        content_type="application/json; charset=utf-8",
+    )
+    assert run_worker(broker, app, MemoryStore())["succeeded"] == 1
+    assert effects.runs == Counter({"by-hand": 1})
