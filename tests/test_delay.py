@@ -90,10 +90,14 @@ def test_short_delays_go_straight_to_the_task_queue_and_long_ones_through_the_la
 
 def test_the_ladder_is_a_fixed_set_of_objects() -> None:
     ladder = ladder_topology(Names("jobs"))
-    assert (len(ladder.exchanges), len(ladder.queues), len(ladder.bindings)) == (25, 25, 50)
-    ttls = [queue.arguments["x-message-ttl"] for queue in ladder.queues]
+    # 25 levels, then the exchange and queue of unroutable jobs and their binding
+    assert (len(ladder.exchanges), len(ladder.queues), len(ladder.bindings)) == (26, 26, 51)
+    levels = ladder.queues[:DELAY_LEVELS]
+    ttls = [queue.arguments["x-message-ttl"] for queue in levels]
     assert ttls == [1000 * 2**level for level in range(DELAY_LEVELS)]
-    assert all(q.arguments["x-dead-letter-strategy"] == "at-least-once" for q in ladder.queues)
+    assert all(q.arguments["x-dead-letter-strategy"] == "at-least-once" for q in levels)
+    assert ladder.queues[-1].name == "jobs.unroutable"
+    assert ladder.queues[-1].arguments == {"x-queue-type": "quorum"}  # no TTL, no dead letters
 
 
 # -- on a real broker -------------------------------------------------------------------

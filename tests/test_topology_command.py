@@ -162,7 +162,8 @@ def test_plan_creates_nothing_then_apply_makes_plan_and_verify_pass(
     assert f"+ exchange {names.work_exchange} (topic): missing, to create" in plan.stdout
     assert f"+ queue {names.task_queue('mail.send')} (quorum)" in plan.stdout
     assert f"+ queue {names.delay_queue(24)} (quorum)" in plan.stdout
-    assert "55 to create, 0 conflicting, 0 in sync" in plan.stdout
+    assert f"+ queue {names.unroutable_queue} (quorum)" in plan.stdout
+    assert "57 to create, 0 conflicting, 0 in sync" in plan.stdout
     # Read-only: nothing exists after the plan.
     for kind, name in [
         ("exchange", names.work_exchange),
@@ -174,20 +175,20 @@ def test_plan_creates_nothing_then_apply_makes_plan_and_verify_pass(
 
     verify = topology("verify", "--url", broker.url, "--app", app_path)
     assert verify.exit_code == 1
-    assert f"{namespace!r} is not in sync: 55 missing, 0 conflicting" in verify.stderr
+    assert f"{namespace!r} is not in sync: 57 missing, 0 conflicting" in verify.stderr
 
     apply = topology("apply", "--url", broker.url, "--app", app_path)
     assert apply.exit_code == 0, apply.output
-    assert "55 created" in apply.stdout
+    assert "57 created" in apply.stdout
     assert "nothing changed or deleted" in apply.stdout
 
     plan = topology("plan", "--url", broker.url, "--app", app_path)
     assert plan.exit_code == 0, plan.output
-    assert "0 to create, 0 conflicting, 55 in sync" in plan.stdout
-    assert "53 to re-declare (idempotent" in plan.stdout
+    assert "0 to create, 0 conflicting, 57 in sync" in plan.stdout
+    assert "54 to re-declare (idempotent" in plan.stdout
     verify = topology("verify", "--url", broker.url, "--app", app_path)
     assert verify.exit_code == 0, verify.output
-    assert verify.stdout.startswith(f"in sync: namespace {namespace!r}, 55 exchanges and queues")
+    assert verify.stdout.startswith(f"in sync: namespace {namespace!r}, 57 exchanges and queues")
     again = topology("apply", "--url", broker.url, "--app", app_path)
     assert again.exit_code == 0, again.output
     assert "0 created" in again.stdout
@@ -369,7 +370,7 @@ def test_export_writes_rabbitmq_definitions(app_path: str, namespace: str) -> No
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert set(document) == {"exchanges", "queues", "bindings"}
-    assert (len(document["exchanges"]), len(document["queues"])) == (28, 27)
+    assert (len(document["exchanges"]), len(document["queues"])) == (29, 28)
     names = Names(namespace)
     work = next(e for e in document["exchanges"] if e["name"] == names.work_exchange)
     assert work == {
@@ -386,6 +387,18 @@ def test_export_writes_rabbitmq_definitions(app_path: str, namespace: str) -> No
     assert task["arguments"]["x-delivery-limit"] == 10
     kinds = {binding["destination_type"] for binding in document["bindings"]}
     assert kinds == {"queue", "exchange"}  # the ladder chains exchanges
+    out = next(e for e in document["exchanges"] if e["name"] == names.delay_out_exchange)
+    assert out["arguments"] == {"alternate-exchange": names.unroutable_exchange}
+    lost = next(e for e in document["exchanges"] if e["name"] == names.unroutable_exchange)
+    assert (lost["type"], lost["arguments"]) == ("fanout", {})
+    assert {
+        "source": names.unroutable_exchange,
+        "vhost": "prod",
+        "destination": names.unroutable_queue,
+        "destination_type": "queue",
+        "routing_key": "",
+        "arguments": {},
+    } in document["bindings"]
 
 
 def test_exported_definitions_import_into_a_fresh_vhost_in_sync(
@@ -509,7 +522,7 @@ def test_publisher_permissions_allow_publishing_and_nothing_more(
     # Passive checks need no permission: verify works, without the settings probe.
     verify = topology("verify", "--url", url, "--app", app_path)
     assert verify.exit_code == 0, verify.output
-    assert "55 not checked for settings (no configure permission)" in verify.stdout
+    assert "57 not checked for settings (no configure permission)" in verify.stdout
     apply = topology("apply", "--url", url, "--app", app_path)
     assert apply.exit_code == 1
     assert "needs configure permission on the namespace" in apply.stderr

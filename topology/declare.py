@@ -10,7 +10,7 @@ object exists), until the broker agrees. The collected differences form the erro
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pika
@@ -22,8 +22,8 @@ from topology.errors import Conflict, Difference, TopologyConflictError
 from topology.model import ExchangeSpec, QueueSpec, Topology
 
 PRECONDITION_FAILED = 406
-# More arguments than any queue of ours carries; the bound stops a broker that
-# keeps objecting from looping us forever.
+# More arguments than any queue or exchange of ours carries; the bound stops a
+# broker that keeps objecting from looping us forever.
 _MAX_PROBES = 16
 
 _INEQUIVALENT = re.compile(
@@ -80,21 +80,59 @@ def declare(connection: pika.BlockingConnection, topology: Topology) -> DeclareR
 def _declare_exchange(
     connection: pika.BlockingConnection, channel: BlockingChannel, exchange: ExchangeSpec
 ) -> tuple[BlockingChannel, Conflict | None]:
-    try:
-        channel.exchange_declare(
-            exchange.name,
-            exchange_type=ExchangeType(exchange.type),
-            durable=exchange.durable,
-        )
-    except ChannelClosedByBroker as error:
-        if error.reply_code != PRECONDITION_FAILED:
-            raise
-        difference = parse_difference(error.reply_text)
-        differences = (difference,) if difference else ()
-        return connection.channel(), Conflict(
-            "exchange", exchange.name, differences, error.reply_text
-        )
-    return channel, None
+    declaration: ExchangeSpec | None = exchange
+    differences: list[Difference] = []
+    first_message = ""
+    while declaration is not None and len(differences) < _MAX_PROBES:
+        try:
+            declare_exchange(channel, declaration)
+        except ChannelClosedByBroker as error:
+            if error.reply_code != PRECONDITION_FAILED:
+                raise
+            channel = connection.channel()
+            first_message = first_message or error.reply_text
+            difference = parse_difference(error.reply_text)
+            if difference is None or any(
+                known.argument == difference.argument for known in differences
+            ):
+                break  # cannot learn more: report what we have and the broker's words
+            differences.append(difference)
+            declaration = adopt_exchange(declaration, difference)
+        else:
+            if not differences:
+                return channel, None
+            break
+    return channel, Conflict("exchange", exchange.name, tuple(differences), first_message)
+
+
+def declare_exchange(channel: BlockingChannel, exchange: ExchangeSpec) -> None:
+    """One ``exchange.declare`` of ``exchange`` as specified (arguments included: the
+    broker compares ``alternate-exchange`` with an existing exchange's)."""
+    channel.exchange_declare(
+        exchange.name,
+        exchange_type=ExchangeType(exchange.type),
+        durable=exchange.durable,
+        arguments=dict(exchange.arguments),
+    )
+
+
+def adopt_exchange(exchange: ExchangeSpec, difference: Difference) -> ExchangeSpec | None:
+    """``exchange`` with the broker's value of one difference, to probe for the next
+    (the broker names one per refusal, the type first); None when it cannot be
+    declared that way (a plugin's exchange type)."""
+    if difference.argument == "type":
+        try:
+            return replace(exchange, type=ExchangeType(difference.existing).value)
+        except ValueError:
+            return None
+    if difference.argument == "durable":
+        return replace(exchange, durable=bool(difference.existing))
+    arguments = dict(exchange.arguments)
+    if difference.existing is None:
+        arguments.pop(difference.argument, None)
+    else:
+        arguments[difference.argument] = difference.existing
+    return replace(exchange, arguments=arguments)
 
 
 def _declare_queue(

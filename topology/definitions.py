@@ -35,7 +35,7 @@ def _exchange(spec: ExchangeSpec, vhost: str) -> dict[str, Any]:
         "durable": spec.durable,
         "auto_delete": False,
         "internal": False,
-        "arguments": {},
+        "arguments": dict(spec.arguments),
     }
 
 

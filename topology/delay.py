@@ -6,14 +6,23 @@ queue-wide TTL, so its head is always the next to expire and a long delay never
 blocks a short one), then dead-letters it to level ``k - 1``; level 0 dead-letters
 to ``<ns>.delay.out``, where each task queue is bound.
 
+What ``<ns>.delay.out`` cannot route (a job for a task that has no queue: the
+publishing page cannot stop a publisher from sending one) goes to its alternate
+exchange ``<ns>.unroutable``, a fanout bound to the queue ``<ns>.unroutable``, and
+waits there for an operator instead of vanishing. A job leaves the ladder long
+after its publisher's confirm, so ``mandatory`` cannot report it; and the work
+exchange has no alternate exchange, since one would swallow the ``basic.return``
+that publishers rely on there.
+
 A delayed job's routing key spells its delay in binary, most significant level
 first, then the task name: 13 s is ``0.….0.1.1.0.1.image.resize`` (25 digits). Level
 ``k``'s exchange sends a key whose digit ``k`` is 1 into its queue, and one whose digit
 is 0 straight on to level ``k - 1``'s exchange, so a job waits only in the levels of
 its set bits. A job is published to the level of its highest set bit (publishing to
 the top level works too, but costs the broker a routing step per level above). The
-ladder is a fixed set of objects per namespace, whatever the load: 26 exchanges,
-25 queues, 50 bindings, plus one binding per task on the out exchange.
+ladder is a fixed set of objects per namespace, whatever the load: 27 exchanges,
+26 queues, 51 bindings (the levels, the out exchange and the unroutable pair), plus
+one binding per task on the out exchange.
 
 Whole seconds go through the ladder; the job leaves it :data:`EARLY_MARGIN` early
 (each hop adds a few milliseconds of lateness, which the margin absorbs) and the
@@ -30,7 +39,7 @@ import math
 from typing import Any
 
 from topology import names as n
-from topology.model import BindingSpec, ExchangeSpec, QueueSpec, QueueType
+from topology.model import BindingSpec, ExchangeSpec, QueueSpec, QueueType, Topology
 
 #: Levels of the ladder; level k holds 2**k seconds.
 DELAY_LEVELS = 25
@@ -78,11 +87,37 @@ def entry_exchange(names: n.Names, units: int) -> str:
     return names.delay_exchange(units.bit_length() - 1)
 
 
+def out_exchange(names: n.Names) -> ExchangeSpec:
+    """``<ns>.delay.out``, with :func:`unroutable` as its alternate exchange. It belongs
+    to the namespace (task queues bind to it even before the ladder exists); an
+    alternate exchange that does not exist yet routes nothing, as before."""
+    return ExchangeSpec(
+        names.delay_out_exchange,
+        "topic",
+        arguments={n.ARG_ALTERNATE_EXCHANGE: names.unroutable_exchange},
+    )
+
+
+def unroutable(names: n.Names, queue_type: QueueType = QueueType.QUORUM) -> Topology:
+    """Where the out exchange sends a job it cannot route: a fanout exchange and a
+    queue, both ``<ns>.unroutable``. The queue has no TTL and no dead-lettering: its
+    jobs stay until an operator moves or deletes them. Quorum like the ladder, so that
+    what a quorum ladder kept through a crash is not lost on its last step."""
+    exchange = names.unroutable_exchange
+    queue = names.unroutable_queue
+    return Topology(
+        exchanges=(ExchangeSpec(exchange, "fanout"),),
+        queues=(QueueSpec(queue, {n.ARG_QUEUE_TYPE: queue_type.value}),),
+        bindings=(BindingSpec(exchange, queue, ""),),
+    )
+
+
 def ladder(
     names: n.Names, queue_type: QueueType = QueueType.QUORUM
 ) -> tuple[tuple[ExchangeSpec, ...], tuple[QueueSpec, ...], tuple[BindingSpec, ...]]:
-    """The ladder's levels: exchanges, queues and bindings. The out exchange and the
-    per-task bindings on it belong to the namespace and the tasks."""
+    """The ladder's levels and :func:`unroutable`: exchanges, queues and bindings. The
+    out exchange and the per-task bindings on it belong to the namespace and the
+    tasks."""
     exchanges: list[ExchangeSpec] = []
     queues: list[QueueSpec] = []
     bindings: list[BindingSpec] = []
@@ -95,7 +130,12 @@ def ladder(
         queues.append(QueueSpec(names.delay_queue(level), arguments))
         bindings.append(BindingSpec(here, names.delay_queue(level), prefix + "1.#"))
         bindings.append(BindingSpec(here, below, prefix + "0.#", to_exchange=True))
-    return tuple(exchanges), tuple(queues), tuple(bindings)
+    lost = unroutable(names, queue_type)
+    return (
+        tuple(exchanges) + lost.exchanges,
+        tuple(queues) + lost.queues,
+        tuple(bindings) + lost.bindings,
+    )
 
 
 def _level_arguments(level: int, below: str, queue_type: QueueType) -> dict[str, Any]:

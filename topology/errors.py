@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from topology.names import ARG_ALTERNATE_EXCHANGE, ARG_QUEUE_TYPE
+
 
 class TopologyError(Exception):
     """Base of the topology errors."""
@@ -44,7 +46,7 @@ class Conflict:
     @property
     def remedy(self) -> str:
         arguments = {difference.argument for difference in self.differences}
-        if self.kind == "queue" and "x-queue-type" in arguments:
+        if self.kind == "queue" and ARG_QUEUE_TYPE in arguments:
             return (
                 f"RabbitMQ cannot change a queue's type in place: drain queue {self.name!r},"
                 " delete it (rabbitmqctl delete_queue) and declare again, or move its"
@@ -56,9 +58,19 @@ class Conflict:
                 f" to match the broker, or drain and delete queue {self.name!r} and declare"
                 " again (a policy can change some settings without redeclaring)"
             )
+        if ARG_ALTERNATE_EXCHANGE in arguments:
+            return (
+                "RabbitMQ cannot change an exchange's arguments in place: delete exchange"
+                f" {self.name!r} (it holds no messages; rabbitmqctl has no command for it,"
+                " see 'Unroutable delayed jobs' in docs/operations.md) and at once declare"
+                " it again with `broker-jobs topology apply`, which also binds the task"
+                " queues to it again. Jobs a quorum delay ladder releases in between are"
+                " retried until it is back"
+            )
         return (
-            f"delete exchange {self.name!r} (rabbitmqctl or the management UI) and declare"
-            " again, or configure a different namespace"
+            f"delete exchange {self.name!r} (an AMQP client or the management UI:"
+            " rabbitmqctl has no command for it) and declare again, or configure a"
+            " different namespace"
         )
 
     def describe(self) -> str:

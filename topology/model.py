@@ -41,9 +41,13 @@ class QueueOptions:
 
 @dataclass(frozen=True)
 class ExchangeSpec:
+    """An exchange; ``arguments`` are fixed at creation, like a queue's (the only one
+    RabbitMQ compares on redeclare is ``alternate-exchange``)."""
+
     name: str
     type: str
     durable: bool = True
+    arguments: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -80,9 +84,7 @@ class Topology:
         )
 
 
-def task_queue_arguments(
-    names: n.Names, task: str, options: QueueOptions
-) -> dict[str, Any]:
+def task_queue_arguments(names: n.Names, task: str, options: QueueOptions) -> dict[str, Any]:
     """Arguments of a task queue: dead-lettering to the task's dead-letter queue."""
     arguments: dict[str, Any] = {
         n.ARG_QUEUE_TYPE: options.queue_type.value,

@@ -98,6 +98,10 @@ ARG_DEAD_LETTER_STRATEGY = "x-dead-letter-strategy"
 ARG_DELIVERY_LIMIT = "x-delivery-limit"
 ARG_OVERFLOW = "x-overflow"
 ARG_MESSAGE_TTL = "x-message-ttl"
+#: Exchange argument (RabbitMQ's name has no ``x-``): where the exchange sends what
+#: none of its bindings match. Checked on redeclare like a queue argument (a
+#: difference is ``406 PRECONDITION_FAILED``) and, like them, fixed at creation.
+ARG_ALTERNATE_EXCHANGE = "alternate-exchange"
 
 #: Task names become routing keys and parts of queue names: dotted words of letters,
 #: digits, ``_`` and ``-``. The topic wildcards ``*`` and ``#`` are excluded so that
@@ -140,7 +144,9 @@ class Names:
     ``Names("jobs")`` gives the work exchange ``jobs.work`` (topic, routing key = task
     name), the task queue ``jobs.task.<task>``, the dead-letter exchange ``jobs.dead``
     (direct, routing key = task name), the dead-letter queue ``jobs.dead.<task>``,
-    and the delay ladder ``jobs.delay.00`` ... ``jobs.delay.24`` and ``jobs.delay.out``.
+    the delay ladder ``jobs.delay.00`` ... ``jobs.delay.24`` and ``jobs.delay.out``, and
+    ``jobs.unroutable`` (a fanout exchange and a queue) for what the ladder releases
+    to a task that has no queue.
     """
 
     namespace: str = DEFAULT_NAMESPACE
@@ -183,6 +189,17 @@ class Names:
     def delay_out_exchange(self) -> str:
         """Where the ladder releases jobs; each task queue is bound to it."""
         return f"{self.namespace}.delay.out"
+
+    @property
+    def unroutable_exchange(self) -> str:
+        """The alternate exchange of :attr:`delay_out_exchange` (fanout): a delayed job
+        whose task has no queue goes there at the end of the ladder, not nowhere."""
+        return f"{self.namespace}.unroutable"
+
+    @property
+    def unroutable_queue(self) -> str:
+        """Holds what :attr:`unroutable_exchange` receives, for an operator to see."""
+        return f"{self.namespace}.unroutable"
 
     def routing_key(self, task: str) -> str:
         """Routing key of a job for ``task`` on the work exchange."""

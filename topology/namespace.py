@@ -32,7 +32,7 @@ def namespace_topology(
         exchanges=(
             ExchangeSpec(names.work_exchange, "topic"),
             ExchangeSpec(names.dead_letter_exchange, "direct"),
-            ExchangeSpec(names.delay_out_exchange, "topic"),
+            delay.out_exchange(names),
         )
     )
     for task, options in tasks:
