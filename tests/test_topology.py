@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pika
 import pytest
+from pika.exchange_type import ExchangeType
 from pydantic import BaseModel
 
 import broker_jobs
@@ -110,6 +111,34 @@ def test_an_exchange_of_another_type_is_a_conflict(
     assert (conflict.kind, conflict.name) == ("exchange", app.names.work_exchange)
     assert [(d.argument, d.wanted, d.existing) for d in conflict.differences] == [
         ("type", "topic", "direct")
+    ]
+
+
+def test_every_difference_of_an_exchange_is_reported_alternate_exchange_included(
+    app: App, connection: pika.BlockingConnection
+) -> None:
+    """RabbitMQ names one difference per refusal, the type first; the alternate
+    exchange (fixed at creation, like a queue's arguments) is compared too."""
+    out = app.names.delay_out_exchange
+    channel = connection.channel()
+    channel.exchange_declare(out, ExchangeType("direct"), durable=True)
+    with pytest.raises(TopologyConflictError) as caught:
+        declare(connection, app.topology(ladder=False))
+    (conflict,) = caught.value.conflicts
+    assert (conflict.kind, conflict.name) == ("exchange", out)
+    assert [(d.argument, d.wanted, d.existing) for d in conflict.differences] == [
+        ("type", "topic", "direct"),
+        ("alternate-exchange", app.names.unroutable_exchange, None),
+    ]
+    assert "cannot change an exchange's arguments in place" in conflict.remedy
+
+    connection.channel().exchange_delete(out)
+    other = {"alternate-exchange": "elsewhere"}
+    connection.channel().exchange_declare(out, ExchangeType("topic"), durable=True, arguments=other)
+    with pytest.raises(TopologyConflictError) as caught:
+        declare(connection, app.topology(ladder=False))
+    assert [(d.argument, d.wanted, d.existing) for d in caught.value.conflicts[0].differences] == [
+        ("alternate-exchange", app.names.unroutable_exchange, "elsewhere")
     ]
 
 

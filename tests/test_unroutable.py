@@ -1,0 +1,261 @@
+"""Delayed jobs for a task that has no queue (issue 13, item 3).
+
+A publisher following ``docs/wire-format.md`` can send a delayed job for a task
+nobody declared: the ladder takes it (the publish is confirmed, nothing comes back)
+and, at its end, ``<ns>.delay.out`` has no binding for it. Its alternate exchange
+``<ns>.unroutable`` keeps it in the queue of that name instead of dropping it.
+An existing ``<ns>.delay.out`` without the argument is a conflict that ``topology
+apply`` reports and leaves alone (RabbitMQ cannot change exchange arguments).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+from click.testing import CliRunner, Result
+from pika.exchange_type import ExchangeType
+from pydantic import BaseModel
+
+import broker_jobs
+from broker_jobs import App
+from broker_jobs.cli import main
+from tests.support import AnyPublisher, Broker
+from topology import Names, QueueType, Topology, namespace_topology
+from topology.file import load_file
+
+pytestmark = pytest.mark.broker
+
+DECLARED = "mail.send"
+NOBODY = "nobody.home"
+TOPIC = ExchangeType("topic")
+
+
+class Mail(BaseModel):
+    to: str
+
+
+def topology(*args: str) -> Result:
+    return CliRunner().invoke(main, ["topology", *args])
+
+
+@pytest.fixture
+def topology_file(
+    tmp_path: Path, namespace: str, cleanup_topology: Callable[[Topology], Topology]
+) -> str:
+    """A TOML file declaring one task, ``mail.send``; its objects are deleted after."""
+    path = tmp_path / "topology.toml"
+    path.write_text(f'namespace = "{namespace}"\n\n[tasks."{DECLARED}"]\n')
+    cleanup_topology(load_file(path).topology())
+    return str(path)
+
+
+def publish_delayed(
+    channel: pika.adapters.blocking_connection.BlockingChannel,
+    namespace: str,
+    task: str,
+    delay: float,
+) -> pika.BasicProperties:
+    """Publish a delayed job with plain pika, as docs/wire-format.md says: exchange
+    ``<ns>.delay.<kk>`` (kk = bit length of n minus one), routing key = the 25 binary
+    digits of n = floor(delay - 0.2), each followed by a dot, then the task name."""
+    now = datetime.now(UTC)
+    n = math.floor(delay - 0.2)
+    assert n >= 1
+    exchange = f"{namespace}.delay.{n.bit_length() - 1:02d}"
+    routing_key = "".join(digit + "." for digit in format(n, "025b")) + task
+    properties = pika.BasicProperties(
+        content_type="application/json",
+        delivery_mode=2,
+        message_id=str(uuid.uuid4()),
+        type=task,
+        timestamp=int(now.timestamp()),
+        headers={
+            "bj-wire-version": 1,
+            "bj-idempotency-key": f"key-{uuid.uuid4().hex[:8]}",
+            "bj-attempt": 1,
+            "bj-created-at": now.isoformat().replace("+00:00", "Z"),
+            "bj-due-at": (now + timedelta(seconds=delay)).isoformat().replace("+00:00", "Z"),
+            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        },
+    )
+    # Confirmed and not returned: the ladder's level takes it whatever the task.
+    channel.basic_publish(
+        exchange, routing_key, json.dumps({"task": task}).encode(), properties, mandatory=True
+    )
+    return properties
+
+
+def depth(connection: pika.BlockingConnection, queue: str) -> int:
+    count = connection.channel().queue_declare(queue, passive=True).method.message_count
+    assert count is not None
+    return count
+
+
+def wait_for_depth(
+    connection: pika.BlockingConnection, queue: str, count: int, within: float
+) -> None:
+    deadline = time.monotonic() + within
+    while depth(connection, queue) < count:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{queue} holds {depth(connection, queue)}, not {count}, after {within} s")
+        connection.sleep(0.05)
+
+
+def confirm_channel(
+    connection: pika.BlockingConnection,
+) -> pika.adapters.blocking_connection.BlockingChannel:
+    channel = connection.channel()
+    channel.confirm_delivery()
+    return channel
+
+
+def test_a_delayed_job_for_a_task_without_a_queue_waits_in_unroutable(
+    broker: Broker, namespace: str, topology_file: str, connection: pika.BlockingConnection
+) -> None:
+    names = Names(namespace)
+    assert topology("apply", "--url", broker.url, "--file", topology_file).exit_code == 0
+    channel = confirm_channel(connection)
+    sent = publish_delayed(channel, namespace, NOBODY, 1.5)
+    routed = publish_delayed(channel, namespace, DECLARED, 1.5)
+
+    wait_for_depth(connection, names.unroutable_queue, 1, within=10)
+    wait_for_depth(connection, names.task_queue(DECLARED), 1, within=10)
+    method, got, body = connection.channel().basic_get(names.unroutable_queue, auto_ack=True)
+    assert method is not None
+    assert got is not None
+    assert body is not None
+    assert (method.exchange, method.routing_key) == (
+        names.delay_out_exchange,
+        "0." * 24 + "1." + NOBODY,
+    )
+    assert json.loads(body) == {"task": NOBODY}
+    for field in ("message_id", "type", "content_type", "delivery_mode", "timestamp"):
+        assert getattr(got, field) == getattr(sent, field), field
+    assert got.headers is not None
+    assert {key: got.headers[key] for key in sent.headers or {}} == sent.headers
+    # RabbitMQ's own headers record the way through the ladder.
+    assert got.headers["x-death"][0]["queue"] == names.delay_queue(0)
+    # The alternate exchange takes only what nothing else routes.
+    method, got, _ = connection.channel().basic_get(names.task_queue(DECLARED), auto_ack=True)
+    assert method is not None
+    assert got is not None
+    assert got.message_id == routed.message_id
+    assert depth(connection, names.unroutable_queue) == 0
+
+
+def test_a_delay_out_without_its_alternate_exchange_is_a_conflict_apply_leaves_alone(
+    broker: Broker, namespace: str, topology_file: str, connection: pika.BlockingConnection
+) -> None:
+    names = Names(namespace)
+    out = names.delay_out_exchange
+    # As a deployment before the alternate exchange declared it.
+    connection.channel().exchange_declare(out, TOPIC, durable=True)
+
+    plan = topology("plan", "--url", broker.url, "--file", topology_file)
+    assert plan.exit_code == 1, plan.output
+    assert (
+        f"! exchange {out} (topic): conflict: alternate-exchange:"
+        f" wanted '{names.unroutable_exchange}', broker has not set"
+    ) in plan.stdout
+    assert (
+        f"to fix: RabbitMQ cannot change an exchange's arguments in place: delete exchange '{out}'"
+    ) in plan.stdout
+    assert f"+ exchange {names.unroutable_exchange} (fanout): missing, to create" in plan.stdout
+    assert f"+ queue {names.unroutable_queue} (quorum): missing, to create" in plan.stdout
+    # level 0's way out and the task's delivery binding both end at delay.out
+    assert "2 blocked by a conflict" in plan.stdout
+
+    apply = topology("apply", "--url", broker.url, "--file", topology_file)
+    assert apply.exit_code == 1, apply.output
+    assert f"! exchange {out}: alternate-exchange: wanted" in apply.stderr
+    assert "at once declare it again with `broker-jobs topology apply`" in apply.stderr
+    assert "everything else was declared" in apply.stderr
+    assert depth(connection, names.unroutable_queue) == 0  # created
+    # Left as it was: declaring it without the argument is still accepted, with it not.
+    connection.channel().exchange_declare(out, TOPIC, durable=True)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="alternate-exchange"):
+        connection.channel().exchange_declare(
+            out,
+            TOPIC,
+            durable=True,
+            arguments={"alternate-exchange": names.unroutable_exchange},
+        )
+
+    verify = topology("verify", "--url", broker.url, "--file", topology_file)
+    assert verify.exit_code == 1
+    assert "0 missing, 1 conflicting" in verify.stderr
+
+    # The way out: delete the exchange (it holds no messages) and apply again.
+    connection.channel().exchange_delete(out)
+    again = topology("apply", "--url", broker.url, "--file", topology_file)
+    assert again.exit_code == 0, again.output
+    assert f"+ exchange {out} (topic): created" in again.stdout
+    assert topology("verify", "--url", broker.url, "--file", topology_file).exit_code == 0
+    channel = confirm_channel(connection)
+    publish_delayed(channel, namespace, NOBODY, 1.5)
+    publish_delayed(channel, namespace, DECLARED, 1.5)  # its binding is back too
+    wait_for_depth(connection, names.unroutable_queue, 1, within=10)
+    wait_for_depth(connection, names.task_queue(DECLARED), 1, within=10)
+
+
+def test_jobs_released_while_delay_out_is_replaced_arrive_once_it_is_back(
+    broker: Broker, namespace: str, topology_file: str, connection: pika.BlockingConnection
+) -> None:
+    """The upgrade's gap: level 0's quorum queue dead-letters at least once, so a job
+    it releases while delay.out is missing is retried (after the broker's
+    dead_letter_worker_publisher_confirm_timeout: 5 s on the throwaway node, 180 s by
+    default) and arrives once the exchange is back."""
+    broker.controllable()  # the retry interval is this node's setting
+    names = Names(namespace)
+    assert topology("apply", "--url", broker.url, "--file", topology_file).exit_code == 0
+    sent = publish_delayed(confirm_channel(connection), namespace, DECLARED, 1.5)
+    connection.channel().exchange_delete(names.delay_out_exchange)
+    connection.sleep(2.5)  # released by level 0 after 1 s, with nowhere to go
+    assert depth(connection, names.task_queue(DECLARED)) == 0
+
+    assert topology("apply", "--url", broker.url, "--file", topology_file).exit_code == 0
+    wait_for_depth(connection, names.task_queue(DECLARED), 1, within=15)
+    method, got, _ = connection.channel().basic_get(names.task_queue(DECLARED), auto_ack=True)
+    assert method is not None
+    assert got is not None
+    assert got.message_id == sent.message_id
+    assert depth(connection, names.unroutable_queue) == 0
+
+
+def test_a_declaring_publisher_reports_an_old_delay_out_as_a_conflict(
+    make_app: Callable[[], App],
+    connection: pika.BlockingConnection,
+    make_publisher: Callable[..., AnyPublisher],
+) -> None:
+    """Everything that declares ``<ns>.delay.out`` must agree on its argument: a
+    publisher with ``declare=True`` names the exchange and the way out."""
+    app = make_app()
+    app.declare(DECLARED, Mail)
+    connection.channel().exchange_declare(app.names.delay_out_exchange, TOPIC, durable=True)
+    publisher = make_publisher(app)
+    with pytest.raises(broker_jobs.TopologyConflictError) as caught:
+        publisher.publish(DECLARED, {"to": "a@example.com"})
+    (conflict,) = caught.value.conflicts
+    assert conflict.name == app.names.delay_out_exchange
+    assert [(d.argument, d.wanted, d.existing) for d in conflict.differences] == [
+        ("alternate-exchange", app.names.unroutable_exchange, None)
+    ]
+
+
+def test_the_unroutable_queue_follows_the_ladder_queue_type() -> None:
+    names = Names("jobs")
+    for queue_type in QueueType:
+        built = namespace_topology(names, (), ladder_queue_type=queue_type)
+        (queue,) = [q for q in built.queues if q.name == names.unroutable_queue]
+        assert queue.arguments == {"x-queue-type": queue_type.value}
+        (out,) = [e for e in built.exchanges if e.name == names.delay_out_exchange]
+        assert out.arguments == {"alternate-exchange": names.unroutable_exchange}
