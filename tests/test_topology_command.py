@@ -32,6 +32,7 @@ from broker_jobs.urls import BrokerURL
 from scheduler import Beat, BeatSettings, load_schedules
 from tests.support import Broker, drain
 from topology import Names, Topology, declare
+from topology.delay import delay_routing_key
 from topology.file import TopologyFileError, load_file, parse
 from topology.permissions import Role, role_permissions
 
@@ -526,6 +527,41 @@ def test_publisher_permissions_allow_publishing_and_nothing_more(
     apply = topology("apply", "--url", url, "--app", app_path)
     assert apply.exit_code == 1
     assert "needs configure permission on the namespace" in apply.stderr
+
+
+def test_routing_to_the_unroutable_queue_needs_no_permission(
+    broker: Broker,
+    app_path: str,
+    namespace: str,
+    connection: pika.BlockingConnection,
+    user: Callable[[], tuple[str, str]],
+) -> None:
+    """A publisher's job that the ladder's exchanges pass on to delay.out while it
+    publishes (a key of zeros) reaches the alternate exchange with the publisher's
+    grants alone: no role needs anything on <ns>.unroutable."""
+    node = broker.controllable()
+    names = Names(namespace)
+    assert topology("apply", "--url", broker.url, "--app", app_path).exit_code == 0
+    name, password = user()
+    printed = topology(
+        "permissions", "--role", "publisher", "--namespace", namespace, "--user", name
+    )
+    assert "unroutable" not in printed.stdout
+    grant(node, printed.stdout)
+    url = with_credentials(broker.url, name, password)
+    user_connection = pika.BlockingConnection(pika.URLParameters(url))
+    with contextlib.closing(user_connection):
+        channel = user_connection.channel()
+        channel.confirm_delivery()  # neither refused nor returned
+        channel.basic_publish(
+            names.delay_exchange(0),
+            delay_routing_key(0, "nobody.home"),
+            b"{}",
+            pika.BasicProperties(delivery_mode=2),
+            mandatory=True,
+        )
+    depth = connection.channel().queue_declare(names.unroutable_queue, passive=True)
+    assert depth.method.message_count == 1
 
 
 def test_worker_permissions_allow_consuming_its_queues_only(

@@ -11,7 +11,7 @@ The file names what the app would register, and nothing the model cannot derive:
     [tasks."mail.send"]                # a task with every default
 
     [ladder]                           # optional
-    queue_type = "quorum"              # the delay ladder's queues
+    queue_type = "quorum"              # the delay ladder's queues and <ns>.unroutable
 
 Both this file and an ``App`` become a :class:`NamespaceSpec`, so the operator's
 commands see one model whichever way the topology is given. Unknown keys are errors:

@@ -17,6 +17,12 @@ operator (``broker-jobs topology apply``), no role needs configure:
 Passive declares (checking that an object exists) need no permission: measured on
 RabbitMQ 3.10, a user with ``^$`` everywhere may passive-declare any exchange or
 queue of the vhost, and is refused (403) on anything else.
+
+No role touches ``<ns>.unroutable`` (the alternate exchange of ``<ns>.delay.out``
+and its queue): the operator declares it and reads it. Routing there needs no
+permission either: measured on 3.10, a publisher with the grants below whose job
+goes from a ladder exchange on to ``<ns>.delay.out`` and its alternate exchange
+while it publishes is not refused, and the job lands in the queue.
 """
 
 from __future__ import annotations
