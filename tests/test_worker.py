@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 import subprocess
 import sys
@@ -900,3 +901,19 @@ def test_a_transient_job_with_a_charset_in_its_content_type_runs(
     )
     assert run_worker(broker, app, MemoryStore())["succeeded"] == 1
     assert effects.runs == Counter({"by-hand": 1})
+
+
+def test_a_skipped_duplicate_is_logged_with_its_id_and_key(
+    broker: Broker, app: App, effects: Effects, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = MemoryStore()
+    with Publisher(broker.url, app) as publisher:
+        first = publisher.publish("counter.add", {"key": "once"}, idempotency_key="invoice-7")
+        second = publisher.publish("counter.add", {"key": "once"}, idempotency_key="invoice-7")
+    with caplog.at_level(logging.INFO, logger="broker_jobs.worker"):
+        outcomes = run_worker(broker, app, store)
+    assert outcomes["duplicate"] == 1
+    (line,) = [r.getMessage() for r in caplog.records if "not run: the ledger" in r.getMessage()]
+    assert second.id in line
+    assert "invoice-7" in line
+    assert f"succeeded (job {first.id}" in line

@@ -48,7 +48,7 @@ from broker_jobs.store.base import Claim, ClaimOutcome
 from broker_jobs.worker.acks import ChannelAcks
 from broker_jobs.worker.delivery import Delivery, decode_for_queue, delivered_wire_message
 from broker_jobs.worker.execution import TimeLimitExceeded
-from broker_jobs.worker.protocol import Runner
+from broker_jobs.worker.protocol import Runner, log_duplicate
 from topology import names as n
 
 log = logging.getLogger(__name__)
@@ -245,6 +245,7 @@ class FastPath:
                 runner.spawn(item.message, item.task, outcome)
                 self._release(item)
             else:  # done already, or an older attempt: a duplicate
+                log_duplicate(item.job, claim)
                 self._spawn(self._ack_duplicate(item))
 
     async def _ack_duplicate(self, item: _Item) -> None:

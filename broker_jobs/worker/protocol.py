@@ -39,7 +39,7 @@ from broker_jobs.errors import (
     ConfirmTimeoutError,
     DecodeError,
 )
-from broker_jobs.store.base import ClaimOutcome, LeaseLostError, Status, Store
+from broker_jobs.store.base import Claim, ClaimOutcome, LeaseLostError, Status, Store
 from broker_jobs.worker.dead_letters import DeathCause, dead_letter_message, publish_dead_letter
 from broker_jobs.worker.delivery import Delivery, WrongQueueError, decode_for_queue, wire_message
 from broker_jobs.worker.execution import Executor
@@ -73,6 +73,20 @@ class Outcomes:
 
     def add(self, outcome: str) -> None:
         self.counts[outcome] += 1
+
+
+def log_duplicate(job: Job, claim: Claim) -> None:
+    """A skipped job says so (a silent skip must never look like a success)."""
+    record = claim.record
+    log.info(
+        "job %s (key %s, attempt %d) not run: the ledger has it %s (job %s, attempt %d)",
+        job.id,
+        job.idempotency_key,
+        job.attempt,
+        record.status.value,
+        record.job_id,
+        record.attempts,
+    )
 
 
 class Runner:
@@ -320,6 +334,7 @@ class Runner:
         death = await self._crash_loop(message, job, spec)
         claim = await self.in_store(store.claim, job, holder, settings.lease)
         if claim.outcome in (ClaimOutcome.DONE, ClaimOutcome.STALE):
+            log_duplicate(job, claim)
             return "duplicate"
         if claim.outcome is ClaimOutcome.BUSY:
             return "busy"
