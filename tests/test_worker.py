@@ -250,9 +250,16 @@ def _stop_with_two_running(
     store = MemoryStore()
     worker = Worker(broker.url, app, store, WorkerSettings(concurrency=2, grace=30))
 
+    async def all_claimed() -> None:
+        # The six deliveries may come in several frames: stop only once every job
+        # is claimed (two running, four waiting), or a late one is never claimed.
+        while store.counts().get(Status.RUNNING) != 6:
+            await asyncio.sleep(0.01)
+
     async def scenario() -> Counter[str]:
         running = asyncio.create_task(worker.run())
         await two_running()
+        await asyncio.wait_for(all_claimed(), 30)
         worker.stop()
         release()
         return await running
