@@ -78,8 +78,9 @@ def prepare_ladder(
     ``tasks`` that have no queue.
 
     A delayed job is routable when published (it enters the ladder) whether or not
-    its task has a queue; without one it would wait in the ladder's last level
-    forever. So a publisher checks the queue first, and raises at the caller.
+    its task has a queue; without one it would end in the namespace's queue of
+    unroutable jobs (``<ns>.unroutable``), not run. So a publisher checks the queue
+    first, and raises at the caller.
     """
     if declare_ladder:
         declare_topology(
