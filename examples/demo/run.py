@@ -47,6 +47,17 @@ DEADLINE = 90.0
 GRACE = 10.0
 
 
+def short_id(job_id: str) -> str:
+    """The part of a job id that differs between jobs: ids are UUID 7, whose first
+    digits are the time (the same for every job made within a minute)."""
+    return "…" + job_id[-8:]
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, ``…`` where it was cut."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def say(text: str = "") -> None:
     print(text, flush=True)
 
@@ -331,7 +342,7 @@ class Demo:
             if time.monotonic() > deadline:
                 raise DemoError(
                     f"not finished after {DEADLINE:.0f} s: jobs not final: "
-                    + (", ".join(f"{e.label} {e.job.id[:8]}" for e in pending) or "none")
+                    + (", ".join(f"{e.label} {short_id(e.job.id)}" for e in pending) or "none")
                     + "; dead letters missing: "
                     + (", ".join(f"{t}: {n}" for t, n in short.items() if n > 0) or "none")
                     + "".join(self.worker_log(task) for task in self.workers)
@@ -384,9 +395,9 @@ class Demo:
         say(f"  {'task':<13} {'job':<9} {'published as':<13} {'status':<10} {'att':>3}  last error")
         labels = self.labels()
         for row in sorted(store.find(limit=1000), key=lambda row: row.created_at):
-            error = (row.last_error or "-").splitlines()[0][:60]
+            error = cut((row.last_error or "-").splitlines()[0], 60)
             say(
-                f"  {row.task:<13} {row.job_id[:8]:<9} {labels.get(row.job_id, '?'):<13}"
+                f"  {row.task:<13} {short_id(row.job_id):<9} {labels.get(row.job_id, '?'):<13}"
                 f" {row.status.value:<10} {row.attempts:>3}  {error}"
             )
         for e in self.expected:
@@ -394,7 +405,7 @@ class Demo:
             ok = r is not None and r.status is e.status and r.attempts == e.attempts
             checks.check(
                 ok,
-                f"{e.label} {e.job.task} job {e.job.id[:8]} ended {e.status.value}"
+                f"{e.label} {e.job.task} job {short_id(e.job.id)} ended {e.status.value}"
                 f" after {e.attempts} attempt(s)",
             )
             if r is not None and e.job.due_at is not None:
@@ -430,17 +441,16 @@ class Demo:
             for d in letters:
                 what = labels.get(d.message_id or "", "earlier run")
                 attempts = "-" if d.attempts is None else d.attempts
-                say(
-                    f"    {d.reason:<10} {str(d.message_id)[:8]:<9} {what:<13} attempts {attempts}"
-                    f"  {d.error.splitlines()[0][:60] if d.error else '-'}"
-                )
+                job = short_id(str(d.message_id))
+                error = cut(d.error.splitlines()[0], 60) if d.error else "-"
+                say(f"    {d.reason:<10} {job:<9} {what:<13} attempts {attempts}  {error}")
         by_id = {d.message_id: d for d in self.dead_letters}
         for e in self.expected:
             if e.dead_reason:
                 got = by_id.get(e.job.id)
                 checks.check(
                     got is not None and got.reason == e.dead_reason,
-                    f"{e.label} job {e.job.id[:8]} dead-lettered as {e.dead_reason!r}",
+                    f"{e.label} job {short_id(e.job.id)} dead-lettered as {e.dead_reason!r}",
                 )
         for p in self.poison:
             got = by_id.get(p.message_id)
