@@ -116,7 +116,7 @@ def status_command(app_path: str, schedule_files: tuple[Path, ...], store_url: s
     try:
         app = load_app(app_path)
         schedules = load_schedules(app, schedule_files)
-        with open_store(store_url) as store:
+        with open_store(store_url, must_exist=True) as store:
             lines = status_lines(app, schedules, store, utc_now())
     except BrokerJobsError as error:
         click.echo(f"error: {error}", err=True)

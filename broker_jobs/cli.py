@@ -18,7 +18,7 @@ from broker_jobs.worker_cli import worker_command
 from topology.names import DEFAULT_NAMESPACE
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="broker-jobs")
 def main() -> None:
     """broker-jobs: RabbitMQ jobs that are not lost, duplicated or silently held."""

@@ -201,3 +201,21 @@ def test_beat_status_shows_the_leader_and_each_schedules_fires(tmp_path: Path) -
     assert header.split()[:3] == ["schedule", "task", "when"]
     assert row.split()[:6] == ["hourly", "beat.tick", "cron", "0", "*", "*"]
     assert "2026-11-29T13:00:00Z" in row
+
+
+def test_beat_status_refuses_a_ledger_that_does_not_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "typo.db"
+    result = CliRunner().invoke(
+        main, ["beat", "status", "tests.beat_app:app", "--store", f"sqlite:///{missing}"]
+    )
+    assert result.exit_code == 1
+    assert "no ledger at" in result.output
+    assert "--store or BROKER_JOBS_STORE" in result.output
+    assert not missing.exists(), "a read-only command must not create an empty ledger"
+
+
+def test_dash_h_is_help_everywhere() -> None:
+    for command in ([], ["worker"], ["beat"], ["topology", "plan"], ["publish"]):
+        result = CliRunner().invoke(main, [*command, "-h"])
+        assert result.exit_code == 0, (command, result.output)
+        assert "Usage:" in result.output

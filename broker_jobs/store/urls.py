@@ -11,6 +11,7 @@ A PostgreSQL URL is handed to libpq as it is (so every libpq parameter works, e.
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from broker_jobs.store.base import Store, StoreError, mask_dsn
@@ -28,8 +29,11 @@ ACCEPTED = (
 )
 
 
-def open_store(url: str) -> Store:
-    """The store ``url`` names; :class:`StoreError` for a URL it cannot open."""
+def open_store(url: str, *, must_exist: bool = False) -> Store:
+    """The store ``url`` names; :class:`StoreError` for a URL it cannot open.
+
+    ``must_exist``: for commands that only read (``beat status``): an SQLite file
+    that does not exist is an error, not a new empty ledger that answers "nothing"."""
     scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
     if not sep:
@@ -39,7 +43,13 @@ def open_store(url: str) -> Store:
             raise StoreError(f"memory:// takes no host or path, got {mask_dsn(url)!r}")
         return MemoryStore()
     if scheme == "sqlite":
-        return SQLiteStore(_sqlite_path(url, rest))
+        path = _sqlite_path(url, rest)
+        if must_exist and not Path(path).is_file():
+            raise StoreError(
+                f"no ledger at {url!r} ({Path(path).resolve()} does not exist): give the"
+                " store the workers use, with --store or BROKER_JOBS_STORE"
+            )
+        return SQLiteStore(path)
     if scheme in ("postgresql", "postgres"):
         from broker_jobs.store.postgres import PostgresStore  # noqa: PLC0415 - psycopg is slow
 
