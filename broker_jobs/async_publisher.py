@@ -19,6 +19,7 @@ from broker_jobs.envelope import Job, WireMessage
 from broker_jobs.errors import (
     BrokerConnectionError,
     BrokerJobsError,
+    BrokerUnreachableError,
     ConfirmTimeoutError,
     NackedError,
     PublishError,
@@ -66,7 +67,9 @@ class AsyncPublisher(PublisherBase):
         Options as for ``Publisher.publish``, ``delay`` and ``eta`` included."""
         prepared = self._factory.build(task, payload, **options)
         error = await self._send_one(prepared)
-        if isinstance(error, BrokerConnectionError):
+        if isinstance(error, BrokerConnectionError) and not isinstance(
+            error, BrokerUnreachableError
+        ):
             # Found dead mid-publish: send again on a fresh connection; a copy that
             # did arrive carries the same id and key, so it runs once.
             log.warning("%s; reconnecting to publish it again", error)
@@ -213,9 +216,7 @@ class AsyncPublisher(PublisherBase):
         )
         self._node = node
         try:
-            channel = await self._connection.channel(
-                publisher_confirms=True, on_return_raises=True
-            )
+            channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
             if settings.declare:
                 await asyncio.to_thread(self._declare, node)
         except CONNECT_ERRORS as error:

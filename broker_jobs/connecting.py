@@ -26,7 +26,7 @@ import aio_pika.exceptions
 import pika
 import pika.exceptions
 
-from broker_jobs.errors import BrokerConnectionError
+from broker_jobs.errors import BrokerUnreachableError
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs, mask_text
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ CONNECT_ERRORS: tuple[type[BaseException], ...] = (
 BLOCKING_CONNECT_ERRORS: tuple[type[BaseException], ...] = (pika.exceptions.AMQPError,)
 
 
-class NodeUnreachable(BrokerConnectionError):
+class NodeUnreachable(BrokerUnreachableError):
     """One node did not answer. Raised by single-node connects; :func:`first_answering`
     goes on to the next node, and names them all if none answers."""
 
@@ -62,7 +62,7 @@ async def connect_first(
 ) -> tuple[aio_pika.abc.AbstractConnection, BrokerURL]:
     """A connection to the first of ``urls`` that answers (those after ``after``
     first), and the URL it went to; ``options`` go to :func:`aio_pika.connect`.
-    Raises :class:`BrokerConnectionError` naming each node tried."""
+    Raises :class:`BrokerUnreachableError` naming each node tried."""
     failures: list[str] = []
     for url in BrokerURLs.parse(urls).after(after):
         try:
@@ -80,7 +80,7 @@ async def connect_first(
             continue
         _log_skipped(failures, url)
         return connection, url
-    raise BrokerConnectionError(unreachable_message(failures))
+    raise BrokerUnreachableError(unreachable_message(failures))
 
 
 def connect_first_blocking(
@@ -104,7 +104,7 @@ def first_answering(
 ) -> tuple[T, BrokerURL]:
     """``connect(url)`` for each of ``urls`` in turn (those after ``after`` first)
     until one does not raise :class:`NodeUnreachable`: its result and URL. Raises
-    :class:`BrokerConnectionError` naming each node tried."""
+    :class:`BrokerUnreachableError` naming each node tried."""
     failures: list[str] = []
     for url in BrokerURLs.parse(urls).after(after):
         try:
@@ -114,7 +114,7 @@ def first_answering(
             continue
         _log_skipped(failures, url)
         return connected, url
-    raise BrokerConnectionError(unreachable_message(failures))
+    raise BrokerUnreachableError(unreachable_message(failures))
 
 
 def _blocking_connection(
@@ -134,23 +134,41 @@ def _blocking_connection(
 
 def node_failure(url: BrokerURL, reason: object) -> str:
     """``host:port (masked URL): why``, one node's part of a connection error."""
-    why = describe(reason) if isinstance(reason, BaseException) else mask_text(str(reason))
+    why = describe(reason, url) if isinstance(reason, BaseException) else mask_text(str(reason))
     return f"{url.host}:{url.port} ({url.masked}): {why}"
 
 
 def unreachable_message(failures: list[str]) -> str:
-    return (
-        "cannot connect to the broker at " + "; ".join(failures) + ". Check that RabbitMQ"
-        " runs there and that the credentials and vhost are right"
-    )
+    return "cannot connect to the broker at " + "; ".join(failures)
 
 
-def describe(error: BaseException) -> str:
-    """One line for a connection error: its type and its masked text."""
+def describe(error: BaseException, url: BrokerURL | None = None) -> str:
+    """One line for a connection error that tells apart what an operator fixes
+    differently: nothing listening, a refused login, a vhost that is missing or
+    forbidden, no answer in time; else the error's type and masked text."""
     text = mask_text(str(error)).strip()
+    kind = type(error).__name__
+    detail = f"{text} {mask_text(repr(error))}"  # pika keeps the cause in its repr only
+    if "ACCESS_REFUSED" in text or kind == "ProbableAuthenticationError":
+        user = f" for user {url.user!r}" if url is not None and url.user else ""
+        return f"login refused{user} (ACCESS_REFUSED): check the user and password in the URL"
+    if (
+        "NOT_ALLOWED" in text
+        or kind == "ProbableAccessDeniedError"
+        or ("Connection.OpenOk" in text and "Connection.Close" in text)  # aiormq's words
+    ):
+        vhost = f" {url.vhost!r}" if url is not None else ""
+        return (
+            f"the broker refused the vhost{vhost} (NOT_ALLOWED): it does not exist or the"
+            " user has no permissions on it; create it (rabbitmqctl add_vhost), grant them"
+            " (rabbitmqctl set_permissions), or fix the URL's path (amqp://host/ is the"
+            " default vhost /)"
+        )
+    if "Connection refused" in detail or "Connect call failed" in detail:
+        return "connection refused: nothing listens there (is RabbitMQ running, on this port?)"
     if isinstance(error, TimeoutError) and not text:
-        text = "no answer in time"
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+        return "no answer in time (a firewall, a wrong host, or a broker too busy to answer)"
+    return f"{kind}: {text}" if text else kind
 
 
 def _log_skipped(failures: list[str], url: BrokerURL) -> None:

@@ -14,6 +14,7 @@ translated at the boundary into these, so callers catch one tree:
     │   ├── ConfirmTimeoutError   no confirm within the timeout: outcome unknown
     │   └── PublishBatchError     part of a batch failed; says which jobs were confirmed
     ├── BrokerConnectionError     the broker cannot be reached or the connection broke
+    │   ├── BrokerUnreachableError  no node answered (or each refused us); says why
     │   └── ReconnectTimeoutError a worker found no broker for --reconnect-timeout
     └── TopologyError             the broker's objects are missing or conflict
         ├── TopologyMissingError  an exchange or queue that must exist does not
@@ -149,6 +150,11 @@ class PublishBatchError(PublishError):
 
 class BrokerConnectionError(BrokerJobsError):
     """The broker cannot be reached, or the connection broke mid-operation."""
+
+
+class BrokerUnreachableError(BrokerConnectionError):
+    """No node of the broker could be connected to: nothing listens, the login or
+    the vhost was refused, or no answer came in time (the message says which)."""
 
 
 class ReconnectTimeoutError(BrokerConnectionError):

@@ -15,6 +15,7 @@ from broker_jobs.envelope import Job
 from broker_jobs.errors import (
     BrokerConnectionError,
     BrokerJobsError,
+    BrokerUnreachableError,
     ConfirmTimeoutError,
     NackedError,
     TopologyMissingError,
@@ -76,7 +77,9 @@ class Publisher(PublisherBase):
         job_id = prepared.job.id
         with self._lock:
             error = self._send([prepared], None).failed.get(job_id)
-            if isinstance(error, BrokerConnectionError):
+            if isinstance(error, BrokerConnectionError) and not isinstance(
+                error, BrokerUnreachableError
+            ):
                 # The connection was found dead mid-publish (a restart between two
                 # calls): the job may or may not be stored; sending it again with the
                 # same id and key is harmless, since it runs once.

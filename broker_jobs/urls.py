@@ -58,6 +58,10 @@ class BrokerURL:
         return parts.port or _SCHEMES[parts.scheme]
 
     @property
+    def user(self) -> str:
+        return unquote(urlsplit(self.url).username or "")
+
+    @property
     def vhost(self) -> str:
         path = urlsplit(self.url).path
         return unquote(path[1:]) if len(path) > 1 else "/"

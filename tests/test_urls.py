@@ -23,9 +23,11 @@ from pydantic import BaseModel
 from broker_jobs import App, BrokerConnectionError, ConfigurationError, mask_url
 from broker_jobs.connecting import connect_first, connect_first_blocking
 from broker_jobs.declaring import declare_at_start, existing_queues
+from broker_jobs.errors import BrokerUnreachableError
+from broker_jobs.publisher import Publisher
 from broker_jobs.urls import BrokerURL, BrokerURLs, mask_text
 from scheduler.leadership import Leadership
-from tests.support import AnyPublisher, Broker, drain
+from tests.support import AnyPublisher, AsyncFacade, Broker, drain
 
 MakePublisher = Callable[..., AnyPublisher]
 
@@ -344,3 +346,32 @@ def test_a_beat_session_goes_to_the_other_node_after_a_loss(
             connection.channel().exchange_delete(leadership.queue)
 
     asyncio.run(run())
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_connection_errors_tell_a_refused_port_a_refused_login_and_a_missing_vhost(
+    broker: Broker, kind: str
+) -> None:
+    """One line each, the cause an operator fixes, no password; no retry for them."""
+    good = BrokerURL(broker.url)
+    host = f"{good.host}:{good.port}"
+    cases = {
+        "amqp://guest:guest@127.0.0.1:1/": "connection refused: nothing listens there",
+        f"amqp://guest:wrong-pw@{host}/": "login refused for user 'guest' (ACCESS_REFUSED)",
+        f"amqp://guest:guest@{host}/no-such-vhost": "the broker refused the vhost 'no-such-vhost'",
+    }
+    def publish_once(url: str) -> None:
+        publisher: AnyPublisher = (Publisher if kind == "sync" else AsyncFacade)(
+            url, None, namespace="t", declare=False
+        )
+        try:
+            publisher.publish("a.b", {})
+        finally:
+            publisher.close()
+
+    for url, expected in cases.items():
+        with pytest.raises(BrokerUnreachableError) as raised:
+            publish_once(url)
+        assert expected in str(raised.value), str(raised.value)
+        assert "wrong-pw" not in str(raised.value)
