@@ -917,7 +917,7 @@ def test_a_database_from_before_the_beat_gains_its_tables(kit: Kit) -> None:
         reopened.record_leader("shop", "host-1:101", at(0), now=at(1))
         assert reopened.last_fire("shop/s") == fire(3)
         assert reopened.leader("shop") is not None
-    assert kit.sql("SELECT version FROM broker_jobs_schema") == [(1,)]
+    assert kit.sql("SELECT version FROM broker_jobs_schema") == [(2,)]  # executions: 2
 
 
 # --- arguments, lifecycle, schema -------------------------------------------------------------
@@ -1507,7 +1507,7 @@ def test_sqlite_uses_wal_and_a_schema_version(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert conn.execute("SELECT version FROM broker_jobs_schema").fetchall() == [(1,)]
+        assert conn.execute("SELECT version FROM broker_jobs_schema").fetchall() == [(2,)]
     finally:
         conn.close()
 

@@ -14,6 +14,8 @@ from broker_jobs.store.base import (
     MAX_ERROR_BYTES,
     Claim,
     ClaimOutcome,
+    Execution,
+    ExecutionOutcome,
     JobRecord,
     LeaderRecord,
     LeaseLostError,
@@ -34,6 +36,8 @@ __all__ = [
     "Claim",
     "ClaimOutcome",
     "JobRecord",
+    "Execution",
+    "ExecutionOutcome",
     "LeaderRecord",
     "Status",
     # errors

@@ -88,6 +88,41 @@ class Claim:
     record: JobRecord  # the record after the claim (CLAIMED) or the one that decided it
 
 
+class ExecutionOutcome(StrEnum):
+    """How an execution (one claim of a job, held by one worker) ended."""
+
+    SUCCEEDED = "succeeded"  # succeed, succeed_many, succeed_with
+    RETRYING = "retrying"  # retry: a later attempt is due
+    FAILED = "failed"  # fail: a permanent error
+    DEAD = "dead"  # dead: dead-lettered (by the holder, or after its lease expired)
+    RELEASED = "released"  # release: given back without an outcome (shutdown)
+    LOST = "lost"  # the lease lapsed and another claim took the job over
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One execution of a job: a claim (CLAIMED) and how it ended. Times are aware UTC.
+
+    A job has one per claim that ran it: attempt 1, its retries, a takeover after a
+    worker died. ``finished_at`` and ``outcome`` are None while it runs; a takeover
+    closes the lost execution at the new claim's time, a release at the release's.
+    """
+
+    idempotency_key: str
+    job_id: str
+    attempt: int
+    worker: str  # the holder (the worker id that claimed it)
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: ExecutionOutcome | None
+    error: str | None  # RETRYING, FAILED, DEAD: the error recorded with the outcome
+
+    @property
+    def duration(self) -> timedelta | None:
+        """``finished_at - started_at``; None while it runs."""
+        return None if self.finished_at is None else self.finished_at - self.started_at
+
+
 @dataclass(frozen=True)
 class LeaderRecord:
     """The beat leader a group last heard of (for ``beat status``); times are aware UTC."""
@@ -243,9 +278,15 @@ class Store(ABC):
         """How many records have each status (every status is a key)."""
 
     @abstractmethod
+    def executions(self, key: str) -> list[Execution]:
+        """Every execution of the job of ``key``, oldest first (empty when it has no
+        record, or was never claimed: a poison message dead-lettered unclaimed)."""
+
+    @abstractmethod
     def prune(self, older_than: datetime) -> int:
-        """Delete SUCCEEDED, FAILED and DEAD records updated before ``older_than``;
-        never RUNNING or RETRYING ones. Returns how many were deleted."""
+        """Delete SUCCEEDED, FAILED and DEAD records updated before ``older_than``, with
+        their executions; never RUNNING or RETRYING ones. Returns how many records were
+        deleted."""
 
     # --- beat records: two small facts the beat keeps beside the ledger -----------------
 
@@ -380,6 +421,63 @@ def dead_record(
         last_error=error,
         due_at=None,
     )
+
+
+def track_execution(executions: list[Execution], record: JobRecord) -> None:
+    """Bring a key's ``executions`` (oldest first) in line with its new ``record``:
+    the rule the SQL stores apply in their triggers.
+
+    - an open execution (unfinished) that is not the record's current holding (RUNNING,
+      held by ``record.worker`` at ``record.attempts``) is closed: with the record's
+      status as outcome, or ``released`` (RUNNING, no holder) or ``lost`` (RUNNING,
+      another holder or attempt); at ``updated_at``, or ``lease_until`` for a release;
+    - a holding without an open execution appends one started at ``updated_at``.
+
+    A renewal, or a claim by the holder again (a redelivery), changes nothing.
+    """
+    held = record.status is Status.RUNNING and record.worker is not None
+    current = False
+    for index, execution in enumerate(executions):
+        if execution.finished_at is not None:
+            continue
+        if held and execution.worker == record.worker and execution.attempt == record.attempts:
+            current = True
+            continue
+        executions[index] = replace(execution, **closing(record))
+    if held and not current:
+        assert record.worker is not None
+        executions.append(
+            Execution(
+                idempotency_key=record.idempotency_key,
+                job_id=record.job_id,
+                attempt=record.attempts,
+                worker=record.worker,
+                started_at=record.updated_at,
+                finished_at=None,
+                outcome=None,
+                error=None,
+            )
+        )
+
+
+def closing(record: JobRecord) -> dict[str, Any]:
+    """The ``finished_at``, ``outcome`` and ``error`` of an execution that ``record``
+    (its key's new state) ends."""
+    if record.status is Status.RUNNING:
+        released = record.worker is None
+        return {
+            "finished_at": (record.lease_until or record.updated_at)
+            if released
+            else record.updated_at,
+            "outcome": ExecutionOutcome.RELEASED if released else ExecutionOutcome.LOST,
+            "error": None,
+        }
+    failed = record.status in {Status.RETRYING, Status.FAILED, Status.DEAD}
+    return {
+        "finished_at": record.updated_at,
+        "outcome": ExecutionOutcome(record.status.value),
+        "error": record.last_error if failed else None,
+    }
 
 
 def clip_error(error: str) -> str:

@@ -13,12 +13,14 @@ from broker_jobs.store.base import (
     TERMINAL,
     Claim,
     ExclusiveStore,
+    Execution,
     JobRecord,
     LeaderRecord,
     Records,
     Status,
     StoreError,
     check_limit,
+    track_execution,
     utc,
 )
 
@@ -27,14 +29,22 @@ class _DictRecords:
     #: A dict has no transactions: effects run, then the record changes.
     connection = None
 
-    def __init__(self, records: dict[str, JobRecord]) -> None:
+    def __init__(
+        self, records: dict[str, JobRecord], executions: dict[str, list[Execution]]
+    ) -> None:
         self._records = records
+        self._executions = executions
 
     def load(self, key: str) -> JobRecord | None:
         return self._records.get(key)
 
     def save(self, record: JobRecord) -> None:
-        self._records[record.idempotency_key] = record
+        key = record.idempotency_key
+        executions = list(self._executions.get(key, ()))
+        track_execution(executions, record)
+        self._records[key] = record
+        if executions:
+            self._executions[key] = executions
 
 
 class MemoryStore(ExclusiveStore):
@@ -49,6 +59,7 @@ class MemoryStore(ExclusiveStore):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._records: dict[str, JobRecord] = {}
+        self._executions: dict[str, list[Execution]] = {}  # by key, oldest first
         self._fires: dict[str, datetime] = {}
         self._leaders: dict[str, LeaderRecord] = {}
         self._closed = False
@@ -67,7 +78,7 @@ class MemoryStore(ExclusiveStore):
     @contextmanager
     def _exclusive(self) -> Iterator[Records]:
         with self._open():
-            yield _DictRecords(self._records)
+            yield _DictRecords(self._records, self._executions)
 
     def _snapshot(self) -> list[JobRecord]:
         with self._exclusive():
@@ -109,6 +120,10 @@ class MemoryStore(ExclusiveStore):
             counts[record.status] += 1
         return counts
 
+    def executions(self, key: str) -> list[Execution]:
+        with self._open():
+            return list(self._executions.get(key, ()))
+
     def prune(self, older_than: datetime) -> int:
         cutoff = utc(older_than)
         with self._exclusive():
@@ -119,6 +134,7 @@ class MemoryStore(ExclusiveStore):
             ]
             for key in doomed:
                 del self._records[key]
+                self._executions.pop(key, None)
             return len(doomed)
 
     # --- beat records -------------------------------------------------------------
@@ -153,6 +169,7 @@ class MemoryStore(ExclusiveStore):
         with self._lock:
             self._closed = True
             self._records.clear()
+            self._executions.clear()
             self._fires.clear()
             self._leaders.clear()
 

@@ -22,6 +22,7 @@ without it and the store says what to install.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +36,8 @@ from broker_jobs.store.base import (
     TERMINAL,
     Claim,
     ClaimOutcome,
+    Execution,
+    ExecutionOutcome,
     JobRecord,
     LeaderRecord,
     LeaseLostError,
@@ -62,8 +65,11 @@ except ImportError as _error:  # pragma: no cover - exercised by a test that hid
 else:
     _MISSING = None
 
-#: The layout this code writes; a database with a higher one is refused.
-SCHEMA_VERSION = 1
+log = logging.getLogger(__name__)
+
+#: The layout this code writes; a database with a higher one is refused. Version 2
+#: added the executions (a version 1 database is migrated when a store opens it).
+SCHEMA_VERSION = 2
 #: Connections kept per store; callers beyond that wait (up to ``pool_wait`` seconds).
 DEFAULT_MAX_CONNECTIONS = 4
 #: Seconds to wait for the server when connecting, unless the DSN sets connect_timeout.
@@ -103,6 +109,7 @@ class _Queries:
         self.version_table = name("broker_jobs_schema")
         self.fires = name("broker_jobs_beat_fires")
         self.leaders = name("broker_jobs_beat_leaders")
+        self.executions = name("broker_jobs_executions")
         self.schema = sql.Identifier(schema) if schema else None
         assert _COLS is not None
 
@@ -157,6 +164,10 @@ class _Queries:
             "SELECT {cols} FROM {records} WHERE job_id = %(job_id)s " + _NEWEST_FIRST
         )
         self.counts = q("SELECT status, count(*) FROM {records} GROUP BY status")
+        self.executions_of = sql.SQL(
+            "SELECT idempotency_key, job_id, attempt, worker, started_at, finished_at, outcome,"
+            " error FROM {executions} WHERE idempotency_key = %(key)s ORDER BY id"
+        ).format(executions=self.executions)
         self.prune = q(
             "DELETE FROM {records} WHERE status = ANY(%(terminal)s) AND updated_at < %(cutoff)s"
         )
@@ -216,6 +227,95 @@ class _Queries:
             index("broker_jobs_records_job_id", "job_id"),
             *self.create_beat(),
         ]
+
+    def create_executions(self, schema: str) -> list[sql.Composed]:
+        """Version 2: the executions table, kept by triggers on the records (the rule
+        of :func:`broker_jobs.store.base.track_execution`), so every statement that
+        changes a record records its executions in the same statement. The trigger
+        functions are SECURITY DEFINER: a worker's role needs no privilege on the
+        executions table to write them (only SELECT, to read them), and workers of an
+        older version keep working while a newer one migrates the database. ``schema``:
+        where the tables are (the functions name them fully, with a fixed search_path)."""
+        executions = sql.Identifier(schema, "broker_jobs_executions")
+        records = sql.Identifier(schema, "broker_jobs_records")
+        track = sql.Identifier(schema, "broker_jobs_track_executions")
+        forget = sql.Identifier(schema, "broker_jobs_forget_executions")
+        outcomes = ", ".join(f"'{o.value}'" for o in ExecutionOutcome)
+        definer = "LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp"
+        return [
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {executions} ("
+                " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+                " idempotency_key text NOT NULL,"
+                " job_id text NOT NULL,"
+                " attempt integer NOT NULL,"
+                " worker text NOT NULL,"
+                " started_at timestamptz NOT NULL,"
+                " finished_at timestamptz,"
+                " outcome text CHECK (outcome IN (" + outcomes + ")),"
+                " error text)"
+            ).format(executions=executions),
+            sql.SQL(
+                "CREATE INDEX IF NOT EXISTS broker_jobs_executions_key"
+                " ON {executions} (idempotency_key, id)"
+            ).format(executions=executions),
+            sql.SQL(
+                "CREATE OR REPLACE FUNCTION {track}() RETURNS trigger " + definer + " AS $body$"
+                " BEGIN"
+                "  UPDATE {executions} SET"
+                "   finished_at = CASE WHEN NEW.status = 'running' AND NEW.worker IS NULL"
+                "    THEN coalesce(NEW.lease_until, NEW.updated_at) ELSE NEW.updated_at END,"
+                "   outcome = CASE WHEN NEW.status <> 'running' THEN NEW.status"
+                "    WHEN NEW.worker IS NULL THEN 'released' ELSE 'lost' END,"
+                "   error = CASE WHEN NEW.status IN ('retrying', 'failed', 'dead')"
+                "    THEN NEW.last_error END"
+                "  WHERE idempotency_key = NEW.idempotency_key AND finished_at IS NULL"
+                "   AND NOT (NEW.status = 'running' AND worker IS NOT DISTINCT FROM NEW.worker"
+                "            AND attempt = NEW.attempts);"
+                "  IF NEW.status = 'running' AND NEW.worker IS NOT NULL AND NOT EXISTS ("
+                "    SELECT FROM {executions} WHERE idempotency_key = NEW.idempotency_key"
+                "    AND finished_at IS NULL) THEN"
+                "   INSERT INTO {executions} (idempotency_key, job_id, attempt, worker, started_at)"
+                "   VALUES (NEW.idempotency_key, NEW.job_id, NEW.attempts, NEW.worker,"
+                "           NEW.updated_at);"
+                "  END IF;"
+                "  RETURN NULL;"
+                " END $body$"
+            ).format(track=track, executions=executions),
+            sql.SQL(
+                "CREATE OR REPLACE FUNCTION {forget}() RETURNS trigger " + definer + " AS $body$"
+                " BEGIN"
+                "  DELETE FROM {executions} WHERE idempotency_key = OLD.idempotency_key;"
+                "  RETURN NULL;"
+                " END $body$"
+            ).format(forget=forget, executions=executions),
+            sql.SQL("DROP TRIGGER IF EXISTS broker_jobs_executions_track ON {records}").format(
+                records=records
+            ),
+            sql.SQL(
+                "CREATE TRIGGER broker_jobs_executions_track"
+                " AFTER INSERT OR UPDATE OF status, worker, attempts ON {records}"
+                " FOR EACH ROW EXECUTE FUNCTION {track}()"
+            ).format(records=records, track=track),
+            sql.SQL("DROP TRIGGER IF EXISTS broker_jobs_executions_forget ON {records}").format(
+                records=records
+            ),
+            sql.SQL(
+                "CREATE TRIGGER broker_jobs_executions_forget AFTER DELETE ON {records}"
+                " FOR EACH ROW EXECUTE FUNCTION {forget}()"
+            ).format(records=records, forget=forget),
+        ]
+
+    def backfill_executions(self, schema: str) -> sql.Composed:
+        """Version 1 -> 2: an open execution for each record held at the migration."""
+        return sql.SQL(
+            "INSERT INTO {executions} (idempotency_key, job_id, attempt, worker, started_at)"
+            " SELECT idempotency_key, job_id, attempts, worker, updated_at FROM {records}"
+            " WHERE status = 'running' AND worker IS NOT NULL"
+        ).format(
+            executions=sql.Identifier(schema, "broker_jobs_executions"),
+            records=sql.Identifier(schema, "broker_jobs_records"),
+        )
 
     def create_beat(self) -> list[sql.Composed]:
         """The beat's tables, added after version 1 without changing the others (older
@@ -310,6 +410,13 @@ class PostgresStore(Store):
                 f" and UPDATE on {self._q.fires.as_string()} and"
                 f" {self._q.leaders.as_string()}, see docs/store.md"
             ) from None
+        if isinstance(error, pg_errors.UndefinedTable) and "broker_jobs_executions" in text:
+            raise StoreError(
+                f"{where}: cannot {action}: {text}. The executions table is missing (the"
+                " database is from schema version 1 and this role may not create tables):"
+                " open the store once as a role with CREATE on the schema, then grant this"
+                f" one SELECT on {self._q.executions.as_string()}, see docs/store.md"
+            ) from None
         if isinstance(error, pg_errors.InsufficientPrivilege):
             raise StoreError(
                 f"{where}: cannot {action}: {text}. Grant this user SELECT, INSERT, UPDATE"
@@ -350,6 +457,8 @@ class PostgresStore(Store):
                     if version is None:
                         for statement in self._q.create():
                             conn.execute(statement)
+                        for statement in self._q.create_executions(self._schema_name(conn)):
+                            conn.execute(statement)
                         conn.execute(
                             sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(
                                 self._q.version_table
@@ -364,8 +473,47 @@ class PostgresStore(Store):
                     f" (schema version {version}; this one knows up to {SCHEMA_VERSION})."
                     " Upgrade broker-jobs on this host, or use another schema or database"
                 )
+            if version < SCHEMA_VERSION:
+                self._migrate_to_2(conn)
             if not self._beat_tables_exist(conn):
                 self._create_beat_tables(conn)
+
+    def _schema_name(self, conn: psycopg.Connection[Any]) -> str:
+        if self.schema is not None:
+            return self.schema
+        (name,) = _one(conn.execute("SELECT current_schema()"))
+        if name is None:
+            raise StoreError(
+                f"PostgreSQL store {self.masked_dsn}: no current schema (the search_path"
+                " names none that exists); pass schema= or fix the search_path"
+            )
+        return str(name)
+
+    def _migrate_to_2(self, conn: psycopg.Connection[Any]) -> None:
+        """Version 1 -> 2: add the executions. A role without CREATE on the schema still
+        opens the database (and works as before, keeping no history) until a role with
+        it opens the store once."""
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                if self._version(conn) != 1:
+                    return  # another store migrated it meanwhile
+                schema = self._schema_name(conn)
+                for statement in self._q.create_executions(schema):
+                    conn.execute(statement)
+                conn.execute(self._q.backfill_executions(schema))
+                conn.execute(
+                    sql.SQL("UPDATE {} SET version = %s").format(self._q.version_table),
+                    (SCHEMA_VERSION,),
+                )
+        except pg_errors.InsufficientPrivilege as error:
+            log.warning(
+                "%r: cannot add the executions table (schema version 1 -> 2): %s. Job"
+                " history is not kept until a role with CREATE on the schema opens the"
+                " store once (see docs/store.md)",
+                self,
+                mask_dsn(str(error).strip()),
+            )
 
     def _beat_tables_exist(self, conn: psycopg.Connection[Any]) -> bool:
         names = (self._q.fires.as_string(conn), self._q.leaders.as_string(conn))
@@ -587,7 +735,25 @@ class PostgresStore(Store):
         counts.update({Status(status): int(n) for status, n in rows})
         return counts
 
+    def executions(self, key: str) -> list[Execution]:
+        with self._pool.connection() as conn, self._translate("read executions"):
+            rows = conn.execute(self._q.executions_of, {"key": key}).fetchall()
+        return [
+            Execution(
+                idempotency_key=k,
+                job_id=job_id,
+                attempt=attempt,
+                worker=worker,
+                started_at=_aware(started),
+                finished_at=_maybe(finished),
+                outcome=ExecutionOutcome(outcome) if outcome is not None else None,
+                error=error,
+            )
+            for k, job_id, attempt, worker, started, finished, outcome, error in rows
+        ]
+
     def prune(self, older_than: datetime) -> int:
+        # The records' delete trigger deletes their executions in the same statement.
         params = {"terminal": sorted(s.value for s in TERMINAL), "cutoff": utc(older_than)}
         with self._pool.connection() as conn, self._translate("prune records"):
             return conn.execute(self._q.prune, params).rowcount

@@ -44,6 +44,8 @@ from broker_jobs.store.base import (
     Claim,
     ClaimOutcome,
     ExclusiveStore,
+    Execution,
+    ExecutionOutcome,
     JobRecord,
     LeaderRecord,
     LeaseLostError,
@@ -62,7 +64,7 @@ log = logging.getLogger(__name__)
 
 #: The layout this code writes. A file with a higher version was created by a newer
 #: broker-jobs and is refused rather than misread.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: Seconds a writer waits for another process's transaction before giving up.
 DEFAULT_BUSY_TIMEOUT = 10.0
@@ -94,6 +96,68 @@ _CREATE = (
     ) WITHOUT ROWID""",
     "CREATE INDEX broker_jobs_records_status ON broker_jobs_records (status, updated_at)",
     "CREATE INDEX broker_jobs_records_task ON broker_jobs_records (task, updated_at)",
+)
+
+#: Version 2: the executions of every job (one per claim that ran it), kept by
+#: triggers on the records: every statement that changes a record (the fast path's
+#: one INSERT for a batch of new keys, a batch of successes' one UPDATE) records its
+#: executions in the same statement, with no statement more from Python. The rule is
+#: :func:`broker_jobs.store.base.track_execution`'s: an open execution that is not
+#: the record's holding (RUNNING, held by ``worker`` at ``attempts``) is closed with
+#: the new status (``released``: no holder; ``lost``: another holder or attempt), and
+#: a holding without one opens one. A renewal or a reclaim by the holder changes
+#: nothing. Keyed by (key, number): one B-tree, appended at the key's end.
+_EXECUTION_COLUMNS = (
+    "idempotency_key, job_id, attempt, worker, started_at, finished_at, outcome, error"
+)
+_TRACK = """
+        UPDATE broker_jobs_executions SET
+            finished_at = CASE WHEN NEW.status = 'running' AND NEW.worker IS NULL
+                THEN coalesce(NEW.lease_until, NEW.updated_at) ELSE NEW.updated_at END,
+            outcome = CASE WHEN NEW.status <> 'running' THEN NEW.status
+                WHEN NEW.worker IS NULL THEN 'released' ELSE 'lost' END,
+            error = CASE WHEN NEW.status IN ('retrying', 'failed', 'dead')
+                THEN NEW.last_error END
+        WHERE idempotency_key = NEW.idempotency_key AND finished_at IS NULL
+            AND NOT (NEW.status = 'running' AND worker IS NEW.worker
+                     AND attempt = NEW.attempts);
+        INSERT INTO broker_jobs_executions
+            (idempotency_key, number, job_id, attempt, worker, started_at)
+        SELECT NEW.idempotency_key, coalesce(max(number), 0) + 1, NEW.job_id,
+            NEW.attempts, NEW.worker, NEW.updated_at
+        FROM broker_jobs_executions WHERE idempotency_key = NEW.idempotency_key
+        HAVING NEW.status = 'running' AND NEW.worker IS NOT NULL
+            AND coalesce(sum(finished_at IS NULL), 0) = 0;
+"""
+_CREATE_EXECUTIONS = (
+    """CREATE TABLE broker_jobs_executions (
+        idempotency_key TEXT NOT NULL,
+        number INTEGER NOT NULL,
+        job_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        worker TEXT NOT NULL,
+        started_at TEXT NOT NULL,
+        finished_at TEXT,
+        outcome TEXT,
+        error TEXT,
+        PRIMARY KEY (idempotency_key, number)
+    ) WITHOUT ROWID""",
+    # INSERT OR REPLACE (the generic sections' save) fires the insert trigger only.
+    f"""CREATE TRIGGER broker_jobs_executions_on_insert AFTER INSERT ON broker_jobs_records
+    BEGIN {_TRACK} END""",
+    f"""CREATE TRIGGER broker_jobs_executions_on_update
+    AFTER UPDATE OF status, worker, attempts ON broker_jobs_records
+    BEGIN {_TRACK} END""",
+)
+#: Version 1 -> 2: the table and its triggers, and an open execution for each record
+#: held when the file is migrated (started at its claim), so its outcome closes one.
+_MIGRATE_1_TO_2 = (
+    *_CREATE_EXECUTIONS,
+    "INSERT INTO broker_jobs_executions"
+    " (idempotency_key, number, job_id, attempt, worker, started_at)"
+    " SELECT idempotency_key, 1, job_id, attempts, worker, updated_at FROM broker_jobs_records"
+    " WHERE status = 'running' AND worker IS NOT NULL",
+    "UPDATE broker_jobs_schema SET version = 2",
 )
 
 #: The job-id index holds only the records whose key is not their job id (a chosen
@@ -316,9 +380,13 @@ class SQLiteStore(ExclusiveStore):
         conn.execute("CREATE TABLE IF NOT EXISTS broker_jobs_schema (version INTEGER NOT NULL)")
         (version,) = conn.execute("SELECT max(version) FROM broker_jobs_schema").fetchone()
         if version is None:
-            for statement in _CREATE:
+            for statement in (*_CREATE, *_CREATE_EXECUTIONS):
                 conn.execute(statement)
             conn.execute("INSERT INTO broker_jobs_schema (version) VALUES (?)", (SCHEMA_VERSION,))
+        elif version == 1:
+            for statement in _MIGRATE_1_TO_2:
+                conn.execute(statement)
+            log.info("%r migrated from schema version 1 to 2 (executions)", self)
         elif version > SCHEMA_VERSION:
             conn.execute("ROLLBACK")
             raise StoreError(
@@ -646,14 +714,26 @@ class SQLiteStore(ExclusiveStore):
         counts.update({Status(status): n for status, n in rows})
         return counts
 
+    def executions(self, key: str) -> list[Execution]:
+        conn = self._connection()
+        with self._translate("read executions"):
+            rows = conn.execute(
+                f"SELECT {_EXECUTION_COLUMNS} FROM broker_jobs_executions"
+                " WHERE idempotency_key = ? ORDER BY number",
+                (key,),
+            ).fetchall()
+        return [_execution(row) for row in rows]
+
     def prune(self, older_than: datetime) -> int:
-        terminal = sorted(s.value for s in TERMINAL)
+        params = (*sorted(s.value for s in TERMINAL), _text(utc(older_than)))
+        doomed = "status IN (?, ?, ?) AND updated_at < ?"
         with self._transaction("prune records") as conn:
-            cursor = conn.execute(
-                "DELETE FROM broker_jobs_records WHERE status IN (?, ?, ?) AND updated_at < ?",
-                (*terminal, _text(utc(older_than))),
+            conn.execute(
+                "DELETE FROM broker_jobs_executions WHERE idempotency_key IN"
+                f" (SELECT idempotency_key FROM broker_jobs_records WHERE {doomed})",
+                params,
             )
-            return cursor.rowcount
+            return conn.execute(f"DELETE FROM broker_jobs_records WHERE {doomed}", params).rowcount
 
     # --- beat records -------------------------------------------------------------
 
@@ -950,6 +1030,20 @@ def _succeed_rows(
         if found is None or tuple(found) != (Status.SUCCEEDED.value, worker, moment):
             lost.append(key)
     return lost
+
+
+def _execution(row: tuple[Any, ...]) -> Execution:
+    key, job_id, attempt, worker, started, finished, outcome, error = row
+    return Execution(
+        idempotency_key=key,
+        job_id=job_id,
+        attempt=attempt,
+        worker=worker,
+        started_at=_aware_time(started),
+        finished_at=_time(finished),
+        outcome=ExecutionOutcome(outcome) if outcome is not None else None,
+        error=error,
+    )
 
 
 def _record(row: tuple[Any, ...]) -> JobRecord:
