@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from datetime import timedelta
 
 import click
 
@@ -11,7 +12,7 @@ from broker_jobs.app import App
 from broker_jobs.app_loader import load_app
 from broker_jobs.cli_options import configure_logging, store_option, url_option
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.store.base import Store
+from broker_jobs.store.base import DEFAULT_RETENTION, Store
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
 from broker_jobs.worker import Worker, WorkerSettings
@@ -52,6 +53,18 @@ from broker_jobs.worker import Worker, WorkerSettings
     show_default=True,
     help="The broker's consumer_timeout in seconds; longer task time limits are refused.",
 )
+@click.option(
+    "--retention",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_RETENTION / timedelta(days=1),
+    show_default=True,
+    envvar="BROKER_JOBS_RETENTION_DAYS",
+    show_envvar=True,
+    metavar="DAYS",
+    help="Days finished jobs (and their executions) stay in the ledger before the"
+    " worker prunes them; a pruned job runs again if it is delivered again, so keep"
+    " it longer than any redelivery or replay.",
+)
 def worker_command(  # noqa: PLR0917 - click passes every option positionally
     url: BrokerURLs,
     app_path: str,
@@ -65,6 +78,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     lease: float,
     reconnect_timeout: float | None,
     consumer_timeout: float,
+    retention: float,
 ) -> None:
     """Consume and run jobs of MODULE:APP, acking each only once its outcome is recorded.
 
@@ -90,6 +104,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
             lease=lease,
             consumer_timeout=consumer_timeout,
             reconnect_timeout=reconnect_timeout,
+            retention=timedelta(days=retention),
         )
         with open_store(store_url) as store:
             outcomes = asyncio.run(_run(url, app, store, settings))
@@ -101,9 +116,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     )
 
 
-async def _run(
-    url: BrokerURLs, app: App, store: Store, settings: WorkerSettings
-) -> dict[str, int]:
+async def _run(url: BrokerURLs, app: App, store: Store, settings: WorkerSettings) -> dict[str, int]:
     worker = Worker(url, app, store, settings)
     worker.install_signal_handlers()
     return dict(await worker.run())

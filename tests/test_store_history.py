@@ -15,9 +15,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from pydantic import BaseModel
 
-from broker_jobs import App, Job, Publisher
+from broker_jobs import App, Job, Publisher, worker_cli
+from broker_jobs.cli import main
 from broker_jobs.retry import RetryPolicy
 from broker_jobs.store import (
     Execution,
@@ -357,3 +359,47 @@ def test_a_job_that_fails_once_then_succeeds_has_two_executions(
     assert first.finished_at is not None
     assert second.finished_at is not None
     assert first.started_at <= first.finished_at <= second.started_at <= second.finished_at
+
+
+# --- the worker command's --retention ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arguments", "env", "days"),
+    [
+        ([], {}, 7.0),
+        (["--retention", "0.5"], {}, 0.5),
+        ([], {"BROKER_JOBS_RETENTION_DAYS": "30"}, 30),
+    ],
+)
+def test_the_worker_command_passes_the_retention(
+    monkeypatch: pytest.MonkeyPatch, arguments: list[str], env: dict[str, str], days: float
+) -> None:
+    seen: list[WorkerSettings] = []
+
+    async def run(
+        url: object, app: object, store: object, settings: WorkerSettings
+    ) -> dict[str, int]:
+        seen.append(settings)
+        return {}
+
+    monkeypatch.setattr(worker_cli, "_run", run)
+    monkeypatch.setattr(worker_cli, "load_app", lambda path: App(namespace="history-cli"))
+    command = [
+        "worker",
+        "--url",
+        "amqp://guest:guest@127.0.0.1:1/",
+        "m:app",
+        "--store",
+        "memory://",
+    ]
+    result = CliRunner().invoke(main, [*command, *arguments], env=env)
+    assert result.exit_code == 0, result.output
+    (settings,) = seen
+    assert settings.retention == timedelta(days=days)
+
+
+def test_the_worker_command_refuses_a_retention_of_zero() -> None:
+    result = CliRunner().invoke(main, ["worker", "m:app", "--retention", "0"])
+    assert result.exit_code == 2
+    assert "--retention" in result.output
