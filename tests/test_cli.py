@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import click
 import pika
+import pika.exceptions
 import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
@@ -219,3 +221,54 @@ def test_dash_h_is_help_everywhere() -> None:
         result = CliRunner().invoke(main, [*command, "-h"])
         assert result.exit_code == 0, (command, result.output)
         assert "Usage:" in result.output
+
+
+@pytest.mark.broker
+def test_publish_with_the_app_validates_delays_and_prints_json(
+    broker: Broker, connection: pika.BlockingConnection, cleanup_topology: Callable[..., object]
+) -> None:
+    from tests.cli_publish_app import app  # noqa: PLC0415 - what --app imports too
+
+    cleanup_topology(app.topology())
+    runner = CliRunner()
+    base = ["publish", "--url", broker.url, "--app", "tests.cli_publish_app:app"]
+    invalid = runner.invoke(main, [*base, "note.add", '{"text": 5}'])
+    assert invalid.exit_code == 1
+    assert "payload for task 'note.add' is invalid" in invalid.output
+    before = datetime.now(UTC)
+    result = runner.invoke(main, [*base, "--delay", "60", "--json", "note.add", '{"text": "hi"}'])
+    assert result.exit_code == 0, result.output
+    job = json.loads(result.output)
+    assert job["task"] == "note.add"
+    due = datetime.fromisoformat(job["due_at"])
+    assert before + timedelta(seconds=59) < due < datetime.now(UTC) + timedelta(seconds=61)
+    eta = runner.invoke(main, [*base, "--eta", "2030-01-01T00:00:00", "note.add", "{}"])
+    assert eta.exit_code == 2
+    assert "no time zone" in eta.output
+    assert not drain(connection, app.names.task_queue("note.add")), "delayed: in the ladder"
+
+
+@pytest.mark.broker
+def test_publish_without_an_app_declares_nothing_and_names_the_namespace(
+    broker: Broker,
+    namespace: str,
+    connection: pika.BlockingConnection,
+    make_app: Callable[[], App],
+) -> None:
+    runner = CliRunner()
+    missing = runner.invoke(
+        main, ["publish", "--url", broker.url, "--namespace", namespace, "note.add", "{}"]
+    )
+    assert missing.exit_code == 1
+    assert "topology apply" in missing.output
+    channel = connection.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+        channel.exchange_declare(f"{namespace}.work", passive=True)  # nothing left behind
+    app = make_app()
+    app.declare("note.add", Note)
+    declare(connection, app.topology(ladder=False))
+    unroutable = runner.invoke(
+        main, ["publish", "--url", broker.url, "--namespace", app.namespace, "note.typo", "{}"]
+    )
+    assert unroutable.exit_code == 1
+    assert f"namespace {app.namespace!r}" in unroutable.output
