@@ -104,3 +104,26 @@ def test_aiormq_disconnect_lines_are_dropped_only_while_installed() -> None:
         assert not logger.filter(expected)
         assert logger.filter(other)
     assert logger.filter(expected)
+
+
+def test_a_connection_that_cannot_consume_is_retried_after_a_pause_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A broker that accepts connections but not consumers (still starting) is not
+    hammered: the next attempt waits, and one line says why."""
+    rng = RecordingRandom()
+
+    async def scenario() -> None:
+        link = make_link(WorkerSettings(reconnect_timeout=0.5), rng)
+        link.could_not_consume("ChannelClosed 541 INTERNAL_ERROR")
+        assert rng.ranges == [], "no pause yet"
+        await link.connect()
+
+    with caplog.at_level(logging.WARNING), pytest.raises(ReconnectTimeoutError) as raised:
+        asyncio.run(scenario())
+    assert rng.ranges[0] == (FIRST_DELAY / 2, FIRST_DELAY), "paused before trying again"
+    lines = [r.getMessage() for r in caplog.records if r.name.endswith("link")]
+    assert len(lines) == 1
+    assert "cannot consume yet" in lines[0]
+    assert "541 INTERNAL_ERROR" in lines[0]
+    assert "--reconnect-timeout 0.5" in str(raised.value)

@@ -213,7 +213,7 @@ class Worker:
                 queues = {self._app.names.task_queue(task): task for task in self._tasks}
                 await session.open(queues, self._settings.prefetch_count, fast_path.deliver)
             except LINK_DOWN as error:
-                link.lost(describe_loss(error))
+                link.could_not_consume(describe_loss(error))
                 await session.close()
                 continue
             except BaseException:  # the topology is missing or in conflict: stop

@@ -65,7 +65,13 @@ class BrokerLink:
         self._up = asyncio.Event()
         #: Loop time the current outage began (None while up, or before the first link).
         self._down_since: float | None = None
+        #: When the outage was last logged.
+        self._reminded_at = 0.0
         self._connected_once = False
+        #: The next pause between attempts (seconds).
+        self._delay = FIRST_DELAY
+        #: Pause before the next attempt: the last connection could not consume.
+        self._pause_first = False
 
     @property
     def url(self) -> BrokerURL:
@@ -83,39 +89,59 @@ class BrokerLink:
     async def connect(self) -> aio_pika.abc.AbstractConnection | None:
         """A new connection, trying until one is made; None if the worker is asked to
         stop meanwhile. Raises :class:`ReconnectTimeoutError` past the timeout."""
-        loop = asyncio.get_running_loop()
-        started = self._down_since if self._down_since is not None else loop.time()
-        last_reminder = loop.time()
-        delay = FIRST_DELAY
         while not self._stopping.is_set():
+            if self._pause_first:  # the last connection could not consume
+                self._pause_first = False
+                await self._back_off()
+                continue
             try:
                 connection, self._url = await connect_first(
                     self._urls, after=self._url, timeout=CONNECT_TIMEOUT, connection_name=self._name
                 )
             except BrokerConnectionError as error:
-                now = loop.time()
-                if self._down_since is None:  # the worker starts with no broker
-                    self._down_since = started
-                    log.warning("no broker yet: %s; trying again", error)
-                elif now - last_reminder >= self._settings.still_trying_every:
-                    last_reminder = now
-                    log.warning(
-                        "still no broker after %.0f s: %s; trying again", now - started, error
-                    )
-                timeout = self._settings.reconnect_timeout
-                if timeout is not None and now - started >= timeout:
-                    raise ReconnectTimeoutError(
-                        f"no broker for {now - started:.0f} s (--reconnect-timeout"
-                        f" {timeout:g}): {error}"
-                    ) from None
-                pause = self._rng.uniform(delay / 2, delay)
-                if timeout is not None:
-                    pause = min(pause, max(0.0, started + timeout - now))
-                await self._pause(pause)
-                delay = min(delay * 2, self._settings.reconnect_max_delay)
+                self._failed(str(error), "no broker")
+                await self._back_off()
                 continue
             return connection
         return None
+
+    def could_not_consume(self, cause: str) -> None:
+        """A connection was made but consuming on it failed (a broker still starting,
+        a channel error): the next :meth:`connect` pauses first, so that a broker that
+        accepts connections but not consumers is not hammered."""
+        self._failed(cause, "cannot consume")
+        self._pause_first = True
+
+    def _failed(self, cause: str, what: str) -> None:
+        """Log the first failure of an outage and a reminder every
+        ``still_trying_every`` seconds; raise past the reconnect timeout."""
+        now = asyncio.get_running_loop().time()
+        if self._down_since is None:  # the worker starts with no broker
+            self._down_since = self._reminded_at = now
+            log.warning("%s yet at %s: %s; trying again", what, self.url, cause)
+        elif now - self._reminded_at >= self._settings.still_trying_every:
+            self._reminded_at = now
+            log.warning(
+                "%s after %.0f s at %s: %s; trying again", what, now - self._down_since,
+                self.url, cause,
+            )  # fmt: skip
+        timeout = self._settings.reconnect_timeout
+        if timeout is not None and now - self._down_since >= timeout:
+            raise ReconnectTimeoutError(
+                f"no broker for {now - self._down_since:.0f} s (--reconnect-timeout"
+                f" {timeout:g}): {cause}"
+            )
+
+    async def _back_off(self) -> None:
+        """Pause before the next attempt: the pauses double up to the cap, each drawn
+        in its upper half, and never past the reconnect timeout."""
+        pause = self._rng.uniform(self._delay / 2, self._delay)
+        timeout = self._settings.reconnect_timeout
+        if timeout is not None and self._down_since is not None:
+            left = self._down_since + timeout - asyncio.get_running_loop().time()
+            pause = min(pause, max(0.0, left))
+        await self._pause(pause)
+        self._delay = min(self._delay * 2, self._settings.reconnect_max_delay)
 
     def established(self, channel: aio_pika.abc.AbstractChannel) -> None:
         """The new connection consumes again; ``channel`` takes confirmed publishes."""
@@ -125,6 +151,7 @@ class BrokerLink:
             log.info("broker link back at %s after %.1f s without it", self.url, outage)
         self._down_since = None
         self._connected_once = True
+        self._delay = FIRST_DELAY
         self._up.set()
 
     def lost(self, cause: str) -> None:
@@ -133,7 +160,7 @@ class BrokerLink:
             return
         self._up.clear()
         self._channel = None
-        self._down_since = asyncio.get_running_loop().time()
+        self._down_since = self._reminded_at = asyncio.get_running_loop().time()
         log.warning("lost the broker at %s: %s; reconnecting", self.url, cause)
 
     async def wait_up(self) -> aio_pika.abc.AbstractChannel:
