@@ -37,6 +37,29 @@ url_option = click.option(
     " comma inside a password as %2C.",
 )
 
+#: ``--app MODULE:APP`` (or ``BROKER_JOBS_APP``): how every command names the app. The
+#: worker and beat also take it as their first argument, as they always did.
+app_option = click.option(
+    "--app",
+    "app_option",
+    metavar="MODULE:APP",
+    envvar="BROKER_JOBS_APP",
+    help="The app: the module to import and the App in it, e.g. myproject.tasks:app"
+    " ($BROKER_JOBS_APP).",
+)
+app_argument = click.argument("app_argument", metavar="[MODULE:APP]", required=False)
+
+
+def chosen_app(option: str | None, argument: str | None) -> str:
+    """The app path given as ``--app`` or as the first argument (not both, unless equal)."""
+    if option and argument and option != argument:
+        raise click.UsageError(f"two apps given: --app {option} and {argument}; give one")
+    path = option or argument
+    if not path:
+        raise click.UsageError("no app given: add --app MODULE:APP, e.g. --app myproject.tasks:app")
+    return path
+
+
 #: The embedded default: an SQLite file in the working directory.
 DEFAULT_STORE = "sqlite:///broker-jobs.db"
 

@@ -10,7 +10,14 @@ import click
 
 from broker_jobs.app import App
 from broker_jobs.app_loader import load_app
-from broker_jobs.cli_options import configure_logging, store_option, url_option
+from broker_jobs.cli_options import (
+    app_argument,
+    app_option,
+    chosen_app,
+    configure_logging,
+    store_option,
+    url_option,
+)
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.store.base import DEFAULT_RETENTION, Store
 from broker_jobs.store.urls import open_store
@@ -20,7 +27,8 @@ from broker_jobs.worker import Worker, WorkerSettings
 
 @click.command("worker")
 @url_option
-@click.argument("app_path", metavar="MODULE:APP")
+@app_argument
+@app_option
 @click.option(
     "--task", "tasks", multiple=True, help="A task type to run (repeatable); default: all."
 )
@@ -67,7 +75,8 @@ from broker_jobs.worker import Worker, WorkerSettings
 )
 def worker_command(  # noqa: PLR0917 - click passes every option positionally
     url: BrokerURLs,
-    app_path: str,
+    app_argument: str | None,
+    app_option: str | None,
     tasks: tuple[str, ...],
     concurrency: int,
     prefetch: int | None,
@@ -80,17 +89,18 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     consumer_timeout: float,
     retention: float,
 ) -> None:
-    """Consume and run jobs of MODULE:APP, acking each only once its outcome is recorded.
+    """Consume and run jobs of the app, acking each only once its outcome is recorded.
 
     \b
     Example:
-      broker-jobs worker myproject.tasks:app --task image.resize --concurrency 8
+      broker-jobs worker --app myproject.tasks:app --task image.resize --concurrency 8
 
     \b
     Exit codes: 0 stopped by SIGTERM/SIGINT (or drained, with --burst); 1 an error
     the message explains; 69 the broker cancelled a consumer (its queue was
     deleted); 75 no broker for --reconnect-timeout seconds.
     """
+    app_path = chosen_app(app_option, app_argument)
     configure_logging()
     try:
         app = load_app(app_path)

@@ -272,3 +272,17 @@ def test_publish_without_an_app_declares_nothing_and_names_the_namespace(
     )
     assert unroutable.exit_code == 1
     assert f"namespace {app.namespace!r}" in unroutable.output
+
+
+def test_the_worker_takes_its_app_as_app_or_as_its_argument() -> None:
+    runner = CliRunner()
+    neither = runner.invoke(main, ["worker", "--burst"])
+    assert neither.exit_code == 2
+    assert "add --app MODULE:APP" in neither.output
+    both = runner.invoke(main, ["worker", "a:app", "--app", "b:app"])
+    assert both.exit_code == 2
+    assert "two apps given" in both.output
+    for args in (["--app", "no_such_module:app"], ["no_such_module:app"]):
+        result = runner.invoke(main, ["worker", *args, "--store", "memory://"])
+        assert result.exit_code == 1
+        assert "--app 'no_such_module:app': no module named 'no_such_module'" in result.output
