@@ -28,6 +28,7 @@ from broker_jobs.store import (
     PostgresStore,
     SQLiteStore,
     Store,
+    StoreError,
 )
 from broker_jobs.store import postgres as postgres_module
 from broker_jobs.store import sqlite as sqlite_module
@@ -309,6 +310,11 @@ def test_postgres_a_role_without_privileges_on_executions_still_records_them(
         with PostgresStore(limited_dsn, schema=pg_schema) as limited:
             limited.claim(job(), A, LEASE, now=at(0))
             limited.succeed("key-1", A, now=at(1))
+            with pytest.raises(StoreError, match=r"Grant this user SELECT on .*executions"):
+                limited.executions("key-1")
+            with _admin(postgres_dsn) as conn:
+                conn.execute(f'GRANT SELECT ON "{pg_schema}".broker_jobs_executions TO "{role}"')
+            assert [e.outcome for e in limited.executions("key-1")] == [SUCCEEDED]
             assert limited.prune(at(2)) == 1
         with PostgresStore(postgres_dsn, schema=pg_schema) as owner:
             owner.claim(job("k2"), A, LEASE, now=at(0))

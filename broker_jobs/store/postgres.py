@@ -417,6 +417,11 @@ class PostgresStore(Store):
                 " open the store once as a role with CREATE on the schema, then grant this"
                 f" one SELECT on {self._q.executions.as_string()}, see docs/store.md"
             ) from None
+        if isinstance(error, pg_errors.InsufficientPrivilege) and "broker_jobs_executions" in text:
+            raise StoreError(
+                f"{where}: cannot {action}: {text}. Grant this user SELECT on"
+                f" {self._q.executions.as_string()} to read job history, see docs/store.md"
+            ) from None
         if isinstance(error, pg_errors.InsufficientPrivilege):
             raise StoreError(
                 f"{where}: cannot {action}: {text}. Grant this user SELECT, INSERT, UPDATE"
