@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -30,9 +31,10 @@ from broker_jobs.errors import BrokerJobsError
 from broker_jobs.urls import BrokerURL, BrokerURLs, mask_text
 from topology import Names, TopologyConflictError, declare
 from topology.definitions import RABBITMQ_DEFINITIONS, definitions
+from topology.delay import DELAY_LEVELS
 from topology.errors import Conflict
 from topology.file import NamespaceSpec, TopologyFileError, load_file
-from topology.inspect import BindingStatus, Inspection, Status, inspect_topology
+from topology.inspect import BindingStatus, Inspection, ObjectState, Status, inspect_topology
 from topology.names import DEFAULT_NAMESPACE, InvalidNameError
 from topology.permissions import Role, role_permissions
 from topology.preflight import Level, Needs, preflight, rabbitmqctl
@@ -90,16 +92,37 @@ def _namespace_option(function: F) -> F:
     )(function)
 
 
+def _report_options(function: F) -> F:
+    function = click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Print one JSON document on stdout, for scripts (see docs/operations.md);"
+        " the exit code is the same.",
+    )(function)
+    return click.option(
+        "--verbose",
+        "-v",
+        is_flag=True,
+        help="List each of the delay ladder's exchanges and queues, not one summary line.",
+    )(function)
+
+
 # -- commands -----------------------------------------------------------------------
 
 
 @topology_group.command()
 @url_option
 @_source_options
-def plan(url: BrokerURLs, app_path: str | None, file_path: Path | None) -> None:
+@_report_options
+def plan(
+    url: BrokerURLs, app_path: str | None, file_path: Path | None, verbose: bool, as_json: bool
+) -> None:
     """Show what exists, what apply would create and what conflicts. Read-only.
 
     Exit 0 when in sync, 2 when changes are pending, 1 on conflicts or errors.
+    The delay ladder's levels are summed up in one line (conflicts always shown
+    in full); --verbose lists each.
 
     \b
     Example:
@@ -109,67 +132,89 @@ def plan(url: BrokerURLs, app_path: str | None, file_path: Path | None) -> None:
     with _errors():
         spec = _spec(app_path, file_path)
         inspection, node = _inspect(url, spec, "plan")
-    click.echo(f"namespace {spec.names.namespace!r} on {node.masked}")
-    for line in _object_lines(inspection, only_problems=False):
-        click.echo(line)
-    click.echo(_bindings_line(inspection))
+    report = _Report(PLAN, spec.names.namespace, node, inspection, _ladder_names(spec))
     missing = len(inspection.having(Status.MISSING))
     conflicts = len(inspection.having(Status.CONFLICT))
-    in_sync = len(inspection.objects) - missing - conflicts
-    click.echo(f"plan: {missing} to create, {conflicts} conflicting, {in_sync} in sync")
+    if as_json:
+        report.echo_json()
+    else:
+        click.echo(f"namespace {report.namespace!r} on {node.masked}")
+        report.echo_objects(verbose=verbose)
+        click.echo(_bindings_line(inspection))
+        in_sync = len(inspection.objects) - missing - conflicts
+        click.echo(f"plan: {missing} to create, {conflicts} conflicting, {in_sync} in sync")
     if conflicts:
+        where = "each conflict's remedy" if as_json else "'to fix' above"
         _fail(
             f"{conflicts} object(s) conflict with the wanted topology; resolve them (see"
-            " 'to fix' above), then run: broker-jobs topology apply",
+            f" {where}), then run: broker-jobs topology apply",
             EXIT_CONFLICT,
         )
     if missing:
-        click.echo("run `broker-jobs topology apply` to create them")
+        if not as_json:
+            click.echo("run `broker-jobs topology apply` to create them")
         sys.exit(EXIT_PENDING)
 
 
 @topology_group.command()
 @url_option
 @_source_options
-def apply(url: BrokerURLs, app_path: str | None, file_path: Path | None) -> None:
+@_report_options
+def apply(
+    url: BrokerURLs, app_path: str | None, file_path: Path | None, verbose: bool, as_json: bool
+) -> None:
     """Declare every exchange, queue and binding; change and delete nothing.
 
     Existing objects are left as they are; one with other settings is reported
     with each differing argument and the way to fix it (exit 1), and the rest is
     declared anyway. Needs a user with configure permission on the namespace.
+    The delay ladder's levels are summed up in one line; --verbose lists each.
 
     \b
     Example:
       broker-jobs topology apply --file topology.toml --url "$OPERATOR_AMQP_URL"
     """
+    conflicts: tuple[Conflict, ...] = ()
     with _errors():
         spec = _spec(app_path, file_path)
         with _connection(url, "apply") as (connection, node):
             before = inspect_topology(connection, spec.topology())
             try:
-                report = declare(connection, spec.topology())
+                declared = declare(connection, spec.topology())
             except TopologyConflictError as error:
-                _fail_conflicts(error.conflicts)
+                conflicts = error.conflicts
             except pika.exceptions.ChannelClosedByBroker as error:
                 _fail(
                     f"the broker refused: {error.reply_code} {error.reply_text}. apply declares"
                     " exchanges and queues, which needs configure permission on the"
                     " namespace: run it as an operator user"
                 )
-    for state in before.having(Status.MISSING):
-        click.echo(f"  + {state.kind} {state.name} ({state.detail}): created")
+    report = _Report(
+        APPLY, spec.names.namespace, node, _with_conflicts(before, conflicts), _ladder_names(spec)
+    )
+    if as_json:
+        report.echo_json()
+        if conflicts:
+            _fail(_LEFT_AS_THEY_ARE.format(count=len(conflicts)), EXIT_CONFLICT)
+        return
+    if conflicts:
+        _fail_conflicts(conflicts)
+    report.echo_objects(verbose=verbose)
     click.echo(
-        f"applied namespace {spec.names.namespace!r} on {node.masked}:"
+        f"applied namespace {report.namespace!r} on {node.masked}:"
         f" {len(before.having(Status.MISSING))} created,"
-        f" {len(report.exchanges) + len(report.queues)} exchanges and queues in place,"
-        f" {report.bindings} bindings declared (nothing changed or deleted)"
+        f" {len(declared.exchanges) + len(declared.queues)} exchanges and queues in place,"
+        f" {declared.bindings} bindings declared (nothing changed or deleted)"
     )
 
 
 @topology_group.command()
 @url_option
 @_source_options
-def verify(url: BrokerURLs, app_path: str | None, file_path: Path | None) -> None:
+@_report_options
+def verify(
+    url: BrokerURLs, app_path: str | None, file_path: Path | None, verbose: bool, as_json: bool
+) -> None:
     """Check that the broker holds the topology, for CI/CD and readiness probes.
 
     Read-only. Exit 0 when every exchange and queue exists as declared, 1 when one
@@ -182,17 +227,22 @@ def verify(url: BrokerURLs, app_path: str | None, file_path: Path | None) -> Non
     """
     with _errors():
         spec = _spec(app_path, file_path)
-        inspection, _ = _inspect(url, spec, "verify")
-    namespace = spec.names.namespace
+        inspection, node = _inspect(url, spec, "verify")
+    report = _Report(VERIFY, spec.names.namespace, node, inspection, _ladder_names(spec))
+    namespace = report.namespace
+    if as_json:
+        report.echo_json()
     if not inspection.in_sync:
-        for line in _object_lines(inspection, only_problems=True):
-            click.echo(line)
+        if not as_json:
+            report.echo_objects(verbose=verbose)
         missing = len(inspection.having(Status.MISSING))
         conflicts = len(inspection.having(Status.CONFLICT))
         _fail(
             f"namespace {namespace!r} is not in sync: {missing} missing,"
             f" {conflicts} conflicting. Run `broker-jobs topology plan` for details"
         )
+    if as_json:
+        return
     unchecked = len(inspection.having(Status.UNCHECKED))
     note = f"; {unchecked} not checked for settings (no configure permission)" if unchecked else ""
     click.echo(
@@ -425,11 +475,7 @@ def _fail_conflicts(conflicts: tuple[Conflict, ...]) -> NoReturn:
     for conflict in conflicts:
         click.echo(f"  ! {conflict.kind} {conflict.name}: {_differences(conflict)}", err=True)
         click.echo(f"      to fix: {conflict.remedy}", err=True)
-    _fail(
-        f"{len(conflicts)} object(s) conflict and were left as they are; everything else"
-        " was declared",
-        EXIT_CONFLICT,
-    )
+    _fail(_LEFT_AS_THEY_ARE.format(count=len(conflicts)), EXIT_CONFLICT)
 
 
 def _differences(conflict: Conflict) -> str:
@@ -438,16 +484,178 @@ def _differences(conflict: Conflict) -> str:
     return f"broker said: {conflict.broker_message}"
 
 
-def _object_lines(inspection: Inspection, *, only_problems: bool) -> Iterator[str]:
-    for state in inspection.objects:
-        if only_problems and state.status in {Status.IN_SYNC, Status.UNCHECKED}:
-            continue
-        head = f"  {_SYMBOLS[state.status]} {state.kind} {state.name} ({state.detail})"
+# -- rendering of plan, apply and verify ---------------------------------------------
+
+_LEFT_AS_THEY_ARE = (
+    "{count} object(s) conflict and were left as they are; everything else was declared"
+)
+#: An object's state in the JSON document of plan and verify.
+_JSON_STATES = {
+    Status.IN_SYNC: "in_sync",
+    Status.MISSING: "create",
+    Status.CONFLICT: "conflict",
+    Status.UNCHECKED: "unchecked",
+}
+_JSON_BINDING_STATES = {
+    BindingStatus.CREATE: "create",
+    BindingStatus.REDECLARE: "redeclare",
+    BindingStatus.BLOCKED: "blocked",
+}
+
+
+@dataclass(frozen=True)
+class _View:
+    """How one command shows the objects: which lines, and the words it uses."""
+
+    command: str
+    #: The states listed one line each (conflicts are always among them, or on stderr).
+    listed: frozenset[Status]
+    #: The words of the delay ladder's summary line, per state.
+    summary: Mapping[Status, str]
+    #: A line's label and a JSON state that differ from plan's (apply's "created").
+    labels: Mapping[Status, str] = field(default_factory=dict)
+    states: Mapping[Status, str] = field(default_factory=dict)
+
+
+_SUMMARY = {
+    Status.IN_SYNC: "in sync",
+    Status.MISSING: "to create",
+    Status.CONFLICT: "conflicting",
+    Status.UNCHECKED: "not checked (no configure permission)",
+}
+PLAN = _View("plan", frozenset(Status), _SUMMARY)
+VERIFY = _View(
+    "verify", frozenset({Status.MISSING, Status.CONFLICT}), {**_SUMMARY, Status.MISSING: "missing"}
+)
+#: apply lists what it created; its conflicts go to stderr (or into the JSON).
+APPLY = _View(
+    "apply",
+    frozenset({Status.MISSING}),
+    {**_SUMMARY, Status.MISSING: "created"},
+    labels={Status.MISSING: "created"},
+    states={Status.MISSING: "created"},
+)
+
+
+@dataclass(frozen=True)
+class _Report:
+    """What plan, apply or verify found, shown as lines or as one JSON document."""
+
+    view: _View
+    namespace: str
+    node: BrokerURL
+    inspection: Inspection
+    ladder: frozenset[str]  # the delay ladder's exchange and queue names
+
+    def echo_objects(self, *, verbose: bool) -> None:
+        """One line per listed object; the ladder's in one summary unless ``verbose``.
+        A conflict is always shown in full."""
+        ladder: list[ObjectState] = []
+        for state in self.inspection.objects:
+            in_ladder = state.name in self.ladder
+            if in_ladder:
+                ladder.append(state)
+            if state.status not in self.view.listed:
+                continue
+            if in_ladder and not verbose and state.status is not Status.CONFLICT:
+                continue
+            for line in self._lines(state):
+                click.echo(line)
+        if ladder:
+            click.echo(self._ladder_line(ladder, verbose=verbose))
+
+    def _lines(self, state: ObjectState) -> Iterator[str]:
+        label = self.view.labels.get(state.status, state.status.value)
+        head = f"  {_SYMBOLS[state.status]} {state.kind} {state.name} ({state.detail}): {label}"
         if state.conflict is None:
-            yield f"{head}: {state.status.value}"
-            continue
-        yield f"{head}: {state.status.value}: {_differences(state.conflict)}"
+            yield head
+            return
+        yield f"{head}: {_differences(state.conflict)}"
         yield f"      to fix: {state.conflict.remedy}"
+
+    def _ladder_line(self, ladder: list[ObjectState], *, verbose: bool) -> str:
+        counts = {status: sum(s.status is status for s in ladder) for status in Status}
+        if counts[Status.IN_SYNC] == len(ladder):
+            return f"  delay ladder: {len(ladder)} objects in sync"
+        parts = ", ".join(
+            f"{count} {self.view.summary[status]}" for status, count in counts.items() if count
+        )
+        hidden = any(
+            state.status in self.view.listed and state.status is not Status.CONFLICT
+            for state in ladder
+        )
+        hint = " (run with --verbose to see them)" if hidden and not verbose else ""
+        return f"  delay ladder: {parts}{hint}"
+
+    def document(self) -> dict[str, Any]:
+        """The JSON document (docs/operations.md, "--json")."""
+        states = [self._object(state) for state in self.inspection.objects]
+        counts = dict.fromkeys({**_JSON_STATES, **self.view.states}.values(), 0)
+        for state in states:
+            counts[state["state"]] += 1
+        return {
+            "command": self.view.command,
+            "namespace": self.namespace,
+            "node": self.node.masked,
+            "in_sync": self.inspection.in_sync,
+            "counts": counts,
+            "objects": states,
+            "bindings": [
+                {
+                    "source": state.binding.exchange,
+                    "destination": state.binding.destination,
+                    "destination_kind": "exchange" if state.binding.to_exchange else "queue",
+                    "routing_key": state.binding.routing_key,
+                    "state": _JSON_BINDING_STATES[state.status],
+                }
+                for state in self.inspection.bindings
+            ],
+        }
+
+    def _object(self, state: ObjectState) -> dict[str, Any]:
+        conflict = state.conflict
+        return {
+            "kind": state.kind,
+            "name": state.name,
+            "type": state.detail,
+            "ladder": state.name in self.ladder,
+            "state": self.view.states.get(state.status, _JSON_STATES[state.status]),
+            "differences": [
+                {"argument": d.argument, "wanted": d.wanted, "broker": d.existing}
+                for d in (conflict.differences if conflict else ())
+            ],
+            "broker_message": (conflict.broker_message or None) if conflict else None,
+            "remedy": conflict.remedy if conflict else None,
+        }
+
+    def echo_json(self) -> None:
+        click.echo(json.dumps(self.document(), indent=2, default=str))
+
+
+def _ladder_names(spec: NamespaceSpec) -> frozenset[str]:
+    """The delay ladder's levels (exchange and queue of each). delay.out and the
+    unroutable pair are listed with the namespace's own objects: an operator looks
+    at those."""
+    names = spec.names
+    return frozenset(
+        name
+        for level in range(DELAY_LEVELS)
+        for name in (names.delay_exchange(level), names.delay_queue(level))
+    )
+
+
+def _with_conflicts(inspection: Inspection, conflicts: tuple[Conflict, ...]) -> Inspection:
+    """``inspection`` (before apply) with the conflicts declare met, as declare saw them."""
+    found = {(conflict.kind, conflict.name): conflict for conflict in conflicts}
+    return replace(
+        inspection,
+        objects=tuple(
+            replace(state, status=Status.CONFLICT, conflict=found[state.kind, state.name])
+            if (state.kind, state.name) in found
+            else state
+            for state in inspection.objects
+        ),
+    )
 
 
 def _bindings_line(inspection: Inspection) -> str:

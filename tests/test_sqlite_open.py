@@ -60,7 +60,9 @@ def test_sqlite_processes_opening_one_new_file_together_all_succeed(tmp_path: Pa
         conn = sqlite3.connect(tmp_path / f"round-{n}.db")
         try:
             assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-            assert conn.execute("SELECT version FROM broker_jobs_schema").fetchall() == [(1,)]
+            assert conn.execute("SELECT version FROM broker_jobs_schema").fetchall() == [
+                (sqlite_module.SCHEMA_VERSION,)
+            ]
         finally:
             conn.close()
 

@@ -162,9 +162,18 @@ def test_plan_creates_nothing_then_apply_makes_plan_and_verify_pass(
     assert plan.exit_code == 2, plan.output
     assert f"+ exchange {names.work_exchange} (topic): missing, to create" in plan.stdout
     assert f"+ queue {names.task_queue('mail.send')} (quorum)" in plan.stdout
-    assert f"+ queue {names.delay_queue(24)} (quorum)" in plan.stdout
     assert f"+ queue {names.unroutable_queue} (quorum)" in plan.stdout
+    # The ladder's 25 levels (an exchange and a queue each) in one line.
+    assert f"{names.delay_queue(24)} " not in plan.stdout
+    assert "  delay ladder: 50 to create (run with --verbose to see them)\n" in plan.stdout
+    assert sum(line.startswith("  + ") for line in plan.stdout.splitlines()) == 7
     assert "57 to create, 0 conflicting, 0 in sync" in plan.stdout
+    verbose = topology("plan", "--url", broker.url, "--app", app_path, "--verbose")
+    assert verbose.exit_code == 2, verbose.output
+    assert f"+ queue {names.delay_queue(24)} (quorum): missing, to create" in verbose.stdout
+    assert f"+ exchange {names.delay_exchange(0)} (topic): missing, to create" in verbose.stdout
+    assert sum(line.startswith("  + ") for line in verbose.stdout.splitlines()) == 57
+    assert "  delay ladder: 50 to create\n" in verbose.stdout
     # Read-only: nothing exists after the plan.
     for kind, name in [
         ("exchange", names.work_exchange),
@@ -177,22 +186,33 @@ def test_plan_creates_nothing_then_apply_makes_plan_and_verify_pass(
     verify = topology("verify", "--url", broker.url, "--app", app_path)
     assert verify.exit_code == 1
     assert f"{namespace!r} is not in sync: 57 missing, 0 conflicting" in verify.stderr
+    assert "  delay ladder: 50 missing (run with --verbose to see them)" in verify.stdout
+    assert len(verify.stdout.splitlines()) == 8  # 7 objects and the ladder's line
 
     apply = topology("apply", "--url", broker.url, "--app", app_path)
     assert apply.exit_code == 0, apply.output
     assert "57 created" in apply.stdout
     assert "nothing changed or deleted" in apply.stdout
+    assert f"+ queue {names.task_queue('mail.send')} (quorum): created" in apply.stdout
+    assert "  delay ladder: 50 created (run with --verbose to see them)" in apply.stdout
+    assert sum(line.startswith("  + ") for line in apply.stdout.splitlines()) == 7
 
     plan = topology("plan", "--url", broker.url, "--app", app_path)
     assert plan.exit_code == 0, plan.output
+    assert "  delay ladder: 50 objects in sync\n" in plan.stdout
+    assert sum(line.startswith("  = ") for line in plan.stdout.splitlines()) == 7
     assert "0 to create, 0 conflicting, 57 in sync" in plan.stdout
     assert "54 to re-declare (idempotent" in plan.stdout
+    verbose = topology("plan", "--url", broker.url, "--app", app_path, "-v")
+    assert sum(line.startswith("  = ") for line in verbose.stdout.splitlines()) == 57
     verify = topology("verify", "--url", broker.url, "--app", app_path)
     assert verify.exit_code == 0, verify.output
     assert verify.stdout.startswith(f"in sync: namespace {namespace!r}, 57 exchanges and queues")
-    again = topology("apply", "--url", broker.url, "--app", app_path)
+    again = topology("apply", "--url", broker.url, "--app", app_path, "--verbose")
     assert again.exit_code == 0, again.output
     assert "0 created" in again.stdout
+    assert "+ " not in again.stdout
+    assert "  delay ladder: 50 objects in sync\n" in again.stdout
 
 
 def test_a_conflicting_queue_is_reported_with_its_remedy_and_left_untouched(
@@ -223,6 +243,51 @@ def test_a_conflicting_queue_is_reported_with_its_remedy_and_left_untouched(
     assert verify.exit_code == 1
     assert f"! queue {queue}" in verify.stdout
     assert "0 missing, 1 conflicting" in verify.stderr
+
+
+def test_json_documents_of_plan_apply_and_verify_parse_with_the_same_exit_codes(
+    broker: Broker, app_path: str, namespace: str, connection: pika.BlockingConnection
+) -> None:
+    names = Names(namespace)
+    plan = topology("plan", "--url", broker.url, "--app", app_path, "--json")
+    assert plan.exit_code == 2, plan.output
+    document = json.loads(plan.stdout)  # nothing but the document on stdout
+    assert document["command"] == "plan"
+    assert document["namespace"] == namespace
+    assert document["in_sync"] is False
+    assert document["counts"] == {"in_sync": 0, "create": 57, "conflict": 0, "unchecked": 0}
+    queues = {o["name"]: o for o in document["objects"] if o["kind"] == "queue"}
+    assert queues[names.task_queue("mail.send")]["state"] == "create"
+    assert queues[names.task_queue("mail.send")]["ladder"] is False
+    assert queues[names.delay_queue(3)]["ladder"] is True
+    assert {b["state"] for b in document["bindings"]} == {"create"}
+    assert ":guest@" not in plan.stdout  # the node's password is masked
+
+    apply = topology("apply", "--url", broker.url, "--app", app_path, "--json")
+    assert apply.exit_code == 0, apply.output
+    assert json.loads(apply.stdout)["counts"]["created"] == 57
+
+    verify = topology("verify", "--url", broker.url, "--app", app_path, "--json")
+    assert verify.exit_code == 0, verify.output
+    assert json.loads(verify.stdout)["in_sync"] is True
+
+    # A conflict: the document names the difference and the remedy, exit 1.
+    connection.channel().queue_delete(names.task_queue("mail.send"))
+    connection.channel().queue_declare(names.task_queue("mail.send"), durable=True)
+    plan = topology("plan", "--url", broker.url, "--app", app_path, "--json")
+    assert plan.exit_code == 1, plan.output
+    conflict = next(
+        o for o in json.loads(plan.stdout)["objects"] if o["name"] == names.task_queue("mail.send")
+    )
+    assert conflict["state"] == "conflict"
+    assert {"argument": "x-queue-type", "wanted": "quorum", "broker": None} in conflict[
+        "differences"
+    ]
+    assert conflict["remedy"]
+    assert "1 object(s) conflict" in plan.stderr
+    apply = topology("apply", "--url", broker.url, "--app", app_path, "--json")
+    assert apply.exit_code == 1, apply.output
+    assert json.loads(apply.stdout)["counts"]["conflict"] == 1
 
 
 def test_errors_name_the_problem_without_a_traceback_or_password(tmp_path: Path) -> None:
