@@ -6,6 +6,8 @@ before acking (``docs/store.md``). The records double as the job-status ledger.
 Claim rules (:func:`decide`), for a job ``J`` claimed by worker ``W`` at ``now``:
 
     no record                                      CLAIMED  (a RUNNING record is created)
+    QUEUED or SCHEDULED (known, not claimed yet)   CLAIMED  (as a new key; created_at kept)
+    CANCELLED                                      CANCELLED (ack, do not run; counted)
     SUCCEEDED, FAILED or DEAD                      DONE     (a duplicate: ack, do not run)
     RETRYING, J.attempt >  record.attempts         CLAIMED  (the next attempt)
     RETRYING, J.attempt <= record.attempts         STALE    (an old attempt: ack, do not run)
@@ -47,15 +49,26 @@ DEFAULT_RETENTION = timedelta(days=7)
 
 
 class Status(StrEnum):
+    QUEUED = "queued"  # published and confirmed (a publisher given the ledger), not claimed
+    SCHEDULED = "scheduled"  # the same, delayed: due at ``due_at``
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     RETRYING = "retrying"
     FAILED = "failed"
     DEAD = "dead"
+    CANCELLED = "cancelled"  # cancelled before it started: never runs
 
 
-#: Statuses that end a job: a claim of its key answers DONE; prune may delete them.
-TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.DEAD})
+#: Statuses that end a job: prune may delete them. A claim of such a key answers DONE
+#: (CANCELLED for a cancelled one).
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.DEAD, Status.CANCELLED})
+#: Known to the ledger from its publish on, not claimed yet: a claim takes it as new.
+WAITING = frozenset({Status.QUEUED, Status.SCHEDULED})
+#: What :meth:`Store.cancel` may cancel: nothing has started (a RUNNING record with no
+#: holder was released at a shutdown before its handler started).
+CANCELLABLE = frozenset({Status.QUEUED, Status.SCHEDULED, Status.RETRYING})
+#: What :meth:`Store.reset_for_replay` resets to QUEUED.
+REPLAYABLE = frozenset({Status.DEAD, Status.FAILED})
 
 
 class ClaimOutcome(StrEnum):
@@ -63,6 +76,7 @@ class ClaimOutcome(StrEnum):
     DONE = "done"  # already SUCCEEDED, FAILED or DEAD: ack without running (a duplicate)
     BUSY = "busy"  # RUNNING under another worker's live lease: re-check later
     STALE = "stale"  # an older attempt than the ledger knows: ack without running
+    CANCELLED = "cancelled"  # cancelled before it started: ack without running
 
 
 @dataclass(frozen=True)
@@ -86,6 +100,50 @@ class JobRecord:
 class Claim:
     outcome: ClaimOutcome
     record: JobRecord  # the record after the claim (CLAIMED) or the one that decided it
+
+
+class CancelOutcome(StrEnum):
+    """What :meth:`Store.cancel` did."""
+
+    CANCELLED = "cancelled"  # it was queued, scheduled, retrying or released: now cancelled
+    ALREADY_CANCELLED = "already-cancelled"  # nothing changed
+    RUNNING = "running"  # a handler runs it: not interrupted, nothing changed
+    FINISHED = "finished"  # succeeded, failed or dead already: nothing changed
+    UNKNOWN = "unknown"  # no record has that key or job id: nothing changed
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    outcome: CancelOutcome
+    record: JobRecord | None  # after the change (CANCELLED) or as found; None if UNKNOWN
+
+
+@dataclass(frozen=True)
+class TaskSummary:
+    """One task's jobs in the ledger (:meth:`Store.task_summaries`)."""
+
+    task: str
+    counts: dict[Status, int]  # every status a key
+    #: When the oldest job still waiting to start was published (QUEUED) or became due
+    #: (SCHEDULED or RETRYING whose due time passed); None when none waits.
+    oldest_waiting: datetime | None
+    succeeded_last_minute: int  # executions that ended so, by their finish time
+    failed_last_minute: int  # executions ending retrying, failed or dead
+    succeeded_last_hour: int
+    failed_last_hour: int
+    #: Durations of the executions finished in the last hour (None when none did).
+    p50: timedelta | None
+    p99: timedelta | None
+
+
+@dataclass(frozen=True)
+class Page:
+    """Where a listing of :meth:`Store.find` goes on: pass ``after`` of the last page."""
+
+    records: list[JobRecord]
+    #: ``(updated_at, idempotency_key)`` of the last record, for the next page; None at
+    #: the end.
+    after: tuple[datetime, str] | None
 
 
 class ExecutionOutcome(StrEnum):
@@ -268,14 +326,89 @@ class Store(ABC):
         status: Status | None = None,
         task: str | None = None,
         since: datetime | None = None,
+        until: datetime | None = None,
+        key: str | None = None,
+        after: tuple[datetime, str] | None = None,
         limit: int = 100,
     ) -> list[JobRecord]:
-        """Records matching every given filter (``since``: updated at or after), newest
-        updated first, at most ``limit``."""
+        """Records matching every given filter, newest updated first (ties: key
+        descending), at most ``limit``. ``since``/``until``: updated at or after /
+        before; ``key``: keys starting with it (``%`` and ``_`` are plain characters);
+        ``after``: only records that come after ``(updated_at, key)`` in that order
+        (keyset paging: see :meth:`page`)."""
+
+    def page(
+        self,
+        *,
+        status: Status | None = None,
+        task: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        key: str | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 100,
+    ) -> Page:
+        """:meth:`find`, with where the next page starts (keyset paging: as fast on
+        the thousandth page as on the first, with the ``(updated_at)`` indexes)."""
+        check_limit(limit)
+        records = self.find(
+            status=status,
+            task=task,
+            since=since,
+            until=until,
+            key=key,
+            after=after,
+            limit=limit + 1,
+        )
+        more = len(records) > limit
+        records = records[:limit]
+        last = records[-1] if more and records else None
+        return Page(records, (last.updated_at, last.idempotency_key) if last else None)
 
     @abstractmethod
     def counts(self) -> dict[Status, int]:
         """How many records have each status (every status is a key)."""
+
+    @abstractmethod
+    def task_summaries(self, *, now: datetime | None = None) -> dict[str, TaskSummary]:
+        """Per task with records: counts by status, the oldest waiting job, executions
+        finished in the last minute and hour by outcome, and their p50/p99 durations."""
+
+    @abstractmethod
+    def record_published(
+        self, jobs: Sequence[Job], *, now: datetime | None = None
+    ) -> list[JobRecord | None]:
+        """Record confirmed jobs as QUEUED (SCHEDULED when ``job.due_at`` is later than
+        ``now``, with that due time), each only if its key has no record: a worker may
+        have claimed it already, and a key seen before keeps its record. Returns, per
+        job, the record its key already had (None when it was recorded now), so a
+        caller can warn that a finished key will be skipped as a duplicate."""
+
+    def lookup(self, ref: str) -> JobRecord | None:
+        """The record of a job named by its idempotency key or its job id (the key
+        first). :class:`StoreError` if the id has several records (each key named)."""
+        record = self.get(ref)
+        if record is not None:
+            return record
+        records = self.get_by_job_id(ref)
+        if len(records) > 1:
+            keys = ", ".join(repr(r.idempotency_key) for r in records)
+            raise StoreError(f"job id {ref!r} has {len(records)} records ({keys}): name one key")
+        return records[0] if records else None
+
+    @abstractmethod
+    def cancel(self, ref: str, *, now: datetime | None = None) -> Cancellation:
+        """Cancel the job named by ``ref`` (key or job id, see :meth:`lookup`) if it has
+        not started: QUEUED, SCHEDULED, RETRYING or RUNNING without a holder become
+        CANCELLED, and a claim of its key then answers CANCELLED. A running job is not
+        interrupted."""
+
+    @abstractmethod
+    def reset_for_replay(self, key: str, *, now: datetime | None = None) -> JobRecord | None:
+        """DEAD or FAILED -> QUEUED with attempts 0, no holder and no due time (the
+        error and the executions stay), so the job published again runs. Returns the
+        new record; None when the record was in another state (or missing) and is
+        left as it is: a job replayed twice runs once."""
 
     @abstractmethod
     def executions(self, key: str) -> list[Execution]:
@@ -336,8 +469,10 @@ class Store(ABC):
 
 def decide(record: JobRecord | None, job: Job, worker: str, now: datetime) -> ClaimOutcome:
     """The claim rules of the module docstring."""
-    if record is None:
+    if record is None or record.status in WAITING:
         return ClaimOutcome.CLAIMED
+    if record.status is Status.CANCELLED:
+        return ClaimOutcome.CANCELLED
     if record.status in TERMINAL:
         return ClaimOutcome.DONE
     if record.status is Status.RETRYING:
@@ -369,6 +504,57 @@ def claimed_record(
 
 def holds(record: JobRecord | None, worker: str | None) -> bool:
     return record is not None and record.status is Status.RUNNING and record.worker == worker
+
+
+def published_record(job: Job, now: datetime) -> JobRecord:
+    """What :meth:`Store.record_published` writes for a key without a record."""
+    due = job.due_at is not None and job.due_at > now
+    return JobRecord(
+        idempotency_key=job.idempotency_key,
+        job_id=job.id,
+        task=job.task,
+        status=Status.SCHEDULED if due else Status.QUEUED,
+        attempts=0,
+        created_at=now,
+        updated_at=now,
+        worker=None,
+        lease_until=None,
+        last_error=None,
+        due_at=job.due_at if due else None,
+    )
+
+
+def cancelled(record: JobRecord | None, now: datetime) -> Cancellation:
+    """What :meth:`Store.cancel` does to ``record``; save the record of a CANCELLED
+    outcome."""
+    if record is None:
+        return Cancellation(CancelOutcome.UNKNOWN, None)
+    if record.status is Status.CANCELLED:
+        return Cancellation(CancelOutcome.ALREADY_CANCELLED, record)
+    released = record.status is Status.RUNNING and record.worker is None
+    if record.status in CANCELLABLE or released:
+        new = replace(
+            record, status=Status.CANCELLED, updated_at=now, lease_until=None, due_at=None
+        )
+        return Cancellation(CancelOutcome.CANCELLED, new)
+    if record.status is Status.RUNNING:
+        return Cancellation(CancelOutcome.RUNNING, record)
+    return Cancellation(CancelOutcome.FINISHED, record)
+
+
+def replay_record(record: JobRecord | None, now: datetime) -> JobRecord | None:
+    """What :meth:`Store.reset_for_replay` writes; None to leave ``record`` as it is."""
+    if record is None or record.status not in REPLAYABLE:
+        return None
+    return replace(
+        record,
+        status=Status.QUEUED,
+        attempts=0,
+        updated_at=now,
+        worker=None,
+        lease_until=None,
+        due_at=None,
+    )
 
 
 def dead_record(
@@ -658,6 +844,39 @@ class ExclusiveStore(Store):
             record = records.load(key)
             if record is not None and holds(record, worker):
                 records.save(replace(record, worker=None, lease_until=moment))
+
+    def record_published(
+        self, jobs: Sequence[Job], *, now: datetime | None = None
+    ) -> list[JobRecord | None]:
+        moment = utc(now)
+        with self._exclusive() as records:
+            existing = []
+            for job in jobs:
+                record = records.load(job.idempotency_key)
+                if record is None:
+                    records.save(published_record(job, moment))
+                existing.append(record)
+            return existing
+
+    def cancel(self, ref: str, *, now: datetime | None = None) -> Cancellation:
+        moment = utc(now)
+        found = self.lookup(ref)
+        if found is None:
+            return Cancellation(CancelOutcome.UNKNOWN, None)
+        with self._exclusive() as records:
+            result = cancelled(records.load(found.idempotency_key), moment)
+            if result.outcome is CancelOutcome.CANCELLED:
+                assert result.record is not None
+                records.save(result.record)
+            return result
+
+    def reset_for_replay(self, key: str, *, now: datetime | None = None) -> JobRecord | None:
+        moment = utc(now)
+        with self._exclusive() as records:
+            new = replay_record(records.load(key), moment)
+            if new is not None:
+                records.save(new)
+            return new
 
     @contextmanager
     def _held(self, key: str, worker: str, action: str) -> Iterator[tuple[Records, JobRecord]]:
