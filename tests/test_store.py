@@ -662,11 +662,14 @@ def test_find_counts_and_get_by_job_id(store: Store) -> None:
     _ledger(store)
 
     assert store.counts() == {
+        Status.QUEUED: 0,
+        Status.SCHEDULED: 0,
         Status.RUNNING: 2,
         Status.SUCCEEDED: 1,
         Status.RETRYING: 1,
         Status.FAILED: 1,
         Status.DEAD: 1,
+        Status.CANCELLED: 0,
     }
     keys = [r.idempotency_key for r in store.find()]
     assert keys == ["k4", "k2", "k1", "k0", "k5", "k3"]  # newest updated first
@@ -690,10 +693,10 @@ def test_find_counts_and_get_by_job_id(store: Store) -> None:
     assert [r.idempotency_key for r in store.get_by_job_id("plain")] == ["k9", "plain"]
 
 
-def test_find_orders_ties_by_key(store: Store) -> None:
+def test_find_orders_ties_by_key_descending(store: Store) -> None:
     for key in ("b", "c", "a"):
         store.claim(job(key), A, LEASE, now=at(0))
-    assert [r.idempotency_key for r in store.find()] == ["a", "b", "c"]
+    assert [r.idempotency_key for r in store.find()] == ["c", "b", "a"]
 
 
 def test_prune_deletes_old_outcomes_only(store: Store) -> None:
@@ -917,7 +920,7 @@ def test_a_database_from_before_the_beat_gains_its_tables(kit: Kit) -> None:
         reopened.record_leader("shop", "host-1:101", at(0), now=at(1))
         assert reopened.last_fire("shop/s") == fire(3)
         assert reopened.leader("shop") is not None
-    assert kit.sql("SELECT version FROM broker_jobs_schema") == [(2,)]  # executions: 2
+    assert kit.sql("SELECT version FROM broker_jobs_schema") == [(3,)]  # the ledger: 3
 
 
 # --- arguments, lifecycle, schema -------------------------------------------------------------
@@ -1507,7 +1510,7 @@ def test_sqlite_uses_wal_and_a_schema_version(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert conn.execute("SELECT version FROM broker_jobs_schema").fetchall() == [(2,)]
+        assert conn.execute("SELECT version FROM broker_jobs_schema").fetchall() == [(3,)]
     finally:
         conn.close()
 

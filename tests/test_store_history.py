@@ -220,7 +220,7 @@ def test_the_executions_table_is_indexed_by_key(kit: Kit) -> None:
     kit.store.claim(job(), A, LEASE, now=at(0))
     rows = kit.sql("SELECT idempotency_key, attempt, worker FROM broker_jobs_executions")
     assert rows == [("key-1", 1, A)]
-    assert kit.sql("SELECT version FROM broker_jobs_schema") == [(2,)]
+    assert kit.sql("SELECT version FROM broker_jobs_schema") == [(3,)]
 
 
 def _downgrade_sqlite_to_version_1(path: Path) -> None:
@@ -259,7 +259,7 @@ def test_sqlite_migrates_a_version_1_file(tmp_path: Path) -> None:
         ]
     finally:
         conn.close()
-    with SQLiteStore(path) as again:  # opening a version 2 file changes nothing
+    with SQLiteStore(path) as again:  # opening a migrated file changes nothing
         assert len(again.executions("held")) == 1
 
 

@@ -417,9 +417,9 @@ class Store(ABC):
 
     @abstractmethod
     def prune(self, older_than: datetime) -> int:
-        """Delete SUCCEEDED, FAILED and DEAD records updated before ``older_than``, with
-        their executions; never RUNNING or RETRYING ones. Returns how many records were
-        deleted."""
+        """Delete SUCCEEDED, FAILED, DEAD and CANCELLED records (:data:`TERMINAL`)
+        updated before ``older_than``, with their executions; never waiting, RUNNING or
+        RETRYING ones. Returns how many records were deleted."""
 
     # --- beat records: two small facts the beat keeps beside the ledger -----------------
 
@@ -659,11 +659,16 @@ def closing(record: JobRecord) -> dict[str, Any]:
             "error": None,
         }
     failed = record.status in {Status.RETRYING, Status.FAILED, Status.DEAD}
-    return {
-        "finished_at": record.updated_at,
-        "outcome": ExecutionOutcome(record.status.value),
-        "error": record.last_error if failed else None,
-    }
+    if failed or record.status is Status.SUCCEEDED:
+        return {
+            "finished_at": record.updated_at,
+            "outcome": ExecutionOutcome(record.status.value),
+            "error": record.last_error if failed else None,
+        }
+    # QUEUED, SCHEDULED, CANCELLED are no outcome of a run (and not one the executions
+    # may hold): the rules reach them with no open execution, but should one be open,
+    # it ended without an outcome.
+    return {"finished_at": record.updated_at, "outcome": ExecutionOutcome.RELEASED, "error": None}
 
 
 def clip_error(error: str) -> str:

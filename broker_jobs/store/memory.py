@@ -4,7 +4,7 @@ processes cannot see it."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 
@@ -19,10 +19,12 @@ from broker_jobs.store.base import (
     Records,
     Status,
     StoreError,
+    TaskSummary,
     check_limit,
     track_execution,
     utc,
 )
+from broker_jobs.store.ledger import Filters, Tally, newest_first, summaries, waiting_since
 
 
 class _DictRecords:
@@ -93,7 +95,7 @@ class MemoryStore(ExclusiveStore):
             return records.load(key)
 
     def get_by_job_id(self, job_id: str) -> list[JobRecord]:
-        return _newest_first(r for r in self._snapshot() if r.job_id == job_id)
+        return newest_first(r for r in self._snapshot() if r.job_id == job_id)
 
     def find(
         self,
@@ -101,18 +103,16 @@ class MemoryStore(ExclusiveStore):
         status: Status | None = None,
         task: str | None = None,
         since: datetime | None = None,
+        until: datetime | None = None,
+        key: str | None = None,
+        after: tuple[datetime, str] | None = None,
         limit: int = 100,
     ) -> list[JobRecord]:
         check_limit(limit)
-        after = utc(since) if since is not None else None
-        matching = (
-            r
-            for r in self._snapshot()
-            if (status is None or r.status == status)
-            and (task is None or r.task == task)
-            and (after is None or r.updated_at >= after)
+        filters = Filters.of(
+            status=status, task=task, since=since, until=until, key=key, after=after
         )
-        return _newest_first(matching)[:limit]
+        return newest_first(filter(filters.match, self._snapshot()))[:limit]
 
     def counts(self) -> dict[Status, int]:
         counts = dict.fromkeys(Status, 0)
@@ -123,6 +123,25 @@ class MemoryStore(ExclusiveStore):
     def executions(self, key: str) -> list[Execution]:
         with self._open():
             return list(self._executions.get(key, ()))
+
+    def task_summaries(self, *, now: datetime | None = None) -> dict[str, TaskSummary]:
+        moment = utc(now)
+        with self._open():
+            records = list(self._records.values())
+            executions = [e for runs in self._executions.values() for e in runs]
+        tallies: dict[str, Tally] = {}
+        tasks: dict[str, str] = {}  # the task of each key: executions have none
+        for record in records:
+            tally = tallies.setdefault(record.task, Tally())
+            tally.counts[record.status] += 1
+            tally.wait(waiting_since(record, moment))
+            tasks[record.idempotency_key] = record.task
+        for execution in executions:
+            finished, outcome = execution.finished_at, execution.outcome
+            if finished is not None and outcome is not None:  # not still running
+                tally = tallies[tasks[execution.idempotency_key]]
+                tally.finished(outcome, finished, finished - execution.started_at, moment)
+        return summaries(tallies)
 
     def prune(self, older_than: datetime) -> int:
         cutoff = utc(older_than)
@@ -172,9 +191,3 @@ class MemoryStore(ExclusiveStore):
             self._executions.clear()
             self._fires.clear()
             self._leaders.clear()
-
-
-def _newest_first(records: Iterable[JobRecord]) -> list[JobRecord]:
-    """Newest updated first; ties by key, as the SQL stores order them."""
-    by_key = sorted(records, key=lambda r: r.idempotency_key)
-    return sorted(by_key, key=lambda r: r.updated_at, reverse=True)

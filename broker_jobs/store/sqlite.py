@@ -52,6 +52,7 @@ from broker_jobs.store.base import (
     Records,
     Status,
     StoreError,
+    TaskSummary,
     check_lease,
     check_limit,
     claimed_record,
@@ -59,12 +60,27 @@ from broker_jobs.store.base import (
     decide,
     utc,
 )
+from broker_jobs.store.ledger import (
+    COUNTS_SQL,
+    FINISHED_COUNTS_SQL,
+    FINISHED_SQL,
+    Dialect,
+    Filters,
+    summaries,
+    tally_records,
+    window_params,
+)
 
 log = logging.getLogger(__name__)
 
 #: The layout this code writes. A file with a higher version was created by a newer
 #: broker-jobs and is refused rather than misread.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+
+#: How many executions per task :meth:`SQLiteStore.task_summaries` reads for p50 and
+#: p99 (the newest of the last hour): their percentiles are computed in Python, so the
+#: work of a busy task stays bounded.
+MAX_SUMMARY_DURATIONS = 5000
 
 #: Seconds a writer waits for another process's transaction before giving up.
 DEFAULT_BUSY_TIMEOUT = 10.0
@@ -114,8 +130,9 @@ _TRACK = """
         UPDATE broker_jobs_executions SET
             finished_at = CASE WHEN NEW.status = 'running' AND NEW.worker IS NULL
                 THEN coalesce(NEW.lease_until, NEW.updated_at) ELSE NEW.updated_at END,
-            outcome = CASE WHEN NEW.status <> 'running' THEN NEW.status
-                WHEN NEW.worker IS NULL THEN 'released' ELSE 'lost' END,
+            outcome = CASE WHEN NEW.status IN ('succeeded', 'retrying', 'failed', 'dead')
+                THEN NEW.status WHEN NEW.status = 'running' AND NEW.worker IS NOT NULL
+                THEN 'lost' ELSE 'released' END,
             error = CASE WHEN NEW.status IN ('retrying', 'failed', 'dead')
                 THEN NEW.last_error END
         WHERE idempotency_key = NEW.idempotency_key AND finished_at IS NULL
@@ -149,6 +166,7 @@ _CREATE_EXECUTIONS = (
     AFTER UPDATE OF status, worker, attempts ON broker_jobs_records
     BEGIN {_TRACK} END""",
 )
+_CREATE_TRIGGERS = _CREATE_EXECUTIONS[1:]
 #: Version 1 -> 2: the table and its triggers, and an open execution for each record
 #: held when the file is migrated (started at its claim), so its outcome closes one.
 _MIGRATE_1_TO_2 = (
@@ -158,6 +176,17 @@ _MIGRATE_1_TO_2 = (
     " SELECT idempotency_key, 1, job_id, attempts, worker, updated_at FROM broker_jobs_records"
     " WHERE status = 'running' AND worker IS NOT NULL",
     "UPDATE broker_jobs_schema SET version = 2",
+)
+#: Version 2 -> 3: the statuses queued, scheduled and cancelled (no column changes:
+#: the version keeps older code, which cannot read them, away from the file), and the
+#: triggers again, whose version 2 would close an execution with such a status as its
+#: outcome (none of the rules leads there, but no outcome outside the executions' own
+#: may be written).
+_MIGRATE_2_TO_3 = (
+    "DROP TRIGGER IF EXISTS broker_jobs_executions_on_insert",
+    "DROP TRIGGER IF EXISTS broker_jobs_executions_on_update",
+    *_CREATE_TRIGGERS,
+    "UPDATE broker_jobs_schema SET version = 3",
 )
 
 #: The job-id index holds only the records whose key is not their job id (a chosen
@@ -383,10 +412,8 @@ class SQLiteStore(ExclusiveStore):
             for statement in (*_CREATE, *_CREATE_EXECUTIONS):
                 conn.execute(statement)
             conn.execute("INSERT INTO broker_jobs_schema (version) VALUES (?)", (SCHEMA_VERSION,))
-        elif version == 1:
-            for statement in _MIGRATE_1_TO_2:
-                conn.execute(statement)
-            log.info("%r migrated from schema version 1 to 2 (executions)", self)
+        elif version < SCHEMA_VERSION:
+            self._upgrade(conn, version)
         elif version > SCHEMA_VERSION:
             conn.execute("ROLLBACK")
             raise StoreError(
@@ -397,6 +424,16 @@ class SQLiteStore(ExclusiveStore):
         for statement in (*_CREATE_BEAT, *_CREATE_JOB_ID_INDEX):
             conn.execute(statement)
         conn.execute("COMMIT")
+
+    def _upgrade(self, conn: sqlite3.Connection, version: int) -> None:
+        """Migrate a file of ``version`` to :data:`SCHEMA_VERSION`, step by step, in the
+        caller's transaction."""
+        steps = {1: (_MIGRATE_1_TO_2, "executions"), 2: (_MIGRATE_2_TO_3, "ledger statuses")}
+        for start in range(version, SCHEMA_VERSION):
+            statements, what = steps[start]
+            for statement in statements:
+                conn.execute(statement)
+            log.info("%r migrated from schema version %d to %d (%s)", self, start, start + 1, what)
 
     # --- the hot path: claim and finish without the generic sections -------------------
 
@@ -661,7 +698,7 @@ class SQLiteStore(ExclusiveStore):
 
     # --- queries ------------------------------------------------------------------
 
-    def _select(self, where: str, params: tuple[Any, ...], tail: str = "") -> list[JobRecord]:
+    def _select(self, where: str, params: Any, tail: str = "") -> list[JobRecord]:
         conn = self._connection()
         with self._translate("read records"):
             rows = conn.execute(
@@ -687,22 +724,16 @@ class SQLiteStore(ExclusiveStore):
         status: Status | None = None,
         task: str | None = None,
         since: datetime | None = None,
+        until: datetime | None = None,
+        key: str | None = None,
+        after: tuple[datetime, str] | None = None,
         limit: int = 100,
     ) -> list[JobRecord]:
-        conditions: list[str] = []
-        params: list[Any] = []
-        if status is not None:
-            conditions.append("status = ?")
-            params.append(Status(status).value)
-        if task is not None:
-            conditions.append("task = ?")
-            params.append(task)
-        if since is not None:
-            conditions.append("updated_at >= ?")
-            params.append(_text(utc(since)))
-        where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
-        params.append(check_limit(limit))
-        return self._select(where, tuple(params), f"{_NEWEST_FIRST} LIMIT ?")
+        check_limit(limit)
+        where, params = Filters.of(
+            status=status, task=task, since=since, until=until, key=key, after=after
+        ).sql(_DIALECT)
+        return self._select(where, {**params, "limit": limit}, f"{_NEWEST_FIRST} LIMIT :limit")
 
     def counts(self) -> dict[Status, int]:
         conn = self._connection()
@@ -724,9 +755,24 @@ class SQLiteStore(ExclusiveStore):
             ).fetchall()
         return [_execution(row) for row in rows]
 
+    def task_summaries(self, *, now: datetime | None = None) -> dict[str, TaskSummary]:
+        """See :meth:`Store.task_summaries`. p50 and p99 are computed here from the
+        durations of the task's newest :data:`MAX_SUMMARY_DURATIONS` executions of
+        the last hour (the counts are of them all)."""
+        params = {**window_params(utc(now), _text), "cap": MAX_SUMMARY_DURATIONS}
+        conn = self._connection()
+        with self._translate("summarise the tasks"):
+            tallies = tally_records(conn.execute(_COUNTS, params), _time)
+            for task, *counts in conn.execute(_FINISHED_COUNTS, params):
+                tallies[task].add_counts(*counts)
+            for task, started, finished in conn.execute(_DURATIONS, params):
+                tallies[task].durations.append(_aware_time(finished) - _aware_time(started))
+        return summaries(tallies)
+
     def prune(self, older_than: datetime) -> int:
         params = (*sorted(s.value for s in TERMINAL), _text(utc(older_than)))
-        doomed = "status IN (?, ?, ?) AND updated_at < ?"
+        marks = ", ".join("?" * len(TERMINAL))
+        doomed = f"status IN ({marks}) AND updated_at < ?"
         with self._transaction("prune records") as conn:
             conn.execute(
                 "DELETE FROM broker_jobs_executions WHERE idempotency_key IN"
@@ -802,7 +848,7 @@ class SQLiteStore(ExclusiveStore):
             conn.close()
 
 
-_NEWEST_FIRST = "ORDER BY updated_at DESC, idempotency_key"
+_NEWEST_FIRST = "ORDER BY updated_at DESC, idempotency_key DESC"
 _BY_JOB_ID = (
     f"SELECT {_COLUMNS} FROM broker_jobs_records WHERE idempotency_key = ? AND job_id = ?"
     f" UNION ALL SELECT {_COLUMNS} FROM broker_jobs_records"
@@ -934,6 +980,26 @@ def _aware_time(text: str) -> datetime:
     moment = _time(text)
     assert moment is not None  # NOT NULL columns
     return moment
+
+
+# The ledger's queries (they need _text).
+_DIALECT = Dialect(
+    mark=lambda name: f":{name}",
+    key="idempotency_key",  # BINARY: UTF-8 bytes, in code point order
+    starts_with="substr(idempotency_key, 1, length({prefix})) = {prefix}",
+    time=_text,
+)
+_TABLES = {"records": "broker_jobs_records", "executions": "broker_jobs_executions"}
+_MARKS = {name: f":{name}" for name in ("now", "minute", "hour")}
+_COUNTS = COUNTS_SQL.format(**_TABLES, **_MARKS)
+_FINISHED_COUNTS = FINISHED_COUNTS_SQL.format(**_TABLES, **_MARKS, more="")
+#: The durations behind p50/p99, the newest first, at most :cap per task.
+_DURATIONS = (
+    "SELECT task, started_at, finished_at FROM (SELECT r.task, e.started_at, e.finished_at,"
+    " row_number() OVER (PARTITION BY r.task ORDER BY e.finished_at DESC) AS n "
+    + FINISHED_SQL.format(**_TABLES, **_MARKS)
+    + ") WHERE n <= :cap"
+)
 
 
 def _claim_rows(

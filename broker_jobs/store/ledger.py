@@ -1,0 +1,249 @@
+"""What the stores share to answer the ledger's queries: the filters of
+:meth:`~broker_jobs.store.base.Store.find` (as Python and as SQL) and the figures of
+:meth:`~broker_jobs.store.base.Store.task_summaries`. Each store gathers the figures
+its own way (a dict walk, SQL aggregates) into a :class:`Tally` per task, which
+builds the summary: every store reports the same numbers for the same ledger."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from broker_jobs.store.base import ExecutionOutcome, JobRecord, Status, TaskSummary, utc
+
+#: The windows of the execution counts.
+MINUTE = timedelta(minutes=1)
+HOUR = timedelta(hours=1)
+#: Outcomes counted as failed (a handler raised: retried later, or not).
+FAILED_OUTCOMES = frozenset(
+    {ExecutionOutcome.RETRYING, ExecutionOutcome.FAILED, ExecutionOutcome.DEAD}
+)
+#: Outcomes of executions that ran a handler to its end. The counts and durations are
+#: of these only: a release ends an execution whose handler never started, and a lost
+#: lease's "duration" is the lease, not the work.
+COUNTED_OUTCOMES = FAILED_OUTCOMES | {ExecutionOutcome.SUCCEEDED}
+
+
+# --- find ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Filters:
+    """The filters of one ``find`` call, times in UTC."""
+
+    status: Status | None = None
+    task: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    key: str | None = None
+    after: tuple[datetime, str] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        status: Status | None,
+        task: str | None,
+        since: datetime | None,
+        until: datetime | None,
+        key: str | None,
+        after: tuple[datetime, str] | None,
+    ) -> Filters:
+        return cls(
+            status=Status(status) if status is not None else None,
+            task=task,
+            since=utc(since) if since is not None else None,
+            until=utc(until) if until is not None else None,
+            key=key,
+            after=(utc(after[0]), after[1]) if after is not None else None,
+        )
+
+    def match(self, record: JobRecord) -> bool:
+        return (
+            (self.status is None or record.status is self.status)
+            and (self.task is None or record.task == self.task)
+            and (self.since is None or record.updated_at >= self.since)
+            and (self.until is None or record.updated_at < self.until)
+            and (self.key is None or record.idempotency_key.startswith(self.key))
+            and (self.after is None or (record.updated_at, record.idempotency_key) < self.after)
+        )
+
+    def sql(self, dialect: Dialect) -> tuple[str, dict[str, Any]]:
+        """``WHERE ...`` (empty without filters) and its named parameters."""
+        conditions: list[str] = []
+        params: dict[str, Any] = {}
+
+        def add(template: str, **values: Any) -> None:
+            marks = {name: dialect.mark(name) for name in values}
+            conditions.append(template.format(key=dialect.key, **marks))
+            params.update(values)
+
+        if self.status is not None:
+            add("status = {status}", status=self.status.value)
+        if self.task is not None:
+            add("task = {task}", task=self.task)
+        if self.since is not None:
+            add("updated_at >= {since}", since=dialect.time(self.since))
+        if self.until is not None:
+            add("updated_at < {until}", until=dialect.time(self.until))
+        if self.key is not None:
+            add(dialect.starts_with, prefix=self.key)
+        if self.after is not None:
+            at, last = self.after
+            add(
+                "(updated_at < {at} OR (updated_at = {at} AND {key} < {last}))",
+                at=dialect.time(at),
+                last=last,
+            )
+        return (f"WHERE {' AND '.join(conditions)}" if conditions else ""), params
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How a SQL store writes what :meth:`Filters.sql` needs."""
+
+    mark: Callable[[str], str]  # the placeholder of a named parameter
+    key: str  # the key column as compared (by code point)
+    starts_with: str  # keys starting with {prefix}, whose % and _ are plain characters
+    time: Callable[[datetime], Any]  # a time as a parameter
+
+
+def newest_first(records: Iterable[JobRecord]) -> list[JobRecord]:
+    """``records`` in the order of ``find``: newest updated first, ties by key
+    descending (by code point, as the SQL stores compare them)."""
+    return sorted(records, key=lambda r: (r.updated_at, r.idempotency_key), reverse=True)
+
+
+# --- task summaries -----------------------------------------------------------------------
+
+#: Per task and status: how many records, and since when the oldest of them waits
+#: (the rule of :func:`waiting_since`). Marks: {now}; tables: {records}.
+COUNTS_SQL = (
+    "SELECT task, status, count(*), min(CASE WHEN status = 'queued' THEN updated_at"
+    " WHEN status IN ('scheduled', 'retrying') AND due_at <= {now} THEN due_at END)"
+    " FROM {records} GROUP BY task, status"
+)
+_OUTCOMES = ", ".join(f"'{o.value}'" for o in sorted(COUNTED_OUTCOMES))
+#: The executions of the last hour that count (:data:`COUNTED_OUTCOMES`), with their
+#: task. Marks: {now}, {hour} (an hour before now); tables: {records}, {executions}.
+FINISHED_SQL = (
+    "FROM {executions} AS e JOIN {records} AS r ON r.idempotency_key = e.idempotency_key"
+    f" WHERE e.outcome IN ({_OUTCOMES}) AND e.finished_at > {{hour}}"
+    " AND e.finished_at <= {now}"
+)
+#: Per task: the executions of :data:`FINISHED_SQL` that succeeded and failed in the
+#: last minute (mark {minute}) and hour; a store may add columns after them.
+FINISHED_COUNTS_SQL = (
+    "SELECT r.task,"
+    " count(*) FILTER (WHERE e.outcome = 'succeeded' AND e.finished_at > {minute}),"
+    " count(*) FILTER (WHERE e.outcome <> 'succeeded' AND e.finished_at > {minute}),"
+    " count(*) FILTER (WHERE e.outcome = 'succeeded'),"
+    " count(*) FILTER (WHERE e.outcome <> 'succeeded'){more} " + FINISHED_SQL + " GROUP BY r.task"
+)
+
+
+def window_params(now: datetime, time: Callable[[datetime], Any]) -> dict[str, Any]:
+    """The {now}, {minute} and {hour} parameters of the summary queries."""
+    return {"now": time(now), "minute": time(now - MINUTE), "hour": time(now - HOUR)}
+
+
+@dataclass
+class Tally:
+    """A task's figures as a store gathers them."""
+
+    counts: dict[Status, int] = field(default_factory=lambda: dict.fromkeys(Status, 0))
+    oldest_waiting: datetime | None = None
+    succeeded_last_minute: int = 0
+    failed_last_minute: int = 0
+    succeeded_last_hour: int = 0
+    failed_last_hour: int = 0
+    durations: list[timedelta] = field(default_factory=list)
+    #: p50 and p99 when the store computed them (else they come from ``durations``).
+    percentiles: tuple[timedelta | None, timedelta | None] | None = None
+
+    def wait(self, since: datetime | None) -> None:
+        """Count a job waiting to start since ``since`` (None: not waiting)."""
+        if since is not None and (self.oldest_waiting is None or since < self.oldest_waiting):
+            self.oldest_waiting = since
+
+    def finished(
+        self, outcome: ExecutionOutcome, finished_at: datetime, duration: timedelta, now: datetime
+    ) -> None:
+        """Count an execution that ended with ``outcome`` at ``finished_at``."""
+        if outcome not in COUNTED_OUTCOMES or not now - HOUR < finished_at <= now:
+            return
+        failed = outcome in FAILED_OUTCOMES
+        minute = finished_at > now - MINUTE
+        self.add_counts(
+            int(minute and not failed), int(minute and failed), int(not failed), int(failed)
+        )
+        self.durations.append(duration)
+
+    def add_counts(self, *counts: int) -> None:
+        """Add executions that succeeded and failed in the last minute, and in the last
+        hour (the columns of :data:`FINISHED_COUNTS_SQL`)."""
+        minute_ok, minute_failed, hour_ok, hour_failed = counts
+        self.succeeded_last_minute += minute_ok
+        self.failed_last_minute += minute_failed
+        self.succeeded_last_hour += hour_ok
+        self.failed_last_hour += hour_failed
+
+    def summary(self, task: str) -> TaskSummary:
+        if self.percentiles is None:
+            durations = sorted(self.durations)
+            p50, p99 = percentile(durations, 0.5), percentile(durations, 0.99)
+        else:
+            p50, p99 = self.percentiles
+        return TaskSummary(
+            task=task,
+            counts=self.counts,
+            oldest_waiting=self.oldest_waiting,
+            succeeded_last_minute=self.succeeded_last_minute,
+            failed_last_minute=self.failed_last_minute,
+            succeeded_last_hour=self.succeeded_last_hour,
+            failed_last_hour=self.failed_last_hour,
+            p50=p50,
+            p99=p99,
+        )
+
+
+def waiting_since(record: JobRecord, now: datetime) -> datetime | None:
+    """Since when ``record`` waits to start: QUEUED since it became so (published, or
+    reset for a replay); SCHEDULED or RETRYING since its due time, once that passed;
+    None for the others (:data:`COUNTS_SQL` in Python)."""
+    if record.status is Status.QUEUED:
+        return record.updated_at
+    due = record.status in (Status.SCHEDULED, Status.RETRYING)
+    if due and record.due_at is not None and record.due_at <= now:
+        return record.due_at
+    return None
+
+
+def tally_records(
+    rows: Iterable[Sequence[Any]], parse: Callable[[Any], datetime | None]
+) -> dict[str, Tally]:
+    """Tallies from the rows of :data:`COUNTS_SQL`; ``parse``: a time as stored."""
+    tallies: dict[str, Tally] = {}
+    for task, status, count, oldest in rows:
+        tally = tallies.setdefault(task, Tally())
+        tally.counts[Status(status)] = int(count)
+        tally.wait(parse(oldest))
+    return tallies
+
+
+def percentile(ordered: Sequence[timedelta], fraction: float) -> timedelta | None:
+    """The ``fraction`` percentile of ``ordered`` (ascending), interpolated between
+    the closest ranks like PostgreSQL's ``percentile_cont``; None when empty."""
+    if not ordered:
+        return None
+    position = fraction * (len(ordered) - 1)
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summaries(tallies: dict[str, Tally]) -> dict[str, TaskSummary]:
+    """The summaries of ``tallies``, by task name in order."""
+    return {task: tallies[task].summary(task) for task in sorted(tallies)}
