@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -287,26 +288,37 @@ def test_postgres_migrates_a_version_1_database(postgres_dsn: str, pg_schema: st
     assert version == postgres_module.SCHEMA_VERSION
 
 
+@contextmanager
+def limited_role(dsn: str, schema: str) -> Iterator[tuple[str, str]]:
+    """A role with the privileges a worker needs on the records (and none on the
+    executions), and a DSN that uses it; dropped afterwards."""
+    import uuid  # noqa: PLC0415
+
+    from psycopg.conninfo import make_conninfo  # noqa: PLC0415
+
+    role = f"r_{uuid.uuid4().hex[:12]}"
+    with _admin(dsn) as conn:
+        conn.execute(f'CREATE ROLE "{role}"')
+        conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        conn.execute(
+            f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{schema}".broker_jobs_records TO "{role}"'
+        )
+        conn.execute(f'GRANT SELECT ON "{schema}".broker_jobs_schema TO "{role}"')
+    try:
+        yield role, make_conninfo(dsn, options=f"-c role={role}")
+    finally:
+        with _admin(dsn) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')
+
+
 def test_postgres_a_role_without_privileges_on_executions_still_records_them(
     postgres_dsn: str, pg_schema: str
 ) -> None:
     """The triggers write the executions with their owner's rights: a worker's role
     needs SELECT on the table only to read them."""
-    import uuid  # noqa: PLC0415
-
-    from psycopg.conninfo import make_conninfo  # noqa: PLC0415
-
     PostgresStore(postgres_dsn, schema=pg_schema).close()
-    role = f"r_{uuid.uuid4().hex[:12]}"
-    with _admin(postgres_dsn) as conn:
-        conn.execute(f'CREATE ROLE "{role}"')
-        conn.execute(f'GRANT USAGE ON SCHEMA "{pg_schema}" TO "{role}"')
-        conn.execute(
-            f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{pg_schema}".broker_jobs_records TO "{role}"'
-        )
-        conn.execute(f'GRANT SELECT ON "{pg_schema}".broker_jobs_schema TO "{role}"')
-    try:
-        limited_dsn = make_conninfo(postgres_dsn, options=f"-c role={role}")
+    with limited_role(postgres_dsn, pg_schema) as (role, limited_dsn):
         with PostgresStore(limited_dsn, schema=pg_schema) as limited:
             limited.claim(job(), A, LEASE, now=at(0))
             limited.succeed("key-1", A, now=at(1))
@@ -320,10 +332,6 @@ def test_postgres_a_role_without_privileges_on_executions_still_records_them(
             owner.claim(job("k2"), A, LEASE, now=at(0))
             assert len(owner.executions("k2")) == 1
             assert owner.executions("key-1") == []  # pruned with its record
-    finally:
-        with _admin(postgres_dsn) as conn:
-            conn.execute(f'DROP OWNED BY "{role}"')
-            conn.execute(f'DROP ROLE "{role}"')
 
 
 # --- a real worker ----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from broker_jobs.store import sqlite as sqlite_module
 from broker_jobs.store.base import CancelOutcome, TaskSummary
 from tests import test_store as _store_tests
 from tests.test_store import LEASE, A, B, Kit, _admin, at, durable_only, job
-from tests.test_store_history import summary
+from tests.test_store_history import limited_role, summary
 
 # The parametrised stores of tests/test_store.py (pytest finds fixtures by name here).
 make_store = _store_tests.make_store
@@ -639,33 +639,100 @@ def test_older_code_refuses_a_version_3_file(
         SQLiteStore(path)
 
 
+#: The same in PostgreSQL's trigger function.
+_PG_V2_OUTCOME = (
+    "outcome = CASE WHEN NEW.status <> 'running' THEN NEW.status"
+    "    WHEN NEW.worker IS NULL THEN 'released' ELSE 'lost' END,"
+)
+_PG_V3_OUTCOME = (
+    "outcome = CASE WHEN NEW.status IN ('succeeded', 'retrying', 'failed',"
+    "    'dead') THEN NEW.status WHEN NEW.status = 'running' AND NEW.worker"
+    "    IS NOT NULL THEN 'lost' ELSE 'released' END,"
+)
+
+
+def _downgrade_postgres_to_version_2(dsn: str, schema: str, check: str) -> None:
+    """The database as version 2 left it: the status CHECK without the ledger's
+    statuses (named ``check``), the trigger function of version 2, version 2."""
+    import psycopg  # noqa: PLC0415
+
+    records = f'"{schema}".broker_jobs_records'
+    statuses = "'running', 'succeeded', 'retrying', 'failed', 'dead'"
+    with _admin(dsn) as conn:
+        conn.execute(f"ALTER TABLE {records} DROP CONSTRAINT broker_jobs_records_status_check")
+        conn.execute(
+            f'ALTER TABLE {records} ADD CONSTRAINT "{check}" CHECK (status IN ({statuses}))'
+        )
+        function = f'"{schema}".broker_jobs_track_executions'
+        row = conn.execute("SELECT pg_get_functiondef(%s::regproc)", (function,)).fetchone()
+        assert row is not None
+        assert _PG_V3_OUTCOME in row[0]
+        conn.execute(row[0].replace(_PG_V3_OUTCOME, _PG_V2_OUTCOME))
+        conn.execute(f'UPDATE "{schema}".broker_jobs_schema SET version = 2')
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(
+                f"INSERT INTO {records} (idempotency_key, job_id, task, status, attempts,"
+                " created_at, updated_at) VALUES ('probe', 'probe', 't', 'queued', 0, now(), now())"
+            )
+
+
+def _pg_checks(dsn: str, schema: str) -> tuple[int, list[tuple[str, bool]]]:
+    """The schema version, and the records' CHECK constraints (name, validated)."""
+    with _admin(dsn) as conn:
+        row = conn.execute(f'SELECT max(version) FROM "{schema}".broker_jobs_schema').fetchone()
+        assert row is not None
+        checks = conn.execute(
+            "SELECT conname, convalidated FROM pg_constraint"
+            " WHERE conrelid = %s::regclass AND contype = 'c'",
+            (f'"{schema}".broker_jobs_records',),
+        ).fetchall()
+    return row[0], checks
+
+
 def test_postgres_migrates_a_version_2_database(postgres_dsn: str, pg_schema: str) -> None:
     with PostgresStore(postgres_dsn, schema=pg_schema) as old:
         old.claim(job("held"), A, LEASE, now=at(2))
-    statuses = "'running', 'succeeded', 'retrying', 'failed', 'dead'"
-    records = f'"{pg_schema}".broker_jobs_records'
-    with _admin(postgres_dsn) as conn:  # the table as version 2 created it
-        conn.execute(f"ALTER TABLE {records} DROP CONSTRAINT broker_jobs_records_status_check")
-        conn.execute(f"ALTER TABLE {records} ADD CHECK (status IN ({statuses}))")
-        conn.execute(f'UPDATE "{pg_schema}".broker_jobs_schema SET version = 2')
-        with pytest.raises(Exception, match="check constraint"):
-            conn.execute(f"UPDATE {records} SET status = 'queued'")
+        old.claim(job("other"), A, LEASE, now=at(2))
+    # Named otherwise than CREATE TABLE names it: the migration finds it by its column.
+    _downgrade_postgres_to_version_2(postgres_dsn, pg_schema, "records_status_v2")
 
     with PostgresStore(postgres_dsn, schema=pg_schema) as migrated:
         migrated.record_published([published("new")], now=at(3))
         assert migrated.cancel("new", now=at(4)).outcome is CancelOutcome.CANCELLED
         migrated.succeed("held", A, now=at(5))
         assert summary(migrated, "held") == [(1, A, 2, 5, ExecutionOutcome.SUCCEEDED, None)]
-    with _admin(postgres_dsn) as conn:
-        (version,) = conn.execute(
-            f'SELECT max(version) FROM "{pg_schema}".broker_jobs_schema'
-        ).fetchone()
-        checks = conn.execute(
-            "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
-            (records,),
-        ).fetchall()
-    assert version == postgres_module.SCHEMA_VERSION == 3
-    assert checks == [("broker_jobs_records_status_check",)]
+    assert _pg_checks(postgres_dsn, pg_schema) == (
+        postgres_module.SCHEMA_VERSION,
+        [("broker_jobs_records_status_check", True)],
+    )
+    with _admin(postgres_dsn) as conn:  # the version 3 function: never such an outcome
+        conn.execute(
+            f"UPDATE \"{pg_schema}\".broker_jobs_records SET status = 'queued'"
+            " WHERE idempotency_key = 'other'"
+        )
+    with PostgresStore(postgres_dsn, schema=pg_schema) as again:
+        assert summary(again, "other") == [(1, A, 2, 2, ExecutionOutcome.RELEASED, None)]
+
+
+def test_postgres_a_role_that_cannot_migrate_to_version_3_is_told_what_to_do(
+    postgres_dsn: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker's role may not alter the tables: it opens a version 2 database and
+    claims as before; recording published jobs says how to migrate."""
+    PostgresStore(postgres_dsn, schema=pg_schema).close()
+    _downgrade_postgres_to_version_2(postgres_dsn, pg_schema, "broker_jobs_records_status_check")
+    with limited_role(postgres_dsn, pg_schema) as (_, limited_dsn):
+        with PostgresStore(limited_dsn, schema=pg_schema) as limited:
+            assert "schema version 2 -> 3" in caplog.text
+            assert limited.claim(job(), A, LEASE, now=at(0)).outcome is CLAIMED
+            with pytest.raises(
+                StoreError, match=r"schema version 2.*open the store once as the owner"
+            ):
+                limited.record_published([published("new")], now=at(1))
+        assert _pg_checks(postgres_dsn, pg_schema)[0] == 2
+        with PostgresStore(postgres_dsn, schema=pg_schema) as owner:
+            owner.record_published([published("new")], now=at(1))
+        assert _pg_checks(postgres_dsn, pg_schema)[0] == 3
 
 
 def test_postgres_older_code_refuses_a_version_3_database(

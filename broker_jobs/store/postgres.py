@@ -25,7 +25,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -34,6 +35,8 @@ from typing import Any, NoReturn
 from broker_jobs.envelope import Job
 from broker_jobs.store.base import (
     TERMINAL,
+    Cancellation,
+    CancelOutcome,
     Claim,
     ClaimOutcome,
     Execution,
@@ -44,6 +47,8 @@ from broker_jobs.store.base import (
     Status,
     Store,
     StoreError,
+    TaskSummary,
+    cancelled,
     check_lease,
     check_limit,
     clip_error,
@@ -51,7 +56,19 @@ from broker_jobs.store.base import (
     decide,
     holds,
     mask_dsn,
+    published_record,
+    replay_record,
     utc,
+)
+from broker_jobs.store.ledger import (
+    COUNTS_SQL,
+    FINISHED_COUNTS_SQL,
+    Dialect,
+    Filters,
+    Tally,
+    summaries,
+    tally_records,
+    window_params,
 )
 
 try:
@@ -68,8 +85,9 @@ else:
 log = logging.getLogger(__name__)
 
 #: The layout this code writes; a database with a higher one is refused. Version 2
-#: added the executions (a version 1 database is migrated when a store opens it).
-SCHEMA_VERSION = 2
+#: added the executions, version 3 the statuses queued, scheduled and cancelled (an
+#: older database is migrated, step by step, when a store opens it).
+SCHEMA_VERSION = 3
 #: Connections kept per store; callers beyond that wait (up to ``pool_wait`` seconds).
 DEFAULT_MAX_CONNECTIONS = 4
 #: Seconds to wait for the server when connecting, unless the DSN sets connect_timeout.
@@ -93,9 +111,22 @@ _COLUMNS = (
     "due_at",
 )
 _COLS = sql.SQL(", ").join(map(sql.Identifier, _COLUMNS)) if _MISSING is None else None
+_COLUMN_TYPES = tuple(
+    zip(
+        _COLUMNS,
+        ("text", "text", "text", "text", "integer")
+        + ("timestamptz",) * 2
+        + ("text", "timestamptz", "text", "timestamptz"),
+        strict=True,
+    )
+)
 #: The statement's time: the caller's fixed clock, else the server's.
 _NOW = "COALESCE(%(now)s::timestamptz, statement_timestamp())"
-_NEWEST_FIRST = 'ORDER BY updated_at DESC, idempotency_key COLLATE "C"'
+_NEWEST_FIRST = 'ORDER BY updated_at DESC, idempotency_key COLLATE "C" DESC'
+#: The executions' trigger functions run with their owner's rights, on fixed names.
+_DEFINER = "LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp"
+#: The records' status CHECK constraint, as CREATE TABLE names it.
+_STATUS_CHECK = "broker_jobs_records_status_check"
 
 
 class _Queries:
@@ -130,6 +161,7 @@ class _Queries:
             "        AND (r.worker = excluded.worker OR r.lease_until IS NULL"
             "             OR r.lease_until <= excluded.updated_at))"
             "  OR (r.status = 'retrying' AND r.attempts < excluded.attempts)"
+            "  OR r.status IN ('queued', 'scheduled')"  # known from its publish: as new
             " RETURNING {cols}"
         )
         self.get_at = q(f"SELECT {{cols}}, {_NOW} FROM {{records}} WHERE idempotency_key = %(key)s")
@@ -159,6 +191,25 @@ class _Queries:
             " due_at = %(due_at)s WHERE idempotency_key = %(idempotency_key)s"
         )
         self.server_now = sql.SQL(f"SELECT {_NOW}")
+        # One statement for a batch: the rows as one array per column.
+        arrays = ", ".join(f"%({column})s::{kind}[]" for column, kind in _COLUMN_TYPES)
+        self.publish = q(
+            "INSERT INTO {records} ({cols}) SELECT * FROM unnest(" + arrays + ")"
+            " ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key"
+        )
+        self.get_many = q("SELECT {cols} FROM {records} WHERE idempotency_key = ANY(%(keys)s)")
+        self.task_counts = self.summary(COUNTS_SQL)
+        durations = "WITHIN GROUP (ORDER BY e.finished_at - e.started_at)"
+        self.task_finished = self.summary(
+            FINISHED_COUNTS_SQL,
+            more=f", percentile_cont(0.5) {durations}, percentile_cont(0.99) {durations}",
+        )
+        self.status_checks = sql.SQL(
+            "SELECT c.conname FROM pg_constraint AS c JOIN pg_attribute AS a"
+            " ON a.attrelid = c.conrelid AND a.attname = 'status'"
+            " WHERE c.conrelid = %(records)s::regclass AND c.contype = 'c'"
+            " AND c.conkey = ARRAY[a.attnum]"
+        )
         self.get = q("SELECT {cols} FROM {records} WHERE idempotency_key = %(key)s")
         self.by_job_id = q(
             "SELECT {cols} FROM {records} WHERE job_id = %(job_id)s " + _NEWEST_FIRST
@@ -195,11 +246,24 @@ class _Queries:
             " WHERE group_name = %(group)s"
         )
 
-    def find(self, conditions: list[str]) -> sql.Composed:
-        where = f"WHERE {' AND '.join(conditions)} " if conditions else ""
+    def find(self, where: str) -> sql.Composed:
         return sql.SQL(
-            "SELECT {cols} FROM {records} " + where + _NEWEST_FIRST + " LIMIT %(limit)s"
+            "SELECT {cols} FROM {records} " + where + " " + _NEWEST_FIRST + " LIMIT %(limit)s"
         ).format(records=self.records, cols=_COLS)
+
+    def summary(self, template: str, **more: str) -> sql.Composed:
+        """A query of :mod:`broker_jobs.store.ledger` for these tables."""
+        marks = {name: f"%({name})s" for name in ("now", "minute", "hour")}
+        text = template.format(records="{records}", executions="{executions}", **marks, **more)
+        return sql.SQL(text).format(records=self.records, executions=self.executions)
+
+    def status_check(self) -> sql.Composed:
+        """Version 2 -> 3: the CHECK of the records' status, with every status."""
+        statuses = ", ".join(f"'{s.value}'" for s in Status)
+        return sql.SQL(
+            "ALTER TABLE {records} ADD CONSTRAINT {name} CHECK (status IN (" + statuses + "))"
+            " NOT VALID"
+        ).format(records=self.records, name=sql.Identifier(_STATUS_CHECK))
 
     def create(self) -> list[sql.Composed]:
         def index(name: str, columns: str) -> sql.Composed:
@@ -241,7 +305,6 @@ class _Queries:
         track = sql.Identifier(schema, "broker_jobs_track_executions")
         forget = sql.Identifier(schema, "broker_jobs_forget_executions")
         outcomes = ", ".join(f"'{o.value}'" for o in ExecutionOutcome)
-        definer = "LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp"
         return [
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {executions} ("
@@ -259,31 +322,9 @@ class _Queries:
                 "CREATE INDEX IF NOT EXISTS broker_jobs_executions_key"
                 " ON {executions} (idempotency_key, id)"
             ).format(executions=executions),
+            self.track_function(schema),
             sql.SQL(
-                "CREATE OR REPLACE FUNCTION {track}() RETURNS trigger " + definer + " AS $body$"
-                " BEGIN"
-                "  UPDATE {executions} SET"
-                "   finished_at = CASE WHEN NEW.status = 'running' AND NEW.worker IS NULL"
-                "    THEN coalesce(NEW.lease_until, NEW.updated_at) ELSE NEW.updated_at END,"
-                "   outcome = CASE WHEN NEW.status <> 'running' THEN NEW.status"
-                "    WHEN NEW.worker IS NULL THEN 'released' ELSE 'lost' END,"
-                "   error = CASE WHEN NEW.status IN ('retrying', 'failed', 'dead')"
-                "    THEN NEW.last_error END"
-                "  WHERE idempotency_key = NEW.idempotency_key AND finished_at IS NULL"
-                "   AND NOT (NEW.status = 'running' AND worker IS NOT DISTINCT FROM NEW.worker"
-                "            AND attempt = NEW.attempts);"
-                "  IF NEW.status = 'running' AND NEW.worker IS NOT NULL AND NOT EXISTS ("
-                "    SELECT FROM {executions} WHERE idempotency_key = NEW.idempotency_key"
-                "    AND finished_at IS NULL) THEN"
-                "   INSERT INTO {executions} (idempotency_key, job_id, attempt, worker, started_at)"
-                "   VALUES (NEW.idempotency_key, NEW.job_id, NEW.attempts, NEW.worker,"
-                "           NEW.updated_at);"
-                "  END IF;"
-                "  RETURN NULL;"
-                " END $body$"
-            ).format(track=track, executions=executions),
-            sql.SQL(
-                "CREATE OR REPLACE FUNCTION {forget}() RETURNS trigger " + definer + " AS $body$"
+                "CREATE OR REPLACE FUNCTION {forget}() RETURNS trigger " + _DEFINER + " AS $body$"
                 " BEGIN"
                 "  DELETE FROM {executions} WHERE idempotency_key = OLD.idempotency_key;"
                 "  RETURN NULL;"
@@ -305,6 +346,38 @@ class _Queries:
                 " FOR EACH ROW EXECUTE FUNCTION {forget}()"
             ).format(records=records, forget=forget),
         ]
+
+    def track_function(self, schema: str) -> sql.Composed:
+        """The executions' trigger function (:meth:`create_executions`); replaced by
+        the version 2 -> 3 migration (its outcomes: see the comment)."""
+        executions = sql.Identifier(schema, "broker_jobs_executions")
+        track = sql.Identifier(schema, "broker_jobs_track_executions")
+        return sql.SQL(
+            "CREATE OR REPLACE FUNCTION {track}() RETURNS trigger " + _DEFINER + " AS $body$"
+            " BEGIN"
+            "  UPDATE {executions} SET"
+            "   finished_at = CASE WHEN NEW.status = 'running' AND NEW.worker IS NULL"
+            "    THEN coalesce(NEW.lease_until, NEW.updated_at) ELSE NEW.updated_at END,"
+            # A ledger status (queued, scheduled, cancelled) is no outcome: no
+            # rule reaches one with an open execution, but none may be written.
+            "   outcome = CASE WHEN NEW.status IN ('succeeded', 'retrying', 'failed',"
+            "    'dead') THEN NEW.status WHEN NEW.status = 'running' AND NEW.worker"
+            "    IS NOT NULL THEN 'lost' ELSE 'released' END,"
+            "   error = CASE WHEN NEW.status IN ('retrying', 'failed', 'dead')"
+            "    THEN NEW.last_error END"
+            "  WHERE idempotency_key = NEW.idempotency_key AND finished_at IS NULL"
+            "   AND NOT (NEW.status = 'running' AND worker IS NOT DISTINCT FROM NEW.worker"
+            "            AND attempt = NEW.attempts);"
+            "  IF NEW.status = 'running' AND NEW.worker IS NOT NULL AND NOT EXISTS ("
+            "    SELECT FROM {executions} WHERE idempotency_key = NEW.idempotency_key"
+            "    AND finished_at IS NULL) THEN"
+            "   INSERT INTO {executions} (idempotency_key, job_id, attempt, worker, started_at)"
+            "   VALUES (NEW.idempotency_key, NEW.job_id, NEW.attempts, NEW.worker,"
+            "           NEW.updated_at);"
+            "  END IF;"
+            "  RETURN NULL;"
+            " END $body$"
+        ).format(track=track, executions=executions)
 
     def backfill_executions(self, schema: str) -> sql.Composed:
         """Version 1 -> 2: an open execution for each record held at the migration."""
@@ -436,6 +509,12 @@ class PostgresStore(Store):
                 f" SELECT, INSERT and UPDATE on {self._q.fires.as_string()} and"
                 f" {self._q.leaders.as_string()}, see docs/store.md"
             ) from None
+        if isinstance(error, pg_errors.CheckViolation) and _STATUS_CHECK in text:
+            raise StoreError(
+                f"{where}: cannot {action}: {text}. The database is from schema version 2,"
+                " which knows no queued, scheduled or cancelled job: open the store once as"
+                f" the owner of {self._q.records.as_string()} to migrate it, see docs/store.md"
+            ) from None
         if isinstance(error, psycopg.OperationalError):
             raise StoreError(
                 f"{where}: cannot {action}: {text}. Check that the database is up and"
@@ -478,8 +557,14 @@ class PostgresStore(Store):
                     f" (schema version {version}; this one knows up to {SCHEMA_VERSION})."
                     " Upgrade broker-jobs on this host, or use another schema or database"
                 )
-            if version < SCHEMA_VERSION:
+            if version < 2:
                 self._migrate_to_2(conn)
+            if version < 3 and self._migrate_to_3(conn):
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} VALIDATE CONSTRAINT {}").format(
+                        self._q.records, sql.Identifier(_STATUS_CHECK)
+                    )
+                )
             if not self._beat_tables_exist(conn):
                 self._create_beat_tables(conn)
 
@@ -507,10 +592,7 @@ class PostgresStore(Store):
                 for statement in self._q.create_executions(schema):
                     conn.execute(statement)
                 conn.execute(self._q.backfill_executions(schema))
-                conn.execute(
-                    sql.SQL("UPDATE {} SET version = %s").format(self._q.version_table),
-                    (SCHEMA_VERSION,),
-                )
+                conn.execute(sql.SQL("UPDATE {} SET version = 2").format(self._q.version_table))
         except pg_errors.InsufficientPrivilege as error:
             log.warning(
                 "%r: cannot add the executions table (schema version 1 -> 2): %s. Job"
@@ -519,6 +601,41 @@ class PostgresStore(Store):
                 self,
                 mask_dsn(str(error).strip()),
             )
+
+    def _migrate_to_3(self, conn: psycopg.Connection[Any]) -> bool:
+        """Version 2 -> 3: the statuses queued, scheduled and cancelled. The status
+        CHECK is replaced (found by its column: its name was PostgreSQL's choice) and
+        the executions' trigger function too (a ledger status is never an outcome).
+        Quick under the table's lock: the new CHECK is added NOT VALID (every row
+        passed the narrower one) and validated after the commit by the caller (True),
+        which does not block the workers. A role that does not own the tables still
+        opens the database; publishing to the ledger and cancelling fail (the CHECK
+        refuses their statuses) until the owner opens the store once."""
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                if self._version(conn) != 2:
+                    return False  # another store migrated it meanwhile, or 1 -> 2 failed
+                records = self._q.records.as_string(conn)
+                for (name,) in conn.execute(self._q.status_checks, {"records": records}):
+                    conn.execute(
+                        sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
+                            self._q.records, sql.Identifier(name)
+                        )
+                    )
+                conn.execute(self._q.status_check())
+                conn.execute(self._q.track_function(self._schema_name(conn)))
+                conn.execute(sql.SQL("UPDATE {} SET version = 3").format(self._q.version_table))
+        except pg_errors.InsufficientPrivilege as error:
+            log.warning(
+                "%r: cannot add the statuses queued, scheduled and cancelled (schema"
+                " version 2 -> 3): %s. Recording published jobs and cancelling fail until"
+                " the tables' owner opens the store once (see docs/store.md)",
+                self,
+                mask_dsn(str(error).strip()),
+            )
+            return False
+        return True
 
     def _beat_tables_exist(self, conn: psycopg.Connection[Any]) -> bool:
         names = (self._q.fires.as_string(conn), self._q.leaders.as_string(conn))
@@ -663,35 +780,50 @@ class PostgresStore(Store):
         task: str | None = None,
         now: datetime | None = None,
     ) -> None:
-        params = {"key": key, "now": _opt_utc(now)}
-        with self._pool.connection() as conn, self._translate(f"mark job key {key!r} dead"):
-            for _ in range(_CLAIM_ROUNDS):
-                with conn.transaction():
-                    row = conn.execute(self._q.lock_at, params).fetchone()
-                    if row is not None:
-                        record, moment = _record(row[:-1]), _aware(row[-1])
-                    else:
-                        record = None
-                        moment = _aware(_one(conn.execute(self._q.server_now, params))[0])
-                    new = dead_record(
-                        record,
-                        key,
-                        worker,
-                        error,
-                        job=job,
-                        job_id=job_id,
-                        task=task,
-                        now=moment,
-                    )
-                    if new is None:
-                        return
-                    if record is not None:
-                        conn.execute(self._q.overwrite, _record_params(new))
-                        return
-                    if conn.execute(self._q.insert_missing, _record_params(new)).rowcount == 1:
-                        return
-                # Another call created the record meanwhile: decide again on it.
+        for _ in range(_CLAIM_ROUNDS):
+            with self._locked(key, now, f"mark job key {key!r} dead") as (conn, record, moment):
+                new = dead_record(
+                    record,
+                    key,
+                    worker,
+                    error,
+                    job=job,
+                    job_id=job_id,
+                    task=task,
+                    now=moment,
+                )
+                if new is None:
+                    return
+                if record is not None:
+                    conn.execute(self._q.overwrite, _record_params(new))
+                    return
+                if conn.execute(self._q.insert_missing, _record_params(new)).rowcount == 1:
+                    return
+            # Another call created the record meanwhile: decide again on it.
         raise StoreError(f"PostgreSQL store {self.masked_dsn}: job key {key!r} kept changing")
+
+    @contextmanager
+    def _locked(
+        self, key: str, now: datetime | None, action: str
+    ) -> Iterator[tuple[psycopg.Connection[Any], JobRecord | None, datetime]]:
+        """A transaction holding the row lock of ``key``'s record: the connection, the
+        record (None without one) and the statement's time."""
+        with (
+            self._pool.connection() as conn,
+            self._translate(action),
+            conn.transaction(),
+        ):
+            row = conn.execute(self._q.lock_at, {"key": key, "now": _opt_utc(now)}).fetchone()
+            if row is None:
+                yield conn, None, self._moment(conn, now)
+            else:
+                yield conn, _record(row[:-1]), _aware(row[-1])
+
+    def _moment(self, conn: psycopg.Connection[Any], now: datetime | None) -> datetime:
+        """``now`` in UTC, else the server's time."""
+        if now is not None:
+            return utc(now)
+        return _aware(_one(conn.execute(self._q.server_now, {"now": None}))[0])
 
     def release(self, key: str, worker: str, *, now: datetime | None = None) -> None:
         params = {"key": key, "worker": worker, "now": _opt_utc(now)}
@@ -716,22 +848,69 @@ class PostgresStore(Store):
         status: Status | None = None,
         task: str | None = None,
         since: datetime | None = None,
+        until: datetime | None = None,
+        key: str | None = None,
+        after: tuple[datetime, str] | None = None,
         limit: int = 100,
     ) -> list[JobRecord]:
-        conditions = []
-        params: dict[str, Any] = {"limit": check_limit(limit)}
-        if status is not None:
-            conditions.append("status = %(status)s")
-            params["status"] = Status(status).value
-        if task is not None:
-            conditions.append("task = %(task)s")
-            params["task"] = task
-        if since is not None:
-            conditions.append("updated_at >= %(since)s")
-            params["since"] = utc(since)
+        check_limit(limit)
+        filters = Filters.of(
+            status=status, task=task, since=since, until=until, key=key, after=after
+        )
+        where, params = filters.sql(_DIALECT)
         with self._pool.connection() as conn, self._translate("find records"):
-            rows = conn.execute(self._q.find(conditions), params).fetchall()
+            rows = conn.execute(self._q.find(where), {**params, "limit": limit}).fetchall()
         return [_record(row) for row in rows]
+
+    def task_summaries(self, *, now: datetime | None = None) -> dict[str, TaskSummary]:
+        with self._pool.connection() as conn, self._translate("summarise the tasks"):
+            params = window_params(self._moment(conn, now), _as_is)
+            tallies = tally_records(conn.execute(self._q.task_counts, params), _maybe)
+            for task, *counts, p50, p99 in conn.execute(self._q.task_finished, params):
+                tally = tallies.setdefault(task, Tally())  # a record added in between
+                tally.add_counts(*map(int, counts))
+                tally.percentiles = (p50, p99)
+        return summaries(tallies)
+
+    def record_published(
+        self, jobs: Sequence[Job], *, now: datetime | None = None
+    ) -> list[JobRecord | None]:
+        if not jobs:
+            return []
+        keys = [job.idempotency_key for job in jobs]
+        with self._pool.connection() as conn, self._translate("record published jobs"):
+            moment = self._moment(conn, now)
+            rows = [_record_params(published_record(job, moment)) for job in jobs]
+            columns = {column: [row[column] for row in rows] for column in _COLUMNS}
+            inserted = {key for (key,) in conn.execute(self._q.publish, columns)}
+            # The records of the keys seen before (and of a key's second copy).
+            wanted = [k for k, n in Counter(keys).items() if n > 1 or k not in inserted]
+            found = conn.execute(self._q.get_many, {"keys": wanted}).fetchall() if wanted else []
+        existing = {record.idempotency_key: record for record in map(_record, found)}
+        result: list[JobRecord | None] = []
+        for key in keys:
+            result.append(None if key in inserted else existing.get(key))
+            inserted.discard(key)  # a second copy finds the first one's record
+        return result
+
+    def cancel(self, ref: str, *, now: datetime | None = None) -> Cancellation:
+        found = self.lookup(ref)
+        if found is None:
+            return Cancellation(CancelOutcome.UNKNOWN, None)
+        key = found.idempotency_key
+        with self._locked(key, now, f"cancel job key {key!r}") as (conn, record, moment):
+            result = cancelled(record, moment)
+            if result.outcome is CancelOutcome.CANCELLED:
+                assert result.record is not None
+                conn.execute(self._q.overwrite, _record_params(result.record))
+        return result
+
+    def reset_for_replay(self, key: str, *, now: datetime | None = None) -> JobRecord | None:
+        with self._locked(key, now, f"reset job key {key!r}") as (conn, record, moment):
+            new = replay_record(record, moment)
+            if new is not None:
+                conn.execute(self._q.overwrite, _record_params(new))
+        return new
 
     def counts(self) -> dict[Status, int]:
         with self._pool.connection() as conn, self._translate("count records"):
@@ -882,6 +1061,18 @@ class _Pool:
             self._cond.notify_all()
         for conn in idle:
             conn.close()
+
+
+def _as_is(moment: datetime) -> datetime:
+    return moment
+
+
+_DIALECT = Dialect(
+    mark=lambda name: f"%({name})s",
+    key='idempotency_key COLLATE "C"',  # by code point, as the order of find
+    starts_with="starts_with(idempotency_key, {prefix})",
+    time=_as_is,
+)
 
 
 def _one(cursor: psycopg.Cursor[Any]) -> tuple[Any, ...]:

@@ -66,6 +66,7 @@ from broker_jobs.store.ledger import (
     FINISHED_SQL,
     Dialect,
     Filters,
+    Tally,
     summaries,
     tally_records,
     window_params,
@@ -764,9 +765,10 @@ class SQLiteStore(ExclusiveStore):
         with self._translate("summarise the tasks"):
             tallies = tally_records(conn.execute(_COUNTS, params), _time)
             for task, *counts in conn.execute(_FINISHED_COUNTS, params):
-                tallies[task].add_counts(*counts)
+                tallies.setdefault(task, Tally()).add_counts(*counts)  # added in between
             for task, started, finished in conn.execute(_DURATIONS, params):
-                tallies[task].durations.append(_aware_time(finished) - _aware_time(started))
+                duration = _aware_time(finished) - _aware_time(started)
+                tallies.setdefault(task, Tally()).durations.append(duration)
         return summaries(tallies)
 
     def prune(self, older_than: datetime) -> int:
