@@ -6,7 +6,9 @@ import click
 
 from broker_jobs import __version__
 from broker_jobs.beat_cli import beat_group
+from broker_jobs.jobs_cli import jobs_group
 from broker_jobs.publish_cli import publish_command
+from broker_jobs.status_cli import status_command
 from broker_jobs.topology_cli import topology_group
 from broker_jobs.worker_cli import worker_command
 
@@ -21,3 +23,5 @@ main.add_command(publish_command)
 main.add_command(topology_group)
 main.add_command(worker_command)
 main.add_command(beat_group)
+main.add_command(status_command)
+main.add_command(jobs_group)

@@ -1,0 +1,134 @@
+"""Output and option helpers of the read-mostly operator commands (``status``, ``jobs``).
+
+One place for what those commands print alike: ``error: ...`` lines with passwords
+masked, ``--json`` documents, rich tables that stay whole in a pipe, times with a
+zone, and short durations.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timedelta
+from typing import Any, NoReturn
+
+import click
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from broker_jobs.store.base import mask_dsn
+from broker_jobs.urls import mask_text
+
+#: Width of a table written to a pipe or a file (a terminal's own width is used
+#: otherwise): wide enough that a row stays on one line for grep.
+PIPE_WIDTH = 240
+
+json_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON document on stdout, for scripts (see docs/operations.md).",
+)
+
+
+class AwareDateTime(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    """An ISO 8601 time with a zone (``Z`` or an offset); a time without one is a
+    usage error, since the ledger's times are UTC and a guess would shift a filter."""
+
+    name = "TIME"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> datetime:
+        if isinstance(value, datetime):
+            moment = value
+        else:
+            try:
+                moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+            except ValueError:
+                self.fail(
+                    f"{value!r} is not an ISO 8601 time: use e.g. 2026-12-24T18:00:00Z", param, ctx
+                )
+        if moment.tzinfo is None:
+            self.fail(
+                f"{value!r} has no time zone: add Z (UTC) or an offset such as +01:00", param, ctx
+            )
+        return moment
+
+
+AWARE_DATETIME = AwareDateTime()
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """``error: message`` on one line of stderr (URLs and DSNs masked; a driver's
+    multi-line text joined), then exit ``code``."""
+    line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+    click.echo(f"error: {mask_dsn(mask_text(line))}", err=True)
+    sys.exit(code)
+
+
+def echo_json(document: Any) -> None:
+    """One JSON document on stdout."""
+    click.echo(json.dumps(document, indent=2))
+
+
+def console() -> Console:
+    """A console on the current stdout (click's, also under CliRunner); plain text
+    (no markup, so ``[...]`` in a task name or an error prints as it is)."""
+    plain: dict[str, Any] = {"markup": False, "highlight": False, "emoji": False}
+    terminal = Console(**plain)
+    if terminal.is_terminal:
+        return terminal
+    return Console(width=PIPE_WIDTH, **plain)
+
+
+def table(*headers: str, right: tuple[str, ...] = ()) -> Table:
+    """A table with a rule under the header and no other lines; the columns named in
+    ``right`` (numbers) are right-aligned."""
+    grid = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for header in headers:
+        grid.add_column(header, justify="right" if header in right else "left", no_wrap=True)
+    return grid
+
+
+def when(moment: datetime | None) -> str:
+    """A time as ISO 8601 UTC to the second, ``Z`` for the zone; ``-`` for None."""
+    if moment is None:
+        return "-"
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def iso(moment: datetime | None) -> str | None:
+    """A time for a JSON document: ISO 8601 with microseconds, ``Z``; None stays None."""
+    return None if moment is None else moment.isoformat().replace("+00:00", "Z")
+
+
+def span(duration: timedelta | None) -> str:
+    """A duration in one word: ``350ms``, ``4.2s``, ``2m05s``, ``3h07m``, ``2d04h``."""
+    if duration is None:
+        return "-"
+    seconds = max(duration.total_seconds(), 0.0)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def seconds(duration: timedelta | None) -> float | None:
+    """A duration for a JSON document: seconds; None stays None."""
+    return None if duration is None else duration.total_seconds()
+
+
+def first_line(text: str | None, limit: int = 60) -> str:
+    """The first line of an error, cut to ``limit`` characters with ``…``."""
+    if not text:
+        return "-"
+    line = text.strip().splitlines()[0] if text.strip() else "-"
+    return line if len(line) <= limit else line[: limit - 1] + "…"

@@ -1,0 +1,344 @@
+"""``broker-jobs jobs``: the ledger's jobs. ``list`` and ``show`` read; ``cancel``
+marks a job that has not started so that it never runs.
+
+Exit codes of ``cancel``: 0 the job will not run (cancelled now, or before); 3 it
+was not cancelled because it started (running, or finished); 1 no such job, or an
+error. Usage errors exit 2, as everywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import click
+
+from broker_jobs.cli_options import store_option
+from broker_jobs.cli_output import (
+    AWARE_DATETIME,
+    console,
+    echo_json,
+    fail,
+    first_line,
+    iso,
+    json_option,
+    seconds,
+    span,
+    table,
+    when,
+)
+from broker_jobs.errors import BrokerJobsError
+from broker_jobs.store.base import (
+    CancelOutcome,
+    Execution,
+    JobRecord,
+    Status,
+    Store,
+    utc,
+)
+from broker_jobs.store.urls import open_store
+
+#: ``cancel``: the job was not cancelled because it started (running or finished).
+EXIT_STARTED = 3
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 1000
+
+_UNKNOWN_HINT = (
+    "a job is known to the ledger before it starts only when it was published with the"
+    " ledger (Publisher(..., ledger=store)); others appear once a worker claims them"
+    " (docs/operations.md, 'jobs: list, show, cancel')"
+)
+
+
+@click.group("jobs")
+def jobs_group() -> None:
+    """List, show and cancel the ledger's jobs.
+
+    \b
+    Examples:
+      broker-jobs jobs list --task image.resize --state failed --since 2026-05-01T00:00:00Z
+      broker-jobs jobs show invoice-42-thumb
+      broker-jobs jobs cancel 0190f3c2-7a4e-7d1c-9b1e-5c2f8a9d0e11
+    """
+
+
+@jobs_group.command("list")
+@click.option("--task", help="Only jobs of this task.")
+@click.option(
+    "--state",
+    type=click.Choice([status.value for status in Status], case_sensitive=False),
+    help="Only jobs in this state.",
+)
+@click.option("--key", "key_prefix", metavar="PREFIX", help="Only keys starting with PREFIX.")
+@click.option(
+    "--since", type=AWARE_DATETIME, help="Only jobs updated at or after TIME (ISO 8601, a zone)."
+)
+@click.option(
+    "--until", type=AWARE_DATETIME, help="Only jobs updated before TIME (ISO 8601, a zone)."
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, MAX_LIMIT),
+    default=DEFAULT_LIMIT,
+    show_default=True,
+    help="Jobs per page.",
+)
+@click.option(
+    "--after",
+    "cursor",
+    metavar="CURSOR",
+    help="The next page: the cursor the previous page printed (give the same filters).",
+)
+@store_option
+@json_option
+def list_command(  # noqa: PLR0917 - click passes every option positionally
+    task: str | None,
+    state: str | None,
+    key_prefix: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    limit: int,
+    cursor: str | None,
+    store_url: str,
+    as_json: bool,
+) -> None:
+    """List jobs, newest updated first, a page at a time. Read-only.
+
+    A job that changes state while you page moves to the top: a listing is not a
+    snapshot.
+
+    \b
+    Example:
+      broker-jobs jobs list --state retrying --limit 20
+      broker-jobs jobs list --state retrying --limit 20 --after CURSOR
+    """
+    after = decode_cursor(cursor) if cursor else None
+    with _store(store_url) as store:
+        page = store.page(
+            status=Status(state.lower()) if state else None,
+            task=task,
+            since=since,
+            until=until,
+            key=key_prefix,
+            after=after,
+            limit=limit,
+        )
+    token = encode_cursor(page.after) if page.after else None
+    if as_json:
+        echo_json({"jobs": [record_document(r) for r in page.records], "next": token})
+        return
+    if not page.records:
+        click.echo("no jobs match" + (" on this page" if cursor else ""))
+        return
+    grid = table("key", "task", "state", "attempt", "updated", "worker", "due", "last error")
+    for record in page.records:
+        grid.add_row(
+            record.idempotency_key,
+            record.task,
+            record.status.value,
+            str(record.attempts),
+            when(record.updated_at),
+            record.worker or "-",
+            when(record.due_at),
+            first_line(record.last_error),
+        )
+    console().print(grid)
+    if token:
+        click.echo(f"more: add --after {token} (with the same options) for the next page")
+
+
+@jobs_group.command("show")
+@click.argument("ref", metavar="ID_OR_KEY")
+@store_option
+@json_option
+def show_command(ref: str, store_url: str, as_json: bool) -> None:
+    """Show one job (by idempotency key or job id) and each of its executions. Read-only.
+
+    \b
+    Example:
+      broker-jobs jobs show invoice-42-thumb --json
+    """
+    with _store(store_url) as store:
+        record = store.lookup(ref)
+        if record is None:
+            fail(f"no job with key or id {ref!r} in the ledger; {_UNKNOWN_HINT}")
+        executions = store.executions(record.idempotency_key)
+    if as_json:
+        echo_json(
+            {
+                "job": record_document(record),
+                "executions": [execution_document(e) for e in executions],
+            }
+        )
+        return
+    for label, value in _fields(record):
+        click.echo(f"{label + ':':<12} {value}")
+    if not executions:
+        click.echo("executions: none (no worker has claimed it)")
+        return
+    grid = table(
+        "attempt",
+        "worker",
+        "started",
+        "finished",
+        "duration",
+        "outcome",
+        "error",
+        right=("attempt",),
+    )
+    for execution in executions:
+        grid.add_row(
+            str(execution.attempt),
+            execution.worker,
+            when(execution.started_at),
+            when(execution.finished_at),
+            span(execution.duration),
+            execution.outcome.value if execution.outcome else "running",
+            first_line(execution.error),
+        )
+    console().print(grid)
+
+
+@jobs_group.command("cancel")
+@click.argument("ref", metavar="ID_OR_KEY")
+@store_option
+@json_option
+def cancel_command(ref: str, store_url: str, as_json: bool) -> None:
+    """Cancel a job that has not started (queued, scheduled, retrying): it never runs.
+
+    Its message stays where it is (the task queue, the delay ladder); a worker that
+    receives it acks it without running it. A running job is not interrupted.
+    Exit 0 when the job will not run, 3 when it started already, 1 when unknown.
+
+    \b
+    Example:
+      broker-jobs jobs cancel invoice-42-thumb
+    """
+    with _store(store_url) as store:
+        result = store.cancel(ref)
+    if as_json:
+        echo_json({"outcome": result.outcome.value, "job": _maybe(result.record)})
+    elif result.record is not None:
+        click.echo(_cancel_line(result.record, result.outcome))
+    if result.outcome is CancelOutcome.UNKNOWN:
+        fail(f"no job with key or id {ref!r} in the ledger; {_UNKNOWN_HINT}")
+    if result.outcome in (CancelOutcome.RUNNING, CancelOutcome.FINISHED):
+        sys.exit(EXIT_STARTED)
+
+
+# -- documents and lines ------------------------------------------------------------
+
+
+def record_document(record: JobRecord) -> dict[str, Any]:
+    """A ledger record in a JSON document."""
+    return {
+        "idempotency_key": record.idempotency_key,
+        "job_id": record.job_id,
+        "task": record.task,
+        "state": record.status.value,
+        "attempts": record.attempts,
+        "created_at": iso(record.created_at),
+        "updated_at": iso(record.updated_at),
+        "worker": record.worker,
+        "lease_until": iso(record.lease_until),
+        "due_at": iso(record.due_at),
+        "last_error": record.last_error,
+    }
+
+
+def execution_document(execution: Execution) -> dict[str, Any]:
+    """An execution in a JSON document."""
+    return {
+        "attempt": execution.attempt,
+        "worker": execution.worker,
+        "started_at": iso(execution.started_at),
+        "finished_at": iso(execution.finished_at),
+        "duration_seconds": seconds(execution.duration),
+        "outcome": execution.outcome.value if execution.outcome else None,
+        "error": execution.error,
+    }
+
+
+def _maybe(record: JobRecord | None) -> dict[str, Any] | None:
+    return None if record is None else record_document(record)
+
+
+def _fields(record: JobRecord) -> list[tuple[str, str]]:
+    return [
+        ("key", record.idempotency_key),
+        ("job id", record.job_id),
+        ("task", record.task),
+        ("state", record.status.value),
+        ("attempts", str(record.attempts)),
+        ("created", when(record.created_at)),
+        ("updated", when(record.updated_at)),
+        ("worker", record.worker or "-"),
+        ("lease until", when(record.lease_until)),
+        ("due", when(record.due_at)),
+        ("last error", record.last_error or "-"),
+    ]
+
+
+def _cancel_line(record: JobRecord, outcome: CancelOutcome) -> str:
+    """What cancel did to the job of ``record`` (as found, or as cancelled)."""
+    job = f"job {record.idempotency_key!r} ({record.task})"
+    if outcome is CancelOutcome.CANCELLED:
+        return (
+            f"cancelled: {job} will not run; a worker that receives it acks it without running it"
+        )
+    if outcome is CancelOutcome.ALREADY_CANCELLED:
+        return (
+            f"already cancelled: {job} was cancelled at {when(record.updated_at)}; nothing changed"
+        )
+    if outcome is CancelOutcome.RUNNING:
+        holder = record.worker or "a worker"
+        return (
+            f"running: {job} runs attempt {record.attempts} on {holder}; not interrupted,"
+            " nothing changed (cancel stops only jobs that have not started)"
+        )
+    return f"finished: {job} is {record.status.value} already; nothing changed"
+
+
+# -- the cursor and the store --------------------------------------------------------
+
+
+def encode_cursor(after: tuple[datetime, str]) -> str:
+    """Store.page's keyset position as an opaque token (URL-safe base64 of JSON)."""
+    moment, key = after
+    data = json.dumps([utc(moment).isoformat(), key], separators=(",", ":")).encode("utf-8")
+    return base64.urlsafe_b64encode(data).decode("ascii").rstrip("=")
+
+
+def decode_cursor(token: str) -> tuple[datetime, str]:
+    """The position :func:`encode_cursor` wrote; a usage error for anything else."""
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        data = None
+    if isinstance(data, list) and len(data) == 2 and all(isinstance(v, str) for v in data):
+        try:
+            return utc(datetime.fromisoformat(data[0])), data[1]
+        except ValueError:
+            pass  # not a time, or one without a zone: not ours either
+    raise click.BadParameter(
+        f"{token!r} is not a cursor printed by `broker-jobs jobs list`: copy the token"
+        " after --after from the previous page (or its JSON's next)",
+        param_hint="--after",
+    )
+
+
+@contextmanager
+def _store(url: str) -> Iterator[Store]:
+    """The ledger; an SQLite file must exist (a new one would answer "no jobs"). Every
+    store error, on opening or inside, becomes one ``error:`` line and exit 1."""
+    try:
+        with open_store(url, must_exist=True) as store:
+            yield store
+    except BrokerJobsError as error:
+        fail(str(error))

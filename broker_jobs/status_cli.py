@@ -1,0 +1,200 @@
+"""``broker-jobs status``: per task, what the broker's queues hold and what the ledger
+knows, in one table (or one JSON document). Read-only on both."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import click
+
+from broker_jobs.app_loader import load_app
+from broker_jobs.cli_options import app_option, store_option, url_option
+from broker_jobs.cli_output import console, echo_json, fail, json_option, span, table
+from broker_jobs.errors import BrokerJobsError
+from broker_jobs.status_report import (
+    QueueState,
+    StatusReport,
+    TaskStatus,
+    collect,
+    missing_hint,
+)
+from broker_jobs.store.base import Status, mask_dsn
+from broker_jobs.store.urls import open_store
+from broker_jobs.urls import BrokerURLs
+from topology.names import InvalidNameError, Names, check_task_name
+
+_COLUMNS = (
+    "task",
+    "ready",
+    "running",
+    "consumers",
+    "queued",
+    "scheduled",
+    "retrying",
+    "dead letters",
+    "failed",
+    "ok/h",
+    "failed/h",
+    "oldest waiting",
+    "p50",
+    "p99",
+)
+
+
+@click.command("status")
+@url_option
+@app_option
+@click.option("--namespace", help="The namespace, without --app (give its tasks with --task).")
+@click.option(
+    "--task",
+    "tasks",
+    multiple=True,
+    metavar="NAME",
+    help="A task to show (repeatable): with --namespace, or a subset of the app's tasks.",
+)
+@store_option
+@json_option
+def status_command(  # noqa: PLR0917 - click passes every option positionally
+    url: BrokerURLs,
+    app_option: str | None,
+    namespace: str | None,
+    tasks: tuple[str, ...],
+    store_url: str,
+    as_json: bool,
+) -> None:
+    """Show each task's queues on the broker and its jobs in the ledger. Read-only.
+
+    Ready messages, consumers and dead letters come from the broker (passive
+    declares); running and the other states, the last hour's executions, the oldest
+    waiting job and the p50/p99 durations from the ledger. AMQP cannot count
+    delivered but unacknowledged messages: "running" is the ledger's count.
+
+    \b
+    Examples:
+      broker-jobs status --app myproject.tasks:app
+      broker-jobs status --namespace jobs --task image.resize --task mail.send --json
+    """
+    app_path = _app_path(app_option, namespace, tasks)
+    try:
+        names, wanted = _tasks(app_path, namespace, tasks)
+        with open_store(store_url, must_exist=True) as store:
+            report = collect(url, names, wanted, store)
+    except (BrokerJobsError, InvalidNameError) as error:
+        fail(str(error))
+    if as_json:
+        echo_json(report.document())
+        return
+    _echo(report, store_url, app_path)
+
+
+def _app_path(app: str | None, namespace: str | None, tasks: tuple[str, ...]) -> str | None:
+    """The app, unless it only came from BROKER_JOBS_APP and --namespace was given."""
+    if app is None or namespace is None:
+        return app
+    source = click.get_current_context().get_parameter_source("app_option")
+    if source is click.core.ParameterSource.ENVIRONMENT:
+        return None  # an explicit --namespace wins over the environment's app
+    raise click.UsageError("give --app or --namespace (with --task), not both")
+
+
+def _tasks(
+    app_path: str | None, namespace: str | None, tasks: tuple[str, ...]
+) -> tuple[Names, list[str]]:
+    """The namespace and the tasks to report: the app's (or those of them given with
+    --task), or the --task names in --namespace."""
+    if app_path is None:
+        if namespace is None:
+            raise click.UsageError(
+                "no tasks given: add --app MODULE:APP, or --namespace NS with --task NAME"
+            )
+        if not tasks:
+            raise click.UsageError(
+                f"--namespace {namespace} needs the tasks to show: add --task NAME (repeatable)"
+            )
+        return _names(namespace), [_task_name(task) for task in dict.fromkeys(tasks)]
+    app = load_app(app_path)
+    unknown = [task for task in tasks if task not in app]
+    if unknown:
+        known = ", ".join(sorted(task.name for task in app)) or "none"
+        raise click.UsageError(f"--task {unknown[0]}: not a task of {app_path} (it has {known})")
+    return app.names, list(dict.fromkeys(tasks)) or sorted(task.name for task in app)
+
+
+def _names(namespace: str) -> Names:
+    try:
+        return Names(namespace)
+    except InvalidNameError as error:
+        raise click.BadParameter(str(error), param_hint="--namespace") from None
+
+
+def _task_name(task: str) -> str:
+    """``task`` if it can be a task name; checked before connecting to anything."""
+    try:
+        return check_task_name(task)
+    except InvalidNameError as error:
+        raise click.BadParameter(str(error), param_hint="--task") from None
+
+
+def _echo(report: StatusReport, store_url: str, app_path: str | None) -> None:
+    click.echo(
+        f"namespace {report.namespace!r} on {report.node}, ledger {mask_dsn(store_url)},"
+        f" at {report.taken_at.isoformat(timespec='seconds').replace('+00:00', 'Z')}"
+    )
+    grid = table(*_COLUMNS, right=_COLUMNS[1:])
+    for task in report.tasks:
+        grid.add_row(*_row(task, report))
+    console().print(grid)
+    click.echo(_ladder_line(report))
+    click.echo(_unroutable_line(report.unroutable))
+    click.echo("running: the ledger's running jobs (AMQP cannot count unacked deliveries)")
+    if report.missing:
+        click.echo(f"missing: {_missing(report)}; {missing_hint(app_path)}")
+
+
+def _row(task: TaskStatus, report: StatusReport) -> list[str]:
+    counts, summary = task.ledger.counts, task.ledger
+    return [
+        task.task,
+        _count(task.queue, task.queue.messages),
+        str(task.running),
+        _count(task.queue, task.queue.consumers),
+        str(counts[Status.QUEUED]),
+        str(counts[Status.SCHEDULED]),
+        str(counts[Status.RETRYING]),
+        _count(task.dead_letters, task.dead_letters.messages),
+        str(counts[Status.FAILED]),
+        str(summary.succeeded_last_hour),
+        str(summary.failed_last_hour),
+        span(task.oldest_waiting_age(report.taken_at)),
+        span(summary.p50),
+        span(summary.p99),
+    ]
+
+
+def _count(queue: QueueState, value: int | None) -> str:
+    return "missing" if not queue.exists or value is None else str(value)
+
+
+def _ladder_line(report: StatusReport) -> str:
+    ladder = report.ladder
+    line = f"delay ladder: {ladder.messages} delayed job(s) waiting in {ladder.levels} levels"
+    if ladder.missing:
+        line += f" ({len(ladder.missing)} level queue(s) missing)"
+    return line
+
+
+def _unroutable_line(queue: QueueState) -> str:
+    if not queue.exists:
+        return f"unroutable: queue {queue.name} missing"
+    note = ": declare their task, then move them to the work exchange" if queue.messages else ""
+    return f"unroutable: {queue.messages} job(s) in {queue.name}{note}"
+
+
+def _missing(report: StatusReport) -> str:
+    """The missing queues by name, the ladder's levels as a count."""
+    ladder = set(report.ladder.missing)
+    named: Sequence[str] = [name for name in report.missing if name not in ladder]
+    parts = list(named)
+    if ladder:
+        parts.append(f"{len(ladder)} delay level queue(s)")
+    return ", ".join(parts)

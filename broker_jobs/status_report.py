@@ -1,0 +1,289 @@
+"""What each task's jobs are doing now: the broker's queues and the ledger, in one report.
+
+``broker-jobs status`` prints it; a dashboard can call :func:`collect` (or
+:func:`gather` on a connection of its own) and show :meth:`StatusReport.document`.
+
+From the broker, over plain AMQP (passive declares: nothing is created, no
+permission is needed): each task queue's ready messages and consumers, its
+dead-letter queue's depth, the jobs waiting in the namespace's delay ladder (the
+sum of its level queues) and in ``<ns>.unroutable``. AMQP cannot tell how many
+messages are delivered but not acked (only the management plugin can, and
+broker-jobs does not require it), so the jobs running now come from the ledger:
+its RUNNING records.
+
+From the ledger (:meth:`Store.task_summaries`): counts by state, executions that
+ended in the last minute and hour, the oldest waiting job, p50/p99 durations. The
+ledger has no namespace: two namespaces whose tasks share names and a store are
+counted together.
+
+A queue that does not exist is reported as missing (see :func:`missing_hint`), not
+raised: a status is most wanted when something is wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import pika
+import pika.exceptions
+from pika.adapters.blocking_connection import BlockingChannel
+
+from broker_jobs.connecting import connect_first_blocking
+from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
+from broker_jobs.store.base import Status, Store, TaskSummary, utc
+from broker_jobs.urls import AnyBrokerURLs, mask_text
+from topology.delay import DELAY_LEVELS
+from topology.names import Names
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "LadderState",
+    "QueueState",
+    "StatusError",
+    "StatusReport",
+    "TaskStatus",
+    "collect",
+    "empty_summary",
+    "gather",
+    "missing_hint",
+]
+
+#: Seconds for the TCP and AMQP handshake of :func:`collect`.
+CONNECT_TIMEOUT = 10.0
+_NOT_FOUND = 404
+
+
+class StatusError(BrokerJobsError):
+    """The broker refused to show a queue for another reason than its absence."""
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """One queue as a passive declare sees it; counts are None when it is missing."""
+
+    name: str
+    exists: bool
+    messages: int | None  # ready: waiting for a consumer (delivered, unacked ones excluded)
+    consumers: int | None
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "exists": self.exists,
+            "messages": self.messages,
+            "consumers": self.consumers,
+        }
+
+
+@dataclass(frozen=True)
+class LadderState:
+    """The namespace's delay ladder: jobs waiting in its level queues, in total."""
+
+    messages: int  # summed over the levels that exist
+    levels: int  # how many level queues there are meant to be (DELAY_LEVELS)
+    missing: tuple[str, ...]  # level queues that do not exist
+
+    def document(self) -> dict[str, Any]:
+        return {"messages": self.messages, "levels": self.levels, "missing": list(self.missing)}
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    """One task: its queues on the broker and its jobs in the ledger."""
+
+    task: str
+    queue: QueueState
+    dead_letters: QueueState
+    ledger: TaskSummary
+
+    @property
+    def running(self) -> int:
+        """Jobs the ledger holds as RUNNING (AMQP cannot count unacked deliveries)."""
+        return self.ledger.counts[Status.RUNNING]
+
+    def oldest_waiting_age(self, now: datetime) -> timedelta | None:
+        """How long the oldest waiting job has waited at ``now`` (None: none waits)."""
+        oldest = self.ledger.oldest_waiting
+        return None if oldest is None else max(now - oldest, timedelta(0))
+
+    def document(self, now: datetime) -> dict[str, Any]:
+        summary = self.ledger
+        age = self.oldest_waiting_age(now)
+        return {
+            "task": self.task,
+            "queue": self.queue.document(),
+            "dead_letters": self.dead_letters.document(),
+            "ledger": {
+                "counts": {status.value: summary.counts[status] for status in Status},
+                "succeeded_last_minute": summary.succeeded_last_minute,
+                "failed_last_minute": summary.failed_last_minute,
+                "succeeded_last_hour": summary.succeeded_last_hour,
+                "failed_last_hour": summary.failed_last_hour,
+                "oldest_waiting": _iso(summary.oldest_waiting),
+                "oldest_waiting_seconds": _seconds(age),
+                "p50_seconds": _seconds(summary.p50),
+                "p99_seconds": _seconds(summary.p99),
+            },
+        }
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """Every task of a namespace, the ladder and the unroutable queue, at ``taken_at``."""
+
+    namespace: str
+    node: str  # the broker node asked, password masked ("" when unknown)
+    taken_at: datetime
+    tasks: tuple[TaskStatus, ...]
+    ladder: LadderState
+    unroutable: QueueState
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """Every queue of the report that does not exist, in the report's order."""
+        queues = [queue for task in self.tasks for queue in (task.queue, task.dead_letters)]
+        names = [queue.name for queue in queues if not queue.exists]
+        names += self.ladder.missing
+        if not self.unroutable.exists:
+            names.append(self.unroutable.name)
+        return tuple(names)
+
+    def document(self) -> dict[str, Any]:
+        """The report as JSON-ready data (``broker-jobs status --json``; the shape is
+        in docs/operations.md). Times are ISO 8601 UTC, durations seconds."""
+        return {
+            "namespace": self.namespace,
+            "node": self.node,
+            "taken_at": _iso(self.taken_at),
+            "tasks": [task.document(self.taken_at) for task in self.tasks],
+            "ladder": self.ladder.document(),
+            "unroutable": self.unroutable.document(),
+            "missing": list(self.missing),
+        }
+
+
+def collect(
+    urls: AnyBrokerURLs,
+    names: Names,
+    tasks: Sequence[str],
+    store: Store,
+    *,
+    timeout: float = CONNECT_TIMEOUT,
+    connection_name: str = "broker-jobs status",
+    now: datetime | None = None,
+) -> StatusReport:
+    """Connect to the first node of ``urls`` that answers, :func:`gather`, disconnect.
+
+    Raises :class:`~broker_jobs.errors.BrokerUnreachableError` when no node answers,
+    :class:`~broker_jobs.store.StoreError` when the ledger cannot be read."""
+    connection, node = connect_first_blocking(
+        urls, timeout=timeout, connection_name=connection_name
+    )
+    try:
+        return gather(connection, names, tasks, store, node=node.masked, now=now)
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def gather(
+    connection: pika.BlockingConnection,
+    names: Names,
+    tasks: Sequence[str],
+    store: Store,
+    *,
+    node: str = "",
+    now: datetime | None = None,
+) -> StatusReport:
+    """The report of ``tasks`` in ``names``' namespace, on an open connection (left
+    open). ``now`` is when ages are measured from (default: now)."""
+    moment = utc(now)
+    summaries = store.task_summaries(now=moment)
+    probe = _Probe(connection)
+    try:
+        statuses = tuple(
+            TaskStatus(
+                task,
+                probe.queue(names.task_queue(task)),
+                probe.queue(names.dead_letter_queue(task)),
+                summaries.get(task) or empty_summary(task),
+            )
+            for task in tasks
+        )
+        ladder = _ladder(probe, names)
+        unroutable = probe.queue(names.unroutable_queue)
+    finally:
+        probe.close()
+    return StatusReport(names.namespace, node, moment, statuses, ladder, unroutable)
+
+
+def empty_summary(task: str) -> TaskSummary:
+    """The summary of a task the ledger has no record of."""
+    return TaskSummary(
+        task=task,
+        counts=dict.fromkeys(Status, 0),
+        oldest_waiting=None,
+        succeeded_last_minute=0,
+        failed_last_minute=0,
+        succeeded_last_hour=0,
+        failed_last_hour=0,
+        p50=None,
+        p99=None,
+    )
+
+
+def missing_hint(app_path: str | None = None) -> str:
+    """What to do about missing queues: declare the topology as an operator."""
+    source = f"--app {app_path}" if app_path else "--app MODULE:APP (or --file topology.toml)"
+    return f"create them with: broker-jobs topology apply {source}"
+
+
+def _ladder(probe: _Probe, names: Names) -> LadderState:
+    levels = [probe.queue(names.delay_queue(level)) for level in range(DELAY_LEVELS)]
+    return LadderState(
+        messages=sum(level.messages or 0 for level in levels),
+        levels=DELAY_LEVELS,
+        missing=tuple(level.name for level in levels if not level.exists),
+    )
+
+
+class _Probe:
+    """Passive queue declares on one channel, replaced after each 404 (the broker
+    closes a channel on every error)."""
+
+    def __init__(self, connection: pika.BlockingConnection) -> None:
+        self._connection = connection
+        self._channel: BlockingChannel | None = None
+
+    def queue(self, name: str) -> QueueState:
+        try:
+            if self._channel is None or not self._channel.is_open:
+                self._channel = self._connection.channel()
+            ok = self._channel.queue_declare(name, passive=True).method
+        except pika.exceptions.ChannelClosedByBroker as error:
+            if error.reply_code == _NOT_FOUND:
+                return QueueState(name, exists=False, messages=None, consumers=None)
+            raise StatusError(
+                f"the broker refused to show queue {name!r}: {error.reply_code} {error.reply_text}"
+            ) from None
+        except pika.exceptions.AMQPError as error:
+            raise BrokerConnectionError(
+                f"the connection to the broker broke while reading queue {name!r}:"
+                f" {type(error).__name__}: {mask_text(str(error))}"
+            ) from None
+        return QueueState(name, exists=True, messages=ok.message_count, consumers=ok.consumer_count)
+
+    def close(self) -> None:
+        if self._channel is not None and self._channel.is_open:
+            self._channel.close()
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat().replace("+00:00", "Z")
+
+
+def _seconds(duration: timedelta | None) -> float | None:
+    return None if duration is None else duration.total_seconds()

@@ -1,0 +1,413 @@
+"""``broker-jobs jobs list / show / cancel`` against the ledger, on SQLite and
+PostgreSQL. The ledger's state is set up through the Store API with fixed times."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from broker_jobs import Job
+from broker_jobs.cli import main
+from broker_jobs.store import ClaimOutcome, Status, Store, open_store
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+LEASE = 300.0
+A, B = "worker-a", "worker-b"
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def job(key: str, task: str = "mail.send", attempt: int = 1, **fields: Any) -> Job:
+    return Job(id=f"id-{key}", task=task, idempotency_key=key, attempt=attempt, **fields)
+
+
+def jobs(*args: str, env: Mapping[str, str | None] | None = None) -> Result:
+    return CliRunner().invoke(main, ["jobs", *args], env=env)
+
+
+def json_of(result: Result, code: int = 0) -> Any:
+    assert result.exit_code == code, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A ledger's URL: an SQLite file, or a PostgreSQL schema of its own (dropped after)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.db'}"  # four slashes: an absolute path
+        return
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    schema = f"cli_{uuid.uuid4().hex[:12]}"
+    yield f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
+    import psycopg  # noqa: PLC0415 - only the PostgreSQL runs need it
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+def ledger(store_url: str) -> Iterator[Store]:
+    """The store the commands read, for setting up its state (it creates the file)."""
+    with open_store(store_url) as store:
+        yield store
+
+
+def run_to(store: Store, key: str, outcome: str, start: float, task: str = "mail.send") -> None:
+    """Claim ``key`` at ``start`` and record ``outcome`` one second later."""
+    store.claim(job(key, task), A, LEASE, now=at(start))
+    if outcome == "succeeded":
+        store.succeed(key, A, now=at(start + 1))
+    elif outcome == "failed":
+        store.fail(key, A, "ValueError: bad address", now=at(start + 1))
+    elif outcome == "retrying":
+        store.retry(key, A, "TimeoutError: smtp", due_at=at(60), now=at(start + 1))
+    elif outcome == "dead":
+        store.dead(key, A, "exhausted", now=at(start + 1))
+
+
+#: Newest updated first; ties (tie-a, tie-b at 12 s) by key descending.
+ORDER = [
+    "tie-b",
+    "tie-a",
+    "thumb-4",
+    "thumb-3",
+    "thumb-2",
+    "thumb-1",
+    "order-3",
+    "order-2",
+    "order-1",
+]
+
+
+@pytest.fixture
+def listed(ledger: Store) -> Store:
+    """Nine jobs of two tasks in every state, updated at distinct times but two."""
+    ledger.record_published([job("order-1")], now=at(1))  # queued
+    run_to(ledger, "order-2", "succeeded", 2)  # updated at 3
+    run_to(ledger, "order-3", "failed", 4, task="image.resize")  # 5
+    run_to(ledger, "thumb-1", "retrying", 6, task="image.resize")  # 7
+    run_to(ledger, "thumb-2", "dead", 8, task="image.resize")  # 9
+    ledger.record_published([job("thumb-3", due_at=at(3600))], now=at(10))  # scheduled
+    ledger.claim(job("thumb-4"), A, LEASE, now=at(11))  # running
+    ledger.record_published([job("tie-a"), job("tie-b")], now=at(12))
+    return ledger
+
+
+#: A cursor whose time has no zone (the shape of a real one otherwise).
+NAIVE_CURSOR = base64.urlsafe_b64encode(b'["2026-03-01T12:00:10","k"]').decode().rstrip("=")
+
+
+def keys(document: dict[str, Any]) -> list[str]:
+    return [record["idempotency_key"] for record in document["jobs"]]
+
+
+# -- list ----------------------------------------------------------------------------
+
+
+def test_list_shows_every_job_newest_first_with_its_fields(listed: Store, store_url: str) -> None:
+    document = json_of(jobs("list", "--store", store_url, "--json"))
+    assert keys(document) == ORDER
+    assert document["next"] is None
+    by_key = {record["idempotency_key"]: record for record in document["jobs"]}
+    assert by_key["thumb-1"] == {
+        "idempotency_key": "thumb-1",
+        "job_id": "id-thumb-1",
+        "task": "image.resize",
+        "state": "retrying",
+        "attempts": 1,
+        "created_at": "2026-03-01T12:00:06Z",
+        "updated_at": "2026-03-01T12:00:07Z",
+        "worker": A,
+        "lease_until": None,
+        "due_at": "2026-03-01T12:01:00Z",
+        "last_error": "TimeoutError: smtp",
+    }
+    assert by_key["thumb-3"]["state"] == "scheduled"
+    assert by_key["thumb-3"]["due_at"] == "2026-03-01T13:00:00Z"
+    assert by_key["thumb-4"]["lease_until"] == "2026-03-01T12:05:11Z"
+
+    people = jobs("list", "--store", store_url)
+    assert people.exit_code == 0, people.output
+    rows = [line.split() for line in people.stdout.splitlines()]
+    assert [row[0] for row in rows if row and row[0] in ORDER] == ORDER
+    thumb = next(row for row in rows if row and row[0] == "thumb-1")
+    assert thumb[:7] == [
+        "thumb-1",
+        "image.resize",
+        "retrying",
+        "1",
+        "2026-03-01T12:00:07Z",
+        A,
+        "2026-03-01T12:01:00Z",
+    ]
+    assert "TimeoutError: smtp" in people.stdout
+    assert "more:" not in people.stdout
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (["--task", "image.resize"], ["thumb-2", "thumb-1", "order-3"]),
+        (["--state", "retrying"], ["thumb-1"]),
+        (["--state", "QUEUED"], ["tie-b", "tie-a", "order-1"]),
+        (["--key", "thumb-"], ["thumb-4", "thumb-3", "thumb-2", "thumb-1"]),
+        (["--key", "thumb_"], []),  # _ is a plain character, not a wildcard
+        # --since is inclusive, --until exclusive
+        (["--since", "2026-03-01T12:00:05Z", "--until", "2026-03-01T12:00:10Z"],
+         ["thumb-2", "thumb-1", "order-3"]),
+        (["--since", "2026-03-01T13:00:09+01:00"], ["tie-b", "tie-a", "thumb-4", "thumb-3",
+                                                   "thumb-2"]),
+        (["--task", "mail.send", "--state", "queued", "--key", "tie"], ["tie-b", "tie-a"]),
+    ],
+)  # fmt: skip
+def test_list_filters(
+    listed: Store, store_url: str, options: list[str], expected: list[str]
+) -> None:
+    assert keys(json_of(jobs("list", "--store", store_url, "--json", *options))) == expected
+
+
+def test_list_pages_through_every_job_with_the_cursor(listed: Store, store_url: str) -> None:
+    for limit, filters in [(2, []), (1, []), (3, ["--task", "mail.send"])]:
+        seen: list[str] = []
+        pages = 0
+        after: list[str] = []
+        while True:
+            document = json_of(
+                jobs(
+                    "list", "--store", store_url, "--json", "--limit", str(limit), *filters, *after
+                )
+            )
+            pages += 1
+            assert len(document["jobs"]) <= limit
+            seen += keys(document)
+            if document["next"] is None:
+                break
+            after = ["--after", document["next"]]
+        everything = keys(json_of(jobs("list", "--store", store_url, "--json", *filters)))
+        assert seen == everything, (limit, filters)  # each once, in order, ties included
+        assert pages == -(-len(everything) // limit)
+
+
+def test_list_for_people_prints_the_cursor_of_the_next_page(listed: Store, store_url: str) -> None:
+    first = jobs("list", "--store", store_url, "--limit", "4")
+    assert first.exit_code == 0, first.output
+    (more,) = [line for line in first.stdout.splitlines() if line.startswith("more:")]
+    token = more.split("--after ")[1].split()[0]
+    assert token == json_of(jobs("list", "--store", store_url, "--limit", "4", "--json"))["next"]
+    second = json_of(jobs("list", "--store", store_url, "--json", "--limit", "4", "--after", token))
+    assert keys(second) == ORDER[4:8]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--until", "2026-03-01T12:00:10"], "has no time zone"),
+        (["--since", "yesterday"], "is not an ISO 8601 time"),
+        (["--after", "not-a-cursor"], "is not a cursor printed by"),
+        (["--after", NAIVE_CURSOR], "is not a cursor printed by"),
+        (["--state", "sleeping"], "Invalid value for '--state'"),
+        (["--limit", "0"], "Invalid value for '--limit'"),
+    ],
+)
+def test_list_usage_errors(ledger: Store, store_url: str, options: list[str], message: str) -> None:
+    result = jobs("list", "--store", store_url, *options)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+
+
+# -- show ------------------------------------------------------------------------------
+
+
+def test_show_lists_every_execution_by_key_or_job_id(ledger: Store, store_url: str) -> None:
+    ledger.claim(job("invoice-42"), A, LEASE, now=at(0))
+    ledger.retry("invoice-42", A, "ConnectionError: flaky\nTraceback ...", due_at=at(10), now=at(2))
+    ledger.claim(job("invoice-42", attempt=2), B, LEASE, now=at(10))
+    ledger.succeed("invoice-42", B, now=at(10.5))
+
+    by_key = json_of(jobs("show", "invoice-42", "--store", store_url, "--json"))
+    assert by_key["job"]["state"] == "succeeded"
+    assert by_key["job"]["attempts"] == 2
+    assert by_key["executions"] == [
+        {
+            "attempt": 1,
+            "worker": A,
+            "started_at": "2026-03-01T12:00:00Z",
+            "finished_at": "2026-03-01T12:00:02Z",
+            "duration_seconds": 2.0,
+            "outcome": "retrying",
+            "error": "ConnectionError: flaky\nTraceback ...",
+        },
+        {
+            "attempt": 2,
+            "worker": B,
+            "started_at": "2026-03-01T12:00:10Z",
+            "finished_at": "2026-03-01T12:00:10.500000Z",
+            "duration_seconds": 0.5,
+            "outcome": "succeeded",
+            "error": None,
+        },
+    ]
+    assert json_of(jobs("show", "id-invoice-42", "--store", store_url, "--json")) == by_key
+
+    people = jobs("show", "id-invoice-42", "--store", store_url)
+    assert people.exit_code == 0, people.output
+    lines = people.stdout.splitlines()
+    assert "key:         invoice-42" in lines
+    assert "state:       succeeded" in lines
+    rows = [line.split() for line in lines]
+    assert ["1", A, "2026-03-01T12:00:00Z", "2026-03-01T12:00:02Z", "2.0s", "retrying"] in [
+        row[:6] for row in rows
+    ]
+    assert ["2", B, "2026-03-01T12:00:10Z", "2026-03-01T12:00:10Z", "500ms", "succeeded", "-"] in [
+        row[:7] for row in rows
+    ]
+
+
+def test_show_a_job_never_claimed_and_a_running_one(ledger: Store, store_url: str) -> None:
+    ledger.record_published([job("waiting")], now=at(0))
+    ledger.claim(job("busy"), A, LEASE, now=at(1))
+
+    waiting = jobs("show", "waiting", "--store", store_url)
+    assert waiting.exit_code == 0, waiting.output
+    assert "state:       queued" in waiting.stdout
+    assert "executions: none (no worker has claimed it)" in waiting.stdout
+    assert json_of(jobs("show", "waiting", "--store", store_url, "--json"))["executions"] == []
+
+    (running,) = json_of(jobs("show", "busy", "--store", store_url, "--json"))["executions"]
+    assert (running["finished_at"], running["duration_seconds"], running["outcome"]) == (
+        None,
+        None,
+        None,
+    )
+    assert "running" in jobs("show", "busy", "--store", store_url).stdout
+
+
+def test_show_an_unknown_job_exits_1_with_a_hint(ledger: Store, store_url: str) -> None:
+    result = jobs("show", "nope", "--store", store_url, "--json")
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.startswith("error: no job with key or id 'nope' in the ledger")
+    assert "published with the ledger" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+# -- cancel ----------------------------------------------------------------------------
+
+
+def cancel(store_url: str, ref: str, code: int) -> dict[str, Any]:
+    document: dict[str, Any] = json_of(jobs("cancel", ref, "--store", store_url, "--json"), code)
+    return document
+
+
+def test_cancel_a_queued_a_scheduled_and_a_retrying_job(ledger: Store, store_url: str) -> None:
+    now = datetime.now(UTC)
+    ledger.record_published([job("queued")], now=now)
+    ledger.record_published([job("delayed", due_at=now + timedelta(hours=1))], now=now)
+    ledger.claim(job("retried"), A, LEASE, now=now)
+    ledger.retry("retried", A, "TimeoutError", due_at=now + timedelta(minutes=5), now=now)
+    assert ledger.get("delayed").status is Status.SCHEDULED  # type: ignore[union-attr]
+
+    people = jobs("cancel", "queued", "--store", store_url)
+    assert people.exit_code == 0, people.output
+    assert people.stdout.startswith("cancelled: job 'queued' (mail.send) will not run")
+    document = cancel(store_url, "id-delayed", 0)  # by job id
+    assert document["outcome"] == "cancelled"
+    assert document["job"]["idempotency_key"] == "delayed"
+    assert document["job"]["state"] == "cancelled"
+    assert document["job"]["due_at"] is None
+    assert cancel(store_url, "retried", 0)["outcome"] == "cancelled"
+
+    for key, attempt in [("queued", 1), ("delayed", 1), ("retried", 2)]:
+        record = ledger.get(key)
+        assert record is not None
+        assert record.status is Status.CANCELLED, key
+        claim = ledger.claim(job(key, attempt=attempt), B, LEASE)
+        assert claim.outcome is ClaimOutcome.CANCELLED, key  # a worker acks it unrun
+
+    again = jobs("cancel", "queued", "--store", store_url)
+    assert again.exit_code == 0, again.output
+    assert again.stdout.startswith("already cancelled: job 'queued'")
+    assert "nothing changed" in again.stdout
+    assert cancel(store_url, "delayed", 0)["outcome"] == "already-cancelled"
+
+
+def test_cancel_leaves_a_running_job_running_and_a_finished_one_finished(
+    ledger: Store, store_url: str
+) -> None:
+    ledger.claim(job("busy"), A, LEASE)
+    run_to(ledger, "done", "succeeded", 0)
+
+    people = jobs("cancel", "busy", "--store", store_url)
+    assert people.exit_code == 3, people.output
+    assert people.stdout.startswith(f"running: job 'busy' (mail.send) runs attempt 1 on {A}")
+    assert "not interrupted" in people.stdout
+    document = cancel(store_url, "busy", 3)
+    assert (document["outcome"], document["job"]["state"]) == ("running", "running")
+    record = ledger.get("busy")
+    assert record is not None
+    assert (record.status, record.worker) == (Status.RUNNING, A)
+    ledger.succeed("busy", A)  # the holder still records its outcome
+
+    finished = jobs("cancel", "done", "--store", store_url)
+    assert finished.exit_code == 3, finished.output
+    assert finished.stdout.startswith("finished: job 'done' (mail.send) is succeeded already")
+    assert cancel(store_url, "busy", 3)["outcome"] == "finished"
+
+
+def test_cancel_an_unknown_job_exits_1_with_a_hint(ledger: Store, store_url: str) -> None:
+    people = jobs("cancel", "nope", "--store", store_url)
+    assert people.exit_code == 1
+    assert people.stdout == ""
+    assert people.stderr.startswith("error: no job with key or id 'nope' in the ledger")
+    assert "published with the ledger" in people.stderr
+    assert cancel(store_url, "nope", 1) == {"outcome": "unknown", "job": None}
+
+
+# -- the store ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["list"], ["list", "--json"], ["show", "k"], ["cancel", "k"]])
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_a_missing_sqlite_ledger_is_refused_not_created(
+    tmp_path: Path, command: list[str], how: str
+) -> None:
+    path = tmp_path / "typo.db"
+    url = f"sqlite:///{path}"
+    if how == "option":
+        result = jobs(*command, "--store", url)
+    else:
+        result = jobs(*command, env={"BROKER_JOBS_STORE": url})
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"error: no ledger at {url!r}")
+    assert "--store" in result.stderr
+    assert "BROKER_JOBS_STORE" in result.stderr
+    assert not path.exists()
+    assert list(tmp_path.iterdir()) == []  # no -wal or -journal file either
+
+
+def test_a_store_error_is_one_line_with_the_password_masked() -> None:
+    url = "postgresql://app:s3cret@127.0.0.1:1/db?connect_timeout=2"
+    result = jobs("list", "--store", url)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: ")
+    assert len(result.stderr.splitlines()) == 1
+    assert "s3cret" not in result.output
+
+
+def test_every_command_has_help_with_an_example() -> None:
+    for command in ["list", "show", "cancel"]:
+        result = jobs(command, "-h")
+        assert result.exit_code == 0, result.output
+        assert "Example:" in result.output
+        assert "--store" in result.output
