@@ -23,12 +23,14 @@ import platform
 import secrets
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any, Protocol
 
 import aio_pika
@@ -39,6 +41,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from pydantic import BaseModel
 
 from broker_jobs import App, AsyncPublisher, JobRequest, Publisher, mask_url
+from broker_jobs.store import SQLiteStore, Store
 from broker_jobs.testing.rabbit_node import RabbitNode
 from topology import Topology, declare
 from topology import names as n
@@ -55,7 +58,17 @@ SYNC_BATCH = "sync batch"
 ASYNC_PIPELINED = "async pipelined"
 RAW_AIO_PIKA = "raw aio-pika pipelined"
 RAW_PIKA_SINGLE = "raw pika single"
-VARIANTS = (SYNC_SINGLE, SYNC_BATCH, ASYNC_PIPELINED, RAW_AIO_PIKA, RAW_PIKA_SINGLE)
+SYNC_SINGLE_LEDGER = "sync single + ledger"
+SYNC_BATCH_LEDGER = "sync batch + ledger"
+VARIANTS = (
+    SYNC_SINGLE,
+    SYNC_BATCH,
+    ASYNC_PIPELINED,
+    RAW_AIO_PIKA,
+    RAW_PIKA_SINGLE,
+    SYNC_SINGLE_LEDGER,
+    SYNC_BATCH_LEDGER,
+)
 
 
 @dataclass(frozen=True)
@@ -75,6 +88,12 @@ AIMS = (
     Aim(ASYNC_PIPELINED, RAW_AIO_PIKA, 0.8),
     Aim(SYNC_BATCH, RAW_AIO_PIKA, 0.5),
     Aim(SYNC_SINGLE, RAW_PIKA_SINGLE, 0.9),
+)
+#: What recording each confirmed job in an SQLite ledger (``ledger=``) costs: the
+#: rate with it over the rate without (no aim: reported for docs/store.md).
+LEDGER_COSTS = (
+    Aim(SYNC_SINGLE_LEDGER, SYNC_SINGLE, 0.0),
+    Aim(SYNC_BATCH_LEDGER, SYNC_BATCH, 0.0),
 )
 
 
@@ -252,12 +271,20 @@ def requests(count: int) -> list[JobRequest]:
 class SyncSingle:
     name = SYNC_SINGLE
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, ledger_dir: Path | None = None) -> None:
+        """``ledger_dir``: give the publisher a fresh SQLite ledger there per round
+        (the embedded default: one FULL-synchronous transaction per publish call)."""
         self._target = target
+        self._ledger_dir = ledger_dir
         self._publisher: Publisher | None = None
+        self._ledger: Store | None = None
 
     def open(self, count: int) -> None:
-        self._publisher = Publisher(self._target.url, self._target.app, connection_name="bench")
+        if self._ledger_dir is not None:
+            self._ledger = SQLiteStore(self._ledger_dir / f"ledger-{uuid.uuid4().hex}.db")
+        self._publisher = Publisher(
+            self._target.url, self._target.app, connection_name="bench", ledger=self._ledger
+        )
         self._publisher.publish(TASK, PAYLOAD)
 
     def publish(self, count: int) -> None:
@@ -269,6 +296,8 @@ class SyncSingle:
     def close(self) -> None:
         if self._publisher is not None:
             self._publisher.close()
+        if self._ledger is not None:
+            self._ledger.close()
 
 
 class SyncBatch(SyncSingle):
@@ -281,6 +310,14 @@ class SyncBatch(SyncSingle):
     def publish(self, count: int) -> None:
         assert self._publisher is not None
         self._publisher.publish_many(self._requests)
+
+
+class SyncSingleLedger(SyncSingle):
+    name = SYNC_SINGLE_LEDGER
+
+
+class SyncBatchLedger(SyncBatch):
+    name = SYNC_BATCH_LEDGER
 
 
 class AsyncPipelined:
@@ -373,13 +410,15 @@ class RawPikaSingle:
             self._connection.close()
 
 
-def make_variants(target: Target, runner: asyncio.Runner) -> list[Variant]:
+def make_variants(target: Target, runner: asyncio.Runner, directory: Path) -> list[Variant]:
     return [
         SyncSingle(target),
         SyncBatch(target),
         AsyncPipelined(target, runner),
         RawAioPika(target, runner),
         RawPikaSingle(target),
+        SyncSingleLedger(target, ledger_dir=directory),
+        SyncBatchLedger(target, ledger_dir=directory),
     ]
 
 
@@ -431,8 +470,8 @@ def round_order(variants: Sequence[Variant], round_index: int) -> list[Variant]:
 
 def run_rounds(options: Options, target: Target, admin: Admin) -> Results:
     results = Results()
-    with asyncio.Runner() as runner:
-        variants = make_variants(target, runner)
+    with asyncio.Runner() as runner, tempfile.TemporaryDirectory() as directory:
+        variants = make_variants(target, runner, Path(directory))
         for index in range(options.rounds):
             figures = []
             for variant in round_order(variants, index):
@@ -511,6 +550,10 @@ def print_aims(results: Results) -> None:
         spread = ", ".join(f"{r:.2f}" for r in results.round_ratios(aim))
         print(f"  {aim.label:<42} {ratio:5.2f}  (aim >= {aim.target})  {verdict}")
         print(f"  {'':<42} per round: {spread}")
+    print("Cost of the ledger (ledger=, SQLite): rate with it / rate without")
+    for cost in LEDGER_COSTS:
+        spread = ", ".join(f"{r:.2f}" for r in results.round_ratios(cost))
+        print(f"  {cost.label:<42} {results.ratio(cost):5.2f}  per round: {spread}")
 
 
 def summary(config: dict[str, Any], results: Results) -> dict[str, Any]:
@@ -525,6 +568,7 @@ def summary(config: dict[str, Any], results: Results) -> dict[str, Any]:
             aim.label: [round(r, 3) for r in results.round_ratios(aim)] for aim in AIMS
         },
         "aims_met": {aim.label: results.ratio(aim) >= aim.target for aim in AIMS},
+        "ledger_costs": {cost.label: round(results.ratio(cost), 3) for cost in LEDGER_COSTS},
         "warnings": results.warnings,
     }
 

@@ -76,6 +76,7 @@ class AsyncPublisher(PublisherBase):
             error = await self._send_one(prepared)
         if error is not None:
             raise error
+        await self._record_confirmed_async([prepared.job])
         return prepared.job
 
     async def publish_many(
@@ -112,6 +113,7 @@ class AsyncPublisher(PublisherBase):
         await batch.wait_below(1)
         if batch.fail_unsettled(to_send[sent:]):
             await self._drop_connection()  # its state is unknown now
+        await self._record_confirmed_async(outcome.confirmed_jobs())
         return outcome.settle()
 
     async def close(self) -> None:
@@ -133,6 +135,11 @@ class AsyncPublisher(PublisherBase):
         await self.close()
 
     # -- sending --------------------------------------------------------------------
+
+    async def _record_confirmed_async(self, jobs: list[Job]) -> None:
+        """The ledger's write (blocking: SQLite, psycopg) off the event loop."""
+        if self._ledger is not None:
+            await asyncio.to_thread(self._record_confirmed, jobs)
 
     async def _send_one(self, prepared: Prepared) -> BrokerJobsError | None:
         job = prepared.job

@@ -69,7 +69,10 @@ store_option = click.option(
     envvar="BROKER_JOBS_STORE",
     default=DEFAULT_STORE,
     show_default=True,
-    help="Idempotency store: sqlite:///path.db, postgresql://..., memory://.",
+    show_envvar=True,
+    metavar="STORE_URL",
+    help="The ledger (idempotency store) the workers share: sqlite:///path.db,"
+    " postgresql://..., memory:// (tests only).",
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from datetime import datetime
@@ -13,6 +14,7 @@ from broker_jobs.app_loader import load_app
 from broker_jobs.cli_options import url_option
 from broker_jobs.errors import BrokerJobsError, ConfigurationError, UnroutableError
 from broker_jobs.publisher import Publisher
+from broker_jobs.store import Store, open_store
 from broker_jobs.urls import BrokerURLs
 from topology.names import DEFAULT_NAMESPACE
 
@@ -44,6 +46,14 @@ from topology.names import DEFAULT_NAMESPACE
     help="With --app: declare nothing (the topology is operator-managed). Without --app"
     " nothing is declared anyway.",
 )
+@click.option(
+    "--ledger",
+    "ledger_url",
+    metavar="STORE_URL",
+    help="Record the job as queued (or scheduled) in this store, the workers' --store,"
+    " once confirmed: `broker-jobs jobs` then lists it and can cancel it before it runs."
+    " Without it the ledger knows the job from its first claim.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the job as one JSON object.")
 @click.argument("task")
 @click.argument("payload", default="{}")
@@ -55,6 +65,7 @@ def publish_command(  # noqa: PLR0917 - click passes every option positionally
     delay: float | None,
     eta: str | None,
     no_declare: bool,
+    ledger_url: str | None,
     as_json: bool,
     task: str,
     payload: str,
@@ -70,11 +81,13 @@ def publish_command(  # noqa: PLR0917 - click passes every option positionally
     data = _payload(payload)
     used = namespace or DEFAULT_NAMESPACE
     try:
-        publisher, used = _publisher(url, app_path, namespace, no_declare)
-        with publisher:
-            job = publisher.publish(
-                task, data, idempotency_key=idempotency_key, delay=delay, eta=_eta(eta)
-            )
+        with contextlib.ExitStack() as stack:
+            ledger = stack.enter_context(open_store(ledger_url)) if ledger_url else None
+            publisher, used = _publisher(url, app_path, namespace, no_declare, ledger)
+            with publisher:
+                job = publisher.publish(
+                    task, data, idempotency_key=idempotency_key, delay=delay, eta=_eta(eta)
+                )
     except UnroutableError as error:
         click.echo(
             f"error: {error} (namespace {used!r}: if the task lives in another one, pass"
@@ -92,21 +105,25 @@ def publish_command(  # noqa: PLR0917 - click passes every option positionally
 
 
 def _publisher(
-    url: BrokerURLs, app_path: str | None, namespace: str | None, no_declare: bool
+    url: BrokerURLs,
+    app_path: str | None,
+    namespace: str | None,
+    no_declare: bool,
+    ledger: Store | None,
 ) -> tuple[Publisher, str]:
     """The publisher and its namespace. With an app: typed, in its namespace,
     declaring its topology unless told not to. Without: untyped, declaring nothing
     (a typo in a task or a namespace must not leave exchanges behind)."""
     if app_path is None:
         namespace = namespace or DEFAULT_NAMESPACE
-        return Publisher(url, namespace=namespace, declare=False), namespace
+        return Publisher(url, namespace=namespace, declare=False, ledger=ledger), namespace
     app = load_app(app_path)
     if namespace is not None and namespace != app.namespace:
         raise ConfigurationError(
             f"--namespace {namespace!r} contradicts the app's namespace {app.namespace!r}:"
             " leave --namespace out with --app"
         )
-    return Publisher(url, app, declare=not no_declare), app.namespace
+    return Publisher(url, app, declare=not no_declare, ledger=ledger), app.namespace
 
 
 def _payload(text: str) -> dict[str, Any]:

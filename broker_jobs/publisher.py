@@ -87,6 +87,7 @@ class Publisher(PublisherBase):
                 error = self._send([prepared], None).failed.get(job_id)
         if error is not None:
             raise error
+        self._record_confirmed([prepared.job])
         return prepared.job
 
     def publish_many(
@@ -104,7 +105,9 @@ class Publisher(PublisherBase):
         prepared = [self._factory.build_request(request) for request in requests]
         check_unique_ids([item.job for item in prepared])
         with self._lock:
-            return self._send(prepared, on_confirmed).settle()
+            outcome = self._send(prepared, on_confirmed)
+        self._record_confirmed(outcome.confirmed_jobs())
+        return outcome.settle()
 
     def close(self) -> None:
         with self._lock:

@@ -29,6 +29,8 @@ from broker_jobs.errors import (
     UnroutableError,
     describe_validation_error,
 )
+from broker_jobs.published_ledger import PublishedLedger
+from broker_jobs.store.base import Store
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs
 from topology import DEFAULT_NAMESPACE, InvalidNameError, Names, Topology, namespace_topology
 
@@ -105,13 +107,16 @@ class PublisherBase:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         declare: bool = True,
         connection_name: str | None = None,
+        ledger: Store | None = None,
     ) -> None:
         """``url``: the broker's AMQP URL, or the URLs of its nodes (a sequence, or
         separated by commas): the publisher connects to the first that answers and,
         after losing a connection, tries the other nodes first. ``app`` types and
         validates payloads (or pass ``namespace`` to publish plain dicts by task
         name); ``declare=False`` leaves the topology to the operator;
-        ``connection_name`` shows in the broker's connection list."""
+        ``connection_name`` shows in the broker's connection list; ``ledger``, the
+        store the workers use, records each confirmed job as queued or scheduled, so
+        it can be listed and cancelled before it starts (``docs/store.md``)."""
         self._urls = BrokerURLs.parse(url)
         #: The node of the current connection, or of the last one (lost or closed):
         #: the next connection tries the others first.
@@ -125,6 +130,7 @@ class PublisherBase:
         )
         self._ladder_ready = False  # declared (or, with declare=False, assumed) on this connection
         self._routable_tasks: set[str] = set()  # tasks known to have a queue
+        self._ledger = PublishedLedger(ledger) if ledger is not None else None
         self._init_connection_state()
 
     def _init_connection_state(self) -> None:
@@ -168,6 +174,11 @@ class PublisherBase:
             timeout=self._settings.connect_timeout,
             connection_name=f"{self._settings.connection_name} (declare)",
         )
+
+    def _record_confirmed(self, jobs: Sequence[Job]) -> None:
+        """Tell the ledger (if given) of ``jobs``, all confirmed; blocking."""
+        if self._ledger is not None:
+            self._ledger.record(jobs)
 
     def _node_name(self) -> str:
         """The node connected to (masked), or every node before the first connection."""
@@ -294,6 +305,9 @@ class BatchOutcome:
     jobs: Sequence[Job]
     confirmed: set[str] = field(default_factory=set)
     failed: dict[str, BrokerJobsError] = field(default_factory=dict)
+
+    def confirmed_jobs(self) -> list[Job]:
+        return [job for job in self.jobs if job.id in self.confirmed]
 
     def settle(self) -> list[Job]:
         """Return the jobs if all were confirmed, else raise :class:`PublishBatchError`."""

@@ -24,6 +24,10 @@ from broker_jobs.testing.postgres_node import PostgresNode
 from broker_jobs.testing.rabbit_cluster import RabbitCluster
 from broker_jobs.testing.rabbit_node import RabbitNode
 from tests.support import AnyPublisher, AsyncFacade, Broker, docker_answers, unavailable
+
+# The three stores under one parametrised fixture (``kit``, ``store``), for every test
+# module that takes part with a store.
+from tests.test_store import kit, make_store, pg_schema, store  # noqa: F401
 from topology import Topology
 
 URL_VARIABLE = "BROKER_JOBS_TEST_AMQP_URL"

@@ -48,7 +48,7 @@ from broker_jobs.store.base import Claim, ClaimOutcome
 from broker_jobs.worker.acks import ChannelAcks
 from broker_jobs.worker.delivery import Delivery, decode_for_queue, delivered_wire_message
 from broker_jobs.worker.execution import TimeLimitExceeded
-from broker_jobs.worker.protocol import Runner, log_duplicate
+from broker_jobs.worker.protocol import Runner, skipped
 from topology import names as n
 
 log = logging.getLogger(__name__)
@@ -244,13 +244,14 @@ class FastPath:
                 outcome = runner.run_when_free(item.message, item.job, item.spec, item.payload)
                 runner.spawn(item.message, item.task, outcome)
                 self._release(item)
-            else:  # done already, or an older attempt: a duplicate
-                log_duplicate(item.job, claim)
-                self._spawn(self._ack_duplicate(item))
+            else:  # a duplicate (done already, an older attempt) or cancelled
+                skip = skipped(item.job, claim)
+                assert skip is not None  # claimed and busy are handled above
+                self._spawn(self._ack_skipped(item, skip))
 
-    async def _ack_duplicate(self, item: _Item) -> None:
+    async def _ack_skipped(self, item: _Item, outcome: str) -> None:
         try:
-            await self._runner.ack(item.message, item.task, "duplicate")
+            await self._runner.ack(item.message, item.task, outcome)
         finally:
             self._release(item)  # only now: a stopping worker waits for the ack
 

@@ -75,18 +75,29 @@ class Outcomes:
         self.counts[outcome] += 1
 
 
-def log_duplicate(job: Job, claim: Claim) -> None:
-    """A skipped job says so (a silent skip must never look like a success)."""
+def skipped(job: Job, claim: Claim) -> str | None:
+    """The outcome of a delivery whose claim says not to run it ("duplicate": done
+    already or an older attempt; "cancelled"), logged at INFO with the job and the
+    ledger's record, so a silent skip never looks like a success; None when the claim
+    does not skip it (claimed, or busy elsewhere). Both paths of the worker ask here."""
+    if claim.outcome in (ClaimOutcome.DONE, ClaimOutcome.STALE):
+        outcome, why = "duplicate", "the ledger has it"
+    elif claim.outcome is ClaimOutcome.CANCELLED:
+        outcome, why = "cancelled", "it was cancelled: the ledger has it"
+    else:
+        return None
     record = claim.record
     log.info(
-        "job %s (key %s, attempt %d) not run: the ledger has it %s (job %s, attempt %d)",
+        "job %s (key %s, attempt %d) not run: %s %s (job %s, attempt %d)",
         job.id,
         job.idempotency_key,
         job.attempt,
+        why,
         record.status.value,
         record.job_id,
         record.attempts,
     )
+    return outcome
 
 
 class Runner:
@@ -333,9 +344,9 @@ class Runner:
         holder = self.next_holder()
         death = await self._crash_loop(message, job, spec)
         claim = await self.in_store(store.claim, job, holder, settings.lease)
-        if claim.outcome in (ClaimOutcome.DONE, ClaimOutcome.STALE):
-            log_duplicate(job, claim)
-            return "duplicate"
+        skip = skipped(job, claim)
+        if skip is not None:
+            return skip
         if claim.outcome is ClaimOutcome.BUSY:
             return "busy"
         if spec.handler is None:

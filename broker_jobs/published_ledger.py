@@ -1,0 +1,57 @@
+"""Jobs known to the ledger from their publish on (``Publisher(..., ledger=store)``).
+
+Once the broker confirmed a batch, its jobs are recorded as ``queued`` (or
+``scheduled``, with their due time) in one store call: a job can then be listed,
+watched and cancelled before a worker claims it. Without a ledger a job is known
+from its first claim.
+
+The broker holds the job either way, so a store that fails after the confirm loses
+nothing: the publish still succeeds, one WARNING says the job was not recorded, and
+the ledger learns of the job at its first claim. A key that already has a record
+keeps it (a worker may have claimed the job before the publisher recorded it); one
+that already finished is reported, because its job will be skipped as a duplicate.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from broker_jobs.envelope import Job
+from broker_jobs.errors import BrokerJobsError
+from broker_jobs.store.base import TERMINAL, Store
+
+log = logging.getLogger("broker_jobs.publisher")
+
+
+class PublishedLedger:
+    """Records confirmed jobs in a store; see the module docstring."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def record(self, jobs: Sequence[Job]) -> None:
+        """Record ``jobs`` (all confirmed) as queued or scheduled; never raises for
+        a store failure (logged instead: the jobs are safe in the broker)."""
+        if not jobs:
+            return
+        try:
+            existing = self.store.record_published(jobs)
+        except (BrokerJobsError, OSError) as error:
+            log.warning(
+                "%d confirmed job(s) not recorded in the ledger (they will run; the"
+                " ledger knows them from their first claim): %s",
+                len(jobs),
+                error,
+            )
+            return
+        for job, record in zip(jobs, existing, strict=True):
+            if record is not None and record.status in TERMINAL:
+                log.warning(
+                    "job %s will not run: its key %r is %s in the ledger (job %s); give"
+                    " a new key, or replay a dead job with `broker-jobs dlq replay`",
+                    job.id,
+                    job.idempotency_key,
+                    record.status.value,
+                    record.job_id,
+                )
