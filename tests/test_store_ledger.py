@@ -89,6 +89,18 @@ def test_a_key_published_again_keeps_its_record_and_returns_it(store: Store) -> 
     assert keys(store.find()) == ["k2", "key-1"]
 
 
+def test_a_batch_with_a_key_twice_records_it_once(store: Store) -> None:
+    assert store.record_published([], now=at(0)) == []
+    first, second = published("twice"), published("twice", due=at(60))
+
+    existing = store.record_published([first, published("k2"), second], now=at(0))
+
+    recorded = store.get("twice")
+    assert recorded is not None
+    assert recorded.status is Status.QUEUED  # the first copy's
+    assert existing == [None, None, recorded]  # the second copy finds the first's record
+
+
 def _claimed(store: Store) -> None:
     store.claim(job(), A, LEASE, now=at(0))
 
@@ -540,6 +552,18 @@ def test_task_summaries_use_the_clock_by_default(store: Store) -> None:
     assert (only.succeeded_last_minute, only.succeeded_last_hour) == (1, 1)
     assert only.p50 is not None
     assert only.p50 >= timedelta(0)
+
+
+def test_sqlite_percentiles_come_from_the_newest_executions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_module, "MAX_SUMMARY_DURATIONS", 2)
+    with SQLiteStore(tmp_path / "jobs.db") as sqlite_store:
+        for key, start, end in [("slow", 6800, 6900), ("k1", 7000, 7001), ("k2", 7010, 7013)]:
+            _run(sqlite_store, key, start, end, "succeed", "t")  # the slowest finished first
+        (only,) = sqlite_store.task_summaries(now=NOW).values()
+    assert only.succeeded_last_hour == 3  # the counts are of them all
+    assert (only.p50, only.p99) == (timedelta(seconds=2), timedelta(seconds=2.98))
 
 
 # --- pruning ------------------------------------------------------------------------------------
