@@ -1,7 +1,9 @@
 """``broker-jobs beat``: run a beat process, or show the beat's state.
 
-    broker-jobs beat MODULE:APP [--schedules FILE.toml ...]     run one beat
-    broker-jobs beat status MODULE:APP [--schedules FILE.toml]  leader, last and next fires
+    broker-jobs beat --app MODULE:APP [--schedules FILE.toml ...]     run one beat
+    broker-jobs beat status --app MODULE:APP [--schedules FILE.toml]  leader, last and next fires
+
+The app may also be given as the first argument, as before (``beat MODULE:APP``).
 
 Run several beats for availability: one leads and emits, the others wait.
 """
@@ -18,7 +20,15 @@ import click
 
 from broker_jobs.app import App
 from broker_jobs.app_loader import load_app
-from broker_jobs.cli_options import configure_logging, store_option, url_option
+from broker_jobs.cli_options import (
+    app_argument,
+    app_option,
+    chosen_app,
+    configure_logging,
+    store_option,
+    url_option,
+)
+from broker_jobs.cli_output import echo_json, iso, json_option, when
 from broker_jobs.envelope import utc_now
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.store.base import Store
@@ -56,15 +66,16 @@ def beat_group() -> None:
 
     \b
     Examples:
-      broker-jobs beat myproject.tasks:app
-      broker-jobs beat myproject.tasks:app --url amqp://u:p@mq1/,amqp://u:p@mq2/
-      broker-jobs beat status myproject.tasks:app
+      broker-jobs beat --app myproject.tasks:app
+      broker-jobs beat --app myproject.tasks:app --url amqp://u:p@mq1/,amqp://u:p@mq2/
+      broker-jobs beat status --app myproject.tasks:app --json
     """
 
 
 @beat_group.command("run")
 @url_option
-@click.argument("app_path", metavar="MODULE:APP")
+@app_argument
+@app_option
 @schedules_option
 @store_option
 @click.option(
@@ -79,14 +90,16 @@ def beat_group() -> None:
 )
 def run_command(  # noqa: PLR0917 - click passes every option positionally
     url: BrokerURLs,
-    app_path: str,
+    app_argument: str | None,
+    app_option: str | None,
     schedule_files: tuple[Path, ...],
     store_url: str,
     heartbeat: int,
     identity: str | None,
     no_declare: bool,
 ) -> None:
-    """Run one beat process for MODULE:APP's schedules (the default subcommand)."""
+    """Run one beat process for the app's schedules (the default subcommand)."""
+    app_path = chosen_app(app_option, app_argument)
     configure_logging()
     try:
         app = load_app(app_path)
@@ -108,20 +121,68 @@ async def _run(
 
 
 @beat_group.command("status")
-@click.argument("app_path", metavar="MODULE:APP")
+@app_argument
+@app_option
 @schedules_option
 @store_option
-def status_command(app_path: str, schedule_files: tuple[Path, ...], store_url: str) -> None:
-    """Show the leader (as it last announced itself) and each schedule's last and next fire."""
+@json_option
+def status_command(
+    app_argument: str | None,
+    app_option: str | None,
+    schedule_files: tuple[Path, ...],
+    store_url: str,
+    as_json: bool,
+) -> None:
+    """Show the leader (as it last announced itself) and each schedule's last and next
+    fire. Read-only: an SQLite ledger that does not exist is an error."""
+    app_path = chosen_app(app_option, app_argument)
     try:
         app = load_app(app_path)
         schedules = load_schedules(app, schedule_files)
         with open_store(store_url, must_exist=True) as store:
-            lines = status_lines(app, schedules, store, utc_now())
+            now = utc_now()
+            if as_json:
+                echo_json(status_document(app, schedules, store, now))
+                return
+            lines = status_lines(app, schedules, store, now)
     except BrokerJobsError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
     click.echo("\n".join(lines))
+
+
+def status_document(
+    app: App, schedules: Sequence[Schedule], store: Store, now: datetime
+) -> dict[str, object]:
+    """What ``beat status --json`` prints: the leader as last announced (``stale``:
+    not heard of for three announce periods) and each schedule."""
+    leader = store.leader(app.namespace)
+    return {
+        "namespace": app.namespace,
+        "leader": None
+        if leader is None
+        else {
+            "identity": leader.identity,
+            "since": iso(leader.since),
+            "seen_at": iso(leader.seen_at),
+            "stale": _stale(leader.seen_at, now),
+        },
+        "schedules": [
+            {
+                "name": schedule.name,
+                "task": schedule.task,
+                "when": str(schedule.timing),
+                "catch_up": schedule.catch_up.value,
+                "last_fire": iso(store.last_fire(fire_key(app.namespace, schedule.name))),
+                "next_fire": iso(schedule.timing.next_fire(now)),
+            }
+            for schedule in schedules
+        ],
+    }
+
+
+def _stale(seen_at: datetime, now: datetime) -> bool:
+    return (now - seen_at).total_seconds() > STALE_AFTER_ANNOUNCES * ANNOUNCE_EVERY
 
 
 def status_lines(app: App, schedules: Sequence[Schedule], store: Store, now: datetime) -> list[str]:
@@ -131,9 +192,9 @@ def status_lines(app: App, schedules: Sequence[Schedule], store: Store, now: dat
         lines = ["leader: none has led yet"]
     else:
         age = (now - leader.seen_at).total_seconds()
-        stale = age > STALE_AFTER_ANNOUNCES * ANNOUNCE_EVERY
+        stale = _stale(leader.seen_at, now)
         lines = [
-            f"leader: {leader.identity} since {_when(leader.since)},"
+            f"leader: {leader.identity} since {when(leader.since)},"
             f" last seen {age:.0f} s ago{' (stale: no beat leads now?)' if stale else ''}"
         ]
     lines.append(
@@ -144,12 +205,6 @@ def status_lines(app: App, schedules: Sequence[Schedule], store: Store, now: dat
         upcoming = schedule.timing.next_fire(now)
         lines.append(
             f"{schedule.name:<20} {schedule.task:<20} {schedule.timing!s:<28}"
-            f" {schedule.catch_up.value:<8} {_when(last):<20} {_when(upcoming)}"
+            f" {schedule.catch_up.value:<8} {when(last):<20} {when(upcoming)}"
         )
     return lines
-
-
-def _when(moment: datetime | None) -> str:
-    if moment is None:
-        return "-"
-    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")

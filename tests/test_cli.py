@@ -205,6 +205,44 @@ def test_beat_status_shows_the_leader_and_each_schedules_fires(tmp_path: Path) -
     assert "2026-11-29T13:00:00Z" in row
 
 
+def test_beat_status_takes_the_app_as_an_option_and_prints_json(tmp_path: Path) -> None:
+    from tests.beat_app import app  # noqa: PLC0415 - the module the command imports too
+
+    schedules = tmp_path / "beat.toml"
+    schedules.write_text('[[schedule]]\nname = "hourly"\ntask = "beat.tick"\ncron = "0 * * * *"\n')
+    last = datetime(2026, 11, 29, 13, 0, tzinfo=UTC)
+    with SQLiteStore(tmp_path / "beat.db") as store:
+        store.record_fire(fire_key(app.namespace, "hourly"), last)
+        store.record_leader(app.namespace, "host-a:42", last - timedelta(minutes=5), now=last)
+    result = CliRunner().invoke(
+        main,
+        [
+            "beat", "status", "--app", "tests.beat_app:app", "--json",
+            "--schedules", str(schedules), "--store", f"sqlite:///{tmp_path / 'beat.db'}",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["namespace"] == app.namespace
+    assert document["leader"] == {
+        "identity": "host-a:42",
+        "since": "2026-11-29T12:55:00Z",
+        "seen_at": "2026-11-29T13:00:00Z",
+        "stale": True,  # last seen long before the command ran
+    }
+    hourly = next(s for s in document["schedules"] if s["name"] == "hourly")
+    assert (hourly["task"], hourly["catch_up"], hourly["last_fire"]) == (
+        "beat.tick",
+        "all",  # the default policy
+        "2026-11-29T13:00:00Z",
+    )
+    assert datetime.fromisoformat(hourly["next_fire"]) > datetime.now(UTC)
+
+    both = CliRunner().invoke(main, ["beat", "status", "tests.beat_app:app", "--app", "x:y"])
+    assert both.exit_code == 2
+    assert "two apps given" in both.output
+
+
 def test_beat_status_refuses_a_ledger_that_does_not_exist(tmp_path: Path) -> None:
     missing = tmp_path / "typo.db"
     result = CliRunner().invoke(
