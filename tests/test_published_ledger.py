@@ -25,6 +25,7 @@ from broker_jobs.store.base import CancelOutcome, Status, Store
 from broker_jobs.worker import Worker, WorkerSettings
 from tests.support import AnyPublisher, Broker, wait_until
 from tests.test_store import Kit
+from tests.test_worker import Effects
 from topology import declare
 
 pytestmark = pytest.mark.broker
@@ -34,33 +35,20 @@ class Note(BaseModel):
     text: str
 
 
-class Runs:
-    """How often each job's handler ran (handlers run in threads)."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-        self._lock = threading.Lock()
-
-    def add(self, text: str) -> int:
-        with self._lock:
-            self.counts[text] += 1
-            return self.counts[text]
+@pytest.fixture
+def runs() -> Effects:
+    return Effects()
 
 
 @pytest.fixture
-def runs() -> Runs:
-    return Runs()
-
-
-@pytest.fixture
-def app(make_app: Callable[[], App], runs: Runs) -> App:
+def app(make_app: Callable[[], App], runs: Effects) -> App:
     app = make_app()
     # A retry waits 1.5 s in the ladder: long enough for the test to cancel it.
     slow_retry = RetryPolicy(max_attempts=3, base_delay=1.5, max_delay=1.5, jitter=False)
 
     @app.task("notes.write", retry=slow_retry)
     def write(payload: Note) -> None:
-        if runs.add(payload.text) == 1 and payload.text.startswith("flaky"):
+        if runs.record(payload.text) == 1 and payload.text.startswith("flaky"):
             raise ConnectionError("the first run fails")
 
     return app
@@ -102,13 +90,13 @@ def test_a_publisher_given_the_ledger_records_queued_and_scheduled_jobs(
 
 
 def test_queued_jobs_run_once_and_their_records_finish_with_one_execution(
-    broker: Broker, app: App, kit: Kit, runs: Runs, make_publisher: Callable[..., AnyPublisher]
+    broker: Broker, app: App, kit: Kit, runs: Effects, make_publisher: Callable[..., AnyPublisher]
 ) -> None:
     publisher = make_publisher(app, ledger=kit.store)
     jobs = publisher.publish_many([JobRequest("notes.write", {"text": f"q{n}"}) for n in range(5)])
     outcomes = run_worker(broker, app, kit.store)
     assert outcomes["succeeded"] == 5
-    assert runs.counts == Counter({f"q{n}": 1 for n in range(5)})
+    assert runs.runs == Counter({f"q{n}": 1 for n in range(5)})
     for job in jobs:
         record = kit.store.get(job.idempotency_key)
         assert record is not None
@@ -118,7 +106,7 @@ def test_queued_jobs_run_once_and_their_records_finish_with_one_execution(
 
 
 def test_cancelled_queued_and_delayed_jobs_are_acked_without_running(
-    broker: Broker, app: App, kit: Kit, runs: Runs, make_publisher: Callable[..., AnyPublisher]
+    broker: Broker, app: App, kit: Kit, runs: Effects, make_publisher: Callable[..., AnyPublisher]
 ) -> None:
     store = kit.store
     publisher = make_publisher(app, ledger=store)
@@ -130,7 +118,7 @@ def test_cancelled_queued_and_delayed_jobs_are_acked_without_running(
 
     outcomes = run_worker(broker, app, store)  # burst: waits for the ladder too
     assert (outcomes["cancelled"], outcomes["succeeded"]) == (2, 1)
-    assert runs.counts == Counter({"kept": 1})
+    assert runs.runs == Counter({"kept": 1})
     for job in (queued, delayed):
         record = store.get(job.idempotency_key)
         assert record is not None
@@ -139,7 +127,7 @@ def test_cancelled_queued_and_delayed_jobs_are_acked_without_running(
 
 
 def test_a_retrying_job_cancelled_between_attempts_is_not_run_again(
-    broker: Broker, app: App, kit: Kit, runs: Runs, make_publisher: Callable[..., AnyPublisher]
+    broker: Broker, app: App, kit: Kit, runs: Effects, make_publisher: Callable[..., AnyPublisher]
 ) -> None:
     store = kit.store
     job = make_publisher(app).publish("notes.write", Note(text="flaky"))
@@ -159,7 +147,7 @@ def test_a_retrying_job_cancelled_between_attempts_is_not_run_again(
     assert not worker.is_alive()
     (outcomes,) = counts
     assert (outcomes["retried"], outcomes["cancelled"], outcomes["succeeded"]) == (1, 1, 0)
-    assert runs.counts == Counter({"flaky": 1})
+    assert runs.runs == Counter({"flaky": 1})
     record = store.get(job.idempotency_key)
     assert record is not None
     assert record.status is Status.CANCELLED
@@ -210,7 +198,7 @@ def test_a_ledger_failing_after_the_confirm_loses_nothing(
     broker: Broker,
     app: App,
     tmp_path: Path,
-    runs: Runs,
+    runs: Effects,
     make_publisher: Callable[..., AnyPublisher],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -221,7 +209,7 @@ def test_a_ledger_failing_after_the_confirm_loses_nothing(
         assert any("not recorded in the ledger" in r.getMessage() for r in caplog.records)
         assert broken.get(job.idempotency_key) is None
         assert run_worker(broker, app, broken)["succeeded"] == 1  # it ran all the same
-        assert runs.counts == Counter({"safe": 1})
+        assert runs.runs == Counter({"safe": 1})
     finally:
         broken.close()
 
