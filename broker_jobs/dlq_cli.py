@@ -1,0 +1,514 @@
+"""``broker-jobs dlq``: list, show, replay and purge dead letters.
+
+    broker-jobs dlq list    --app MODULE:APP [--task T] [filters] [--json]
+    broker-jobs dlq show    --app MODULE:APP JOB_ID_OR_KEY [--json]
+    broker-jobs dlq replay  --app MODULE:APP [filters] [--limit N] --store URL [--json]
+    broker-jobs dlq purge   --app MODULE:APP [filters] [--yes]
+
+The work is done by :mod:`broker_jobs.dead_letter_queue`; this module parses options
+and prints. Errors are one line, ``error: ...`` on stderr (passwords masked), exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any, NoReturn, TypeVar
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+
+from broker_jobs.app_loader import load_app
+from broker_jobs.cli_options import app_option, store_option, url_option
+from broker_jobs.dead_letter_queue import (
+    BROKER_DELIVERY_LIMIT,
+    DeadLetter,
+    DeadLetterFilter,
+    DeadLetterQueues,
+    LedgerAction,
+    ReplayProgress,
+    ReplaySummary,
+)
+from broker_jobs.envelope import utc_now
+from broker_jobs.errors import BrokerJobsError, ConfigurationError
+from broker_jobs.store.base import Store, mask_dsn
+from broker_jobs.store.urls import open_store
+from broker_jobs.urls import BrokerURLs, mask_text
+from topology.names import (
+    DEAD_REASONS,
+    DEFAULT_NAMESPACE,
+    HEADER_DEAD_TRACEBACK,
+    InvalidNameError,
+    Names,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+#: Characters of an error shown in a table cell (``show`` prints it whole).
+ERROR_CELL = 60
+_AGO = re.compile(r"^(\d+)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+@click.group("dlq")
+def dlq_group() -> None:
+    """List, show, replay and purge dead letters (<namespace>.dead.<task> queues).
+
+    \b
+    Examples:
+      broker-jobs dlq list --app myproject.tasks:app --reason exhausted
+      broker-jobs dlq show --app myproject.tasks:app 0192f7c4-...
+      broker-jobs dlq replay --app myproject.tasks:app --task mail.send --store "$STORE"
+      broker-jobs dlq purge --namespace jobs --task mail.send --until 7d --yes
+    """
+
+
+# -- options --------------------------------------------------------------------------
+
+
+def _queue_options(function: F) -> F:
+    """Which dead-letter queues: --app (all its tasks, or --task) or --namespace --task."""
+    function = click.option(
+        "--task",
+        "tasks",
+        multiple=True,
+        metavar="TASK",
+        help="A task whose dead letters to take (repeatable). Default with --app: every"
+        " task of the app; required with --namespace.",
+    )(function)
+    function = click.option(
+        "--namespace",
+        help=f"The namespace, without --app (default {DEFAULT_NAMESPACE!r}); needs --task.",
+    )(function)
+    return url_option(app_option(function))
+
+
+def _filter_options(function: F) -> F:
+    function = click.option(
+        "--limit", type=click.IntRange(min=1), help="Take at most this many dead letters."
+    )(function)
+    function = click.option(
+        "--until",
+        metavar="TIME",
+        help="Dead before TIME: ISO 8601 with a zone, or an age such as 30m, 2h, 7d.",
+    )(function)
+    function = click.option(
+        "--since",
+        metavar="TIME",
+        help="Dead at or after TIME: ISO 8601 with a zone, or an age such as 30m, 2h, 7d.",
+    )(function)
+    function = click.option(
+        "--error",
+        "error_text",
+        metavar="TEXT",
+        help="Only dead letters whose error contains TEXT (any case).",
+    )(function)
+    return click.option(
+        "--reason",
+        "reasons",
+        multiple=True,
+        type=click.Choice([*DEAD_REASONS, BROKER_DELIVERY_LIMIT]),
+        help="Only dead letters with this reason (repeatable; docs/wire-format.md).",
+    )(function)
+
+
+def _json_option(function: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")(
+        function
+    )
+
+
+#: list and show read a ledger only when given one: they never need it.
+_optional_store_option = click.option(
+    "--store",
+    "store_url",
+    envvar="BROKER_JOBS_STORE",
+    help="The workers' store, to show each job's ledger status ($BROKER_JOBS_STORE)."
+    " Never created: an SQLite file must exist.",
+)
+
+
+# -- commands -------------------------------------------------------------------------
+
+
+@dlq_group.command("list")
+@_queue_options
+@_filter_options
+@_optional_store_option
+@_json_option
+def list_command(  # noqa: PLR0917 - click passes every option positionally
+    url: BrokerURLs,
+    app_option: str | None,
+    namespace: str | None,
+    tasks: tuple[str, ...],
+    reasons: tuple[str, ...],
+    error_text: str | None,
+    since: str | None,
+    until: str | None,
+    limit: int | None,
+    store_url: str | None,
+    as_json: bool,
+) -> None:
+    """List dead letters, oldest first; they stay in their queues, in order."""
+    where = _filter(reasons, error_text, since, until)
+    with _errors():
+        names, chosen = _queues(app_option, namespace, tasks)
+        with DeadLetterQueues(url, names, chosen, connection_name="broker-jobs dlq list") as dlq:
+            depths = dlq.depths()
+            letters = dlq.list(where, limit=limit)
+        statuses = _ledger_statuses(store_url, letters)
+    if as_json:
+        click.echo(json.dumps([_with_ledger(letter, statuses) for letter in letters], indent=2))
+        return
+    if letters:
+        Console().print(_table(letters, statuses, several_tasks=len(chosen) > 1))
+    total = sum(depths.values())
+    click.echo(
+        f"{len(letters)} dead letter(s) shown of {total} in {_queue_list(names, chosen)}"
+        + ("" if where.is_empty else " (filtered)")
+    )
+
+
+@dlq_group.command("show")
+@_queue_options
+@_optional_store_option
+@_json_option
+@click.argument("ref", metavar="JOB_ID_OR_KEY")
+def show_command(  # noqa: PLR0917 - click passes every option positionally
+    url: BrokerURLs,
+    app_option: str | None,
+    namespace: str | None,
+    tasks: tuple[str, ...],
+    store_url: str | None,
+    as_json: bool,
+    ref: str,
+) -> None:
+    """Show one dead letter in full: headers, error, traceback, payload."""
+    with _errors():
+        names, chosen = _queues(app_option, namespace, tasks)
+        with DeadLetterQueues(url, names, chosen, connection_name="broker-jobs dlq show") as dlq:
+            found = dlq.find(ref)
+        if not found:
+            raise BrokerJobsError(
+                f"no dead letter has job id or idempotency key {ref!r} in"
+                f" {_queue_list(names, chosen)}: check the id (`broker-jobs dlq list`) and"
+                " the --app, --namespace or --task"
+            )
+        statuses = _ledger_statuses(store_url, found[:1])
+    letter = found[0]
+    if as_json:
+        click.echo(json.dumps(_with_ledger(letter, statuses), indent=2))
+    else:
+        _echo_letter(letter, statuses)
+    if len(found) > 1:
+        click.echo(
+            f"note: {len(found)} dead letters have this id or key; this is the first in"
+            " its queue (`broker-jobs dlq list --json` shows all)",
+            err=True,
+        )
+
+
+@dlq_group.command("replay")
+@_queue_options
+@_filter_options
+@store_option
+@_json_option
+def replay_command(  # noqa: PLR0917 - click passes every option positionally
+    url: BrokerURLs,
+    app_option: str | None,
+    namespace: str | None,
+    tasks: tuple[str, ...],
+    reasons: tuple[str, ...],
+    error_text: str | None,
+    since: str | None,
+    until: str | None,
+    limit: int | None,
+    store_url: str,
+    as_json: bool,
+) -> None:
+    """Publish dead jobs again, each once: reset its ledger record, publish, ack.
+
+    --store must be the store the workers use: the reset lets the job run again
+    (docs/operations.md explains why an interrupted replay is safe to run again).
+    """
+    where = _filter(reasons, error_text, since, until)
+    with _errors():
+        names, chosen = _queues(app_option, namespace, tasks)
+        with (
+            open_store(store_url, must_exist=True) as store,
+            DeadLetterQueues(url, names, chosen, connection_name="broker-jobs dlq replay") as dlq,
+        ):
+            summary = _replay_with_progress(dlq, store, where, limit, show=not as_json)
+    if as_json:
+        click.echo(json.dumps(summary.to_json(), indent=2))
+    else:
+        _echo_replay(summary, names, chosen)
+    unknown = summary.count(LedgerAction.UNKNOWN)
+    if unknown:
+        click.echo(
+            f"warning: {unknown} replayed job(s) have no record in the ledger at"
+            f" {mask_dsn(store_url)}: if the workers use another store, they skip these as"
+            " duplicates; replay with the workers' --store (or BROKER_JOBS_STORE)",
+            err=True,
+        )
+
+
+@dlq_group.command("purge")
+@_queue_options
+@_filter_options
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def purge_command(  # noqa: PLR0917 - click passes every option positionally
+    url: BrokerURLs,
+    app_option: str | None,
+    namespace: str | None,
+    tasks: tuple[str, ...],
+    reasons: tuple[str, ...],
+    error_text: str | None,
+    since: str | None,
+    until: str | None,
+    limit: int | None,
+    yes: bool,
+) -> None:
+    """Delete dead letters for good: those matching the filters, or all of them.
+
+    Asks first unless --yes; without a terminal, --yes is required.
+    """
+    where = _filter(reasons, error_text, since, until)
+    with _errors():
+        names, chosen = _queues(app_option, namespace, tasks)
+        queues = _queue_list(names, chosen)
+        every = where.is_empty and limit is None
+        what = "every dead letter" if every else "the matching dead letters"
+        if not yes:
+            _confirm(f"delete {what} of {queues} for good?")
+        with DeadLetterQueues(url, names, chosen, connection_name="broker-jobs dlq purge") as dlq:
+            deleted = dlq.purge(where, limit=limit)
+    click.echo(f"purged {deleted} dead letter(s) from {queues}")
+
+
+# -- helpers --------------------------------------------------------------------------
+
+
+def _queues(
+    app_path: str | None, namespace: str | None, tasks: Sequence[str]
+) -> tuple[Names, tuple[str, ...]]:
+    """The namespace and the tasks whose dead-letter queues a command takes."""
+    if app_path is None:
+        if not tasks:
+            raise click.UsageError(
+                "which dead-letter queues? Add --task TASK (repeatable), or --app MODULE:APP"
+                " for every task of the app (AMQP cannot list a namespace's queues)"
+            )
+        return Names(namespace or DEFAULT_NAMESPACE), tuple(dict.fromkeys(tasks))
+    app = load_app(app_path)
+    if namespace is not None and namespace != app.namespace:
+        raise ConfigurationError(
+            f"--namespace {namespace!r} contradicts the app's namespace {app.namespace!r}:"
+            " leave --namespace out with --app"
+        )
+    for task in tasks:
+        app.get(task)  # UnknownTaskError names the app's tasks
+    chosen = tuple(dict.fromkeys(tasks)) or tuple(spec.name for spec in app)
+    if not chosen:
+        raise ConfigurationError(f"--app {app_path!r} declares no tasks: it has no dead letters")
+    return app.names, chosen
+
+
+def _filter(
+    reasons: Sequence[str], error_text: str | None, since: str | None, until: str | None
+) -> DeadLetterFilter:
+    return DeadLetterFilter(
+        reasons=frozenset(reasons),
+        error=error_text,
+        since=_moment(since, "--since"),
+        until=_moment(until, "--until"),
+    )
+
+
+def _moment(text: str | None, option: str) -> datetime | None:
+    """An ISO 8601 time with a zone, or an age (``30m``: thirty minutes ago)."""
+    if text is None:
+        return None
+    if found := _AGO.match(text.strip()):
+        return utc_now() - timedelta(**{_UNITS[found[2]]: int(found[1])})
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is neither an ISO 8601 time (2026-12-24T18:00:00Z) nor an age (30m, 2h, 7d)",
+            param_hint=option,
+        ) from None
+    if moment.tzinfo is None:
+        raise click.BadParameter(
+            f"{text!r} has no time zone: add Z (UTC) or an offset such as +01:00",
+            param_hint=option,
+        )
+    return moment
+
+
+def _queue_list(names: Names, tasks: Sequence[str]) -> str:
+    return ", ".join(names.dead_letter_queue(task) for task in tasks)
+
+
+def _ledger_statuses(store_url: str | None, letters: Sequence[DeadLetter]) -> dict[str, str]:
+    """Each letter's ledger status by key, when a store was given (never created)."""
+    if store_url is None:
+        return {}
+    statuses = {}
+    with open_store(store_url, must_exist=True) as store:
+        for letter in letters:
+            key = letter.idempotency_key
+            if key is not None and key not in statuses:
+                record = store.get(key)
+                statuses[key] = record.status.value if record else "unknown"
+    return statuses
+
+
+def _with_ledger(letter: DeadLetter, statuses: dict[str, str]) -> dict[str, Any]:
+    document = letter.to_json()
+    if statuses:
+        document["ledger"] = statuses.get(letter.idempotency_key or "")
+    return document
+
+
+def _table(
+    letters: Sequence[DeadLetter], statuses: dict[str, str], *, several_tasks: bool
+) -> Table:
+    table = Table(show_edge=False, pad_edge=False)
+    columns = ["job id", "key", "reason", "attempts", "dead at", "error"]
+    if several_tasks:
+        columns.insert(0, "task")
+    if statuses:
+        columns.append("ledger")
+    for column in columns:
+        table.add_column(column, overflow="fold" if column in ("job id", "key") else "ellipsis")
+    for letter in letters:
+        key = letter.idempotency_key
+        cells = [
+            letter.job_id or "-",
+            "=" if key == letter.job_id else key or "-",  # most keys are the job id
+            letter.reason or "-",
+            "-" if letter.attempts is None else str(letter.attempts),
+            _when(letter.dead_at),
+            _cut(letter.error or "-", ERROR_CELL),
+        ]
+        if several_tasks:
+            cells.insert(0, letter.task)
+        if statuses:
+            cells.append(statuses.get(key or "", "-"))
+        table.add_row(*cells)
+    return table
+
+
+def _echo_letter(letter: DeadLetter, statuses: dict[str, str]) -> None:
+    document = letter.to_json()
+    fields = ["task", "job_id", "idempotency_key", "reason", "attempts", "dead_at", "worker"]
+    for name in fields:
+        value = document[name]
+        click.echo(f"{name.replace('_', ' ')}: {'-' if value is None else value}")
+    if statuses:
+        click.echo(f"ledger: {statuses.get(letter.idempotency_key or '', '-')}")
+    click.echo(f"error: {letter.error or '-'}")
+    if letter.payload is not None:
+        click.echo("payload:")
+        click.echo(_indent(json.dumps(letter.payload, indent=2)))
+    else:
+        click.echo("body (not JSON):")
+        click.echo(_indent(document["body"]))
+    click.echo("headers:")
+    for name, value in document["headers"].items():
+        if name != HEADER_DEAD_TRACEBACK:  # printed whole below
+            click.echo(f"  {name}: {json.dumps(value)}")
+    click.echo("properties:")
+    for name, value in document["properties"].items():
+        if value is not None:
+            click.echo(f"  {name}: {value}")
+    if letter.traceback:
+        click.echo("traceback:")
+        click.echo(_indent(letter.traceback.rstrip("\n")))
+
+
+def _replay_with_progress(
+    dlq: DeadLetterQueues,
+    store: Store,
+    where: DeadLetterFilter,
+    limit: int | None,
+    *,
+    show: bool,
+) -> ReplaySummary:
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("replaying"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[replayed]} replayed, {task.fields[skipped]} skipped"),
+        console=console,
+        disable=not (show and console.is_terminal),
+    ) as progress:
+        bar = progress.add_task("replay", total=None, replayed=0, skipped=0)
+
+        def advance(step: ReplayProgress) -> None:
+            progress.update(
+                bar,
+                completed=step.scanned,
+                total=step.total,
+                replayed=step.replayed,
+                skipped=step.skipped,
+            )
+
+        return dlq.replay(store, where, limit=limit, on_progress=advance)
+
+
+def _echo_replay(summary: ReplaySummary, names: Names, tasks: Sequence[str]) -> None:
+    for skipped in summary.skipped:
+        letter = skipped.letter
+        click.echo(f"skipped {letter.job_id or '-'} ({letter.task}): {skipped.why}")
+    counted = {action: summary.count(action) for action in LedgerAction}
+    counts = ", ".join(f"{count} {action.value}" for action, count in counted.items() if count)
+    click.echo(
+        f"replayed {len(summary.replayed)} dead letter(s) of {_queue_list(names, tasks)}"
+        f" (ledger: {counts or 'nothing to do'}); {len(summary.skipped)} skipped (left in"
+        f" the queue), {summary.scanned} looked at"
+    )
+
+
+def _confirm(question: str) -> None:
+    if not sys.stdin.isatty():
+        raise BrokerJobsError(
+            "purge deletes dead letters for good and asks first, but stdin is not a"
+            " terminal: add --yes to purge without asking"
+        )
+    if not click.confirm(question, default=False):
+        raise BrokerJobsError("nothing purged: not confirmed")
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
+
+
+def _cut(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Every expected failure as one masked ``error:`` line, exit 1."""
+    try:
+        yield
+    except (BrokerJobsError, InvalidNameError) as error:
+        _fail(str(error), getattr(error, "exit_code", 1))
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    click.echo(f"error: {mask_text(message)}", err=True)
+    sys.exit(code)
