@@ -259,6 +259,8 @@ def verify(
     type=click.Choice([RABBITMQ_DEFINITIONS]),
     default=RABBITMQ_DEFINITIONS,
     show_default=True,
+    help="The file's format: RabbitMQ definitions JSON (rabbitmqctl import_definitions,"
+    " load_definitions).",
 )
 @click.option("--vhost", default="/", show_default=True, help="The vhost the objects go to.")
 @click.option(
@@ -374,7 +376,9 @@ def preflight_command(  # noqa: PLR0917 - click passes every option positionally
 )
 @_source_options
 @_namespace_option
-@click.option("--vhost", default="/", show_default=True)
+@click.option(
+    "--vhost", default="/", show_default=True, help="The vhost the permissions are for."
+)
 @click.option("--user", help="The RabbitMQ user (default <namespace>-<role>).")
 def permissions(  # noqa: PLR0917 - click passes every option positionally
     role: str,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -252,6 +252,29 @@ def test_beat_status_refuses_a_ledger_that_does_not_exist(tmp_path: Path) -> Non
     assert "no ledger at" in result.output
     assert "--store or BROKER_JOBS_STORE" in result.output
     assert not missing.exists(), "a read-only command must not create an empty ledger"
+
+
+def _commands(
+    command: click.Command, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _commands(sub, (*path, name))
+
+
+def test_every_command_and_option_has_help_text() -> None:
+    missing = []
+    for path, command in _commands(main):
+        if not command.help:
+            missing.append(f"{' '.join(path)}: no help")
+        missing += [
+            f"{' '.join(path)} {param.opts[0]}"
+            for param in command.params
+            if isinstance(param, click.Option) and not param.hidden and not param.help
+        ]
+    assert len(list(_commands(main))) > 20  # every group was walked
+    assert missing == []
 
 
 def test_dash_h_is_help_everywhere() -> None:
