@@ -24,13 +24,14 @@ from broker_jobs.cli_options import (
     app_argument,
     app_option,
     chosen_app,
-    configure_logging,
+    log_options,
     store_option,
     url_option,
 )
 from broker_jobs.cli_output import echo_json, iso, json_option, when
 from broker_jobs.envelope import utc_now
 from broker_jobs.errors import BrokerJobsError
+from broker_jobs.observe.logs import configure_logging
 from broker_jobs.store.base import Store
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
@@ -88,6 +89,7 @@ def beat_group() -> None:
 @click.option(
     "--no-declare", is_flag=True, help="Declare nothing; the topology is operator-managed."
 )
+@log_options
 def run_command(  # noqa: PLR0917 - click passes every option positionally
     url: BrokerURLs,
     app_argument: str | None,
@@ -97,10 +99,12 @@ def run_command(  # noqa: PLR0917 - click passes every option positionally
     heartbeat: int,
     identity: str | None,
     no_declare: bool,
+    log_level: str,
+    log_format: str,
 ) -> None:
     """Run one beat process for the app's schedules (the default subcommand)."""
     app_path = chosen_app(app_option, app_argument)
-    configure_logging()
+    configure_logging(log_level.lower(), log_format)
     try:
         app = load_app(app_path)
         schedules = load_schedules(app, schedule_files)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from broker_jobs.errors import ConfigurationError
+from broker_jobs.observe.logs import LOG_FORMATS, LOG_LEVELS
 from broker_jobs.urls import BrokerURLs
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _broker_urls(
@@ -76,9 +80,34 @@ store_option = click.option(
 )
 
 
-def configure_logging() -> None:
-    """INFO for broker-jobs' own daemons; pika's connection chatter only from WARNING."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("pika").setLevel(logging.WARNING)
+def log_options(function: F) -> F:
+    """``--log-level`` and ``--log-format`` of a daemon; the command function gets
+    ``log_level`` and ``log_format`` and passes them to :func:`configure_logging`."""
+    function = click.option(
+        "--log-format",
+        type=click.Choice(LOG_FORMATS),
+        default="text",
+        show_default=True,
+        envvar="BROKER_JOBS_LOG_FORMAT",
+        show_envvar=True,
+        help="text for people; json: one object per line for log shippers (docs/metrics.md).",
+    )(function)
+    return click.option(
+        "--log-level",
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default="info",
+        show_default=True,
+        envvar="BROKER_JOBS_LOG_LEVEL",
+        show_envvar=True,
+        help="The lowest level logged.",
+    )(function)
+
+
+#: ``--metrics-port``: serve /metrics, /healthz and /readyz there (off by default).
+metrics_port_option = click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    envvar="BROKER_JOBS_METRICS_PORT",
+    show_envvar=True,
+    help="Serve Prometheus /metrics, /healthz and /readyz on this port (default: off).",
+)

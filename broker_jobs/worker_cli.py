@@ -14,11 +14,12 @@ from broker_jobs.cli_options import (
     app_argument,
     app_option,
     chosen_app,
-    configure_logging,
+    log_options,
     store_option,
     url_option,
 )
 from broker_jobs.errors import BrokerJobsError
+from broker_jobs.observe.logs import configure_logging
 from broker_jobs.store.base import DEFAULT_RETENTION, Store
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
@@ -73,6 +74,7 @@ from broker_jobs.worker import Worker, WorkerSettings
     " worker prunes them; a pruned job runs again if it is delivered again, so keep"
     " it longer than any redelivery or replay.",
 )
+@log_options
 def worker_command(  # noqa: PLR0917 - click passes every option positionally
     url: BrokerURLs,
     app_argument: str | None,
@@ -88,6 +90,8 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     reconnect_timeout: float | None,
     consumer_timeout: float,
     retention: float,
+    log_level: str,
+    log_format: str,
 ) -> None:
     """Consume and run jobs of the app, acking each only once its outcome is recorded.
 
@@ -101,7 +105,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     deleted); 75 no broker for --reconnect-timeout seconds.
     """
     app_path = chosen_app(app_option, app_argument)
-    configure_logging()
+    configure_logging(log_level.lower(), log_format)
     try:
         app = load_app(app_path)
         settings = WorkerSettings(

@@ -1,0 +1,76 @@
+"""Logging of the daemons (worker, beat, exporter): a level and a format for people
+(``text``) or for log shippers (``json``: one object per line).
+
+A JSON line has ``time`` (ISO 8601 UTC), ``level``, ``logger`` and ``message``, plus
+every field a log call passes in ``extra`` (a job's ``job_id``, ``key``, ``task``,
+``attempt``, ``duration_s``, ``worker``, ``error_type``, ``error``...), and the
+traceback as ``exc_info`` when there is one. Every message, text or JSON, goes
+through :func:`broker_jobs.urls.mask_text` and the store's DSN masking once more, so
+a password that reached a log call by mistake is still not written.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from pythonjsonlogger.json import JsonFormatter
+
+from broker_jobs.store.base import mask_dsn
+from broker_jobs.urls import mask_text
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: Loggers of the libraries below us: their connection chatter only from WARNING.
+_QUIET = ("pika", "aiormq", "aio_pika")
+
+
+class MaskPasswords(logging.Filter):
+    """Masks passwords in the formatted message (and its arguments) of every record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        masked = mask_dsn(mask_text(message))
+        if masked != message:
+            record.msg, record.args = masked, None
+        return True
+
+
+class _JsonLines(JsonFormatter):
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        super().add_fields(log_data, record, message_dict)
+        log_data.setdefault("level", record.levelname)
+        log_data.setdefault("logger", record.name)
+
+
+def configure_logging(level: str = "info", log_format: str = "text") -> None:
+    """Send the root logger's records to stderr at ``level`` in ``log_format``
+    (replacing handlers set before: a daemon configures its logging once)."""
+    if level not in LOG_LEVELS:
+        raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, not {log_format!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(MaskPasswords())
+    if log_format == "json":
+        handler.setFormatter(
+            _JsonLines(
+                "%(message)s",
+                rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+                timestamp="time",
+            )
+        )
+    else:
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for name in _QUIET:
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
