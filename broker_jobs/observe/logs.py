@@ -29,17 +29,31 @@ _QUIET = ("pika", "aiormq", "aio_pika")
 
 
 class MaskPasswords(logging.Filter):
-    """Masks passwords in the formatted message (and its arguments) of every record."""
+    """Masks passwords in the formatted message (and its arguments) of every record;
+    the formatters mask tracebacks."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        masked = mask_dsn(mask_text(message))
+        masked = _masked(message)
         if masked != message:
             record.msg, record.args = masked, None
         return True
 
 
+def _masked(text: str) -> str:
+    return mask_dsn(mask_text(text))
+
+
+class _Text(logging.Formatter):
+    def formatException(self, ei: Any) -> str:
+        return _masked(super().formatException(ei))
+
+
 class _JsonLines(JsonFormatter):
+    def formatException(self, ei: Any) -> str | list[str]:
+        formatted = super().formatException(ei)
+        return _masked(formatted) if isinstance(formatted, str) else formatted
+
     def add_fields(
         self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
     ) -> None:
@@ -66,7 +80,7 @@ def configure_logging(level: str = "info", log_format: str = "text") -> None:
             )
         )
     else:
-        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+        handler.setFormatter(_Text(TEXT_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
