@@ -50,9 +50,11 @@ class _Text(logging.Formatter):
 
 
 class _JsonLines(JsonFormatter):
-    def formatException(self, ei: Any) -> str | list[str]:
+    def formatException(self, ei: Any) -> str:
+        # The base may return lines (exc_info_as_array), which this formatter never sets.
         formatted = super().formatException(ei)
-        return _masked(formatted) if isinstance(formatted, str) else formatted
+        assert isinstance(formatted, str)
+        return _masked(formatted)
 
     def add_fields(
         self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
