@@ -46,7 +46,9 @@ def test_demo_runs_end_to_end(
     assert "published 2 poison messages" in output
     # Poison messages may have ledger records too (dead), depending on the worker.
     assert re.search(
-        r"ledger totals: running 0, succeeded 7, retrying 0, failed 0, dead [24]\n", output
+        r"ledger totals: queued 0, scheduled 0, running 0, succeeded 7, retrying 0, failed 0,"
+        r" dead [24], cancelled 0\n",
+        output,
     ), output
     assert f"{namespace}.dead.email.send: 2 message(s) (exhausted: 1, json: 1)" in output
     assert f"{namespace}.dead.image.resize: 2 message(s) (permanent: 1, schema: 1)" in output
