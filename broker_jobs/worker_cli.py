@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import click
+from prometheus_client import CollectorRegistry
 
 from broker_jobs.app import App
 from broker_jobs.app_loader import load_app
@@ -15,11 +18,14 @@ from broker_jobs.cli_options import (
     app_option,
     chosen_app,
     log_options,
+    metrics_port_option,
     store_option,
     url_option,
 )
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.observe.logs import configure_logging
+from broker_jobs.observe.server import Health, ObservabilityServer
+from broker_jobs.observe.worker_metrics import WorkerMetrics
 from broker_jobs.store.base import DEFAULT_RETENTION, Store
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
@@ -75,6 +81,7 @@ from broker_jobs.worker import Worker, WorkerSettings
     " it longer than any redelivery or replay.",
 )
 @log_options
+@metrics_port_option
 def worker_command(  # noqa: PLR0917 - click passes every option positionally
     url: BrokerURLs,
     app_argument: str | None,
@@ -92,6 +99,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     retention: float,
     log_level: str,
     log_format: str,
+    metrics_port: int | None,
 ) -> None:
     """Consume and run jobs of the app, acking each only once its outcome is recorded.
 
@@ -121,7 +129,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
             retention=timedelta(days=retention),
         )
         with open_store(store_url) as store:
-            outcomes = asyncio.run(_run(url, app, store, settings))
+            outcomes = asyncio.run(_run(url, app, store, settings, metrics_port))
     except BrokerJobsError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(error.exit_code)
@@ -130,7 +138,31 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     )
 
 
-async def _run(url: BrokerURLs, app: App, store: Store, settings: WorkerSettings) -> dict[str, int]:
-    worker = Worker(url, app, store, settings)
+async def _run(
+    url: BrokerURLs, app: App, store: Store, settings: WorkerSettings, metrics_port: int | None
+) -> dict[str, int]:
+    if metrics_port is None:
+        worker = Worker(url, app, store, settings)
+        worker.install_signal_handlers()
+        return dict(await worker.run())
+    registry = CollectorRegistry()
+    worker = Worker(url, app, store, settings, metrics=WorkerMetrics(registry))
     worker.install_signal_handlers()
-    return dict(await worker.run())
+    async with _serving(registry, Health(worker.readiness), metrics_port):
+        return dict(await worker.run())
+
+
+@contextlib.asynccontextmanager
+async def _serving(registry: CollectorRegistry, health: Health, port: int) -> AsyncIterator[None]:
+    """/metrics, /healthz and /readyz on ``port`` while the worker runs; the loop
+    beats for /healthz from a task of its own."""
+    try:
+        server = ObservabilityServer(registry, health, port).start()
+    except OSError as error:  # the port is taken: say so, as for any configuration error
+        raise click.ClickException(f"cannot serve metrics on port {port}: {error}") from None
+    beating = asyncio.create_task(health.keep_beating())
+    try:
+        yield
+    finally:
+        beating.cancel()
+        server.close()

@@ -7,6 +7,7 @@
     fast_path   the same protocol for the common delivery, in batches (FastPath)
     acks        when and how a recorded delivery is acked, per channel
     execution   handler threads, time limits, lease renewal
+    observer    each job's outcome line and metrics; the wrapper of handler calls
     dead_letters  a dead job's message and its reason
     delivery    a delivery's wire form and aio-pika view
     settings    WorkerSettings, ProtocolSettings

@@ -38,11 +38,13 @@ from broker_jobs.errors import (
     ConsumerCancelledError,
     ReconnectTimeoutError,
 )
+from broker_jobs.observe.worker_metrics import WorkerMetrics
 from broker_jobs.store.base import Store, StoreError
 from broker_jobs.urls import BrokerURL, BrokerURLs
 from broker_jobs.worker.execution import Executor
 from broker_jobs.worker.fast_path import FastPath
 from broker_jobs.worker.link import BrokerLink, ExpectedDisconnects
+from broker_jobs.worker.observer import JobObserver
 from broker_jobs.worker.protocol import Runner
 from broker_jobs.worker.session import Cancelled, Lost, Session, SessionEnded, describe_loss
 from broker_jobs.worker.settings import ProtocolSettings, WorkerSettings
@@ -72,7 +74,11 @@ class Worker:
 
     ``url`` may name several nodes of one broker (a list, or a comma-separated
     string): the worker connects to the first that answers and, when it loses
-    that one, to the others."""
+    that one, to the others.
+
+    ``metrics``: where to count jobs and the broker link (docs/metrics.md); the
+    caller serves its registry (``broker-jobs worker --metrics-port``). Without it
+    the worker only logs."""
 
     def __init__(
         self,
@@ -80,6 +86,8 @@ class Worker:
         app: App,
         store: Store,
         settings: WorkerSettings,
+        *,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._urls = BrokerURLs.parse(url)
         self._app = app
@@ -90,7 +98,10 @@ class Worker:
         self._worker_id = settings.worker_id or (
             f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         )
+        self._metrics = metrics
         self._stopping = asyncio.Event()
+        #: Consuming every task queue on the live connection (readiness).
+        self._consuming = False
         self._runner: Runner | None = None
         self._fast_path: FastPath | None = None
         self._link: BrokerLink | None = None
@@ -132,6 +143,16 @@ class Worker:
         link = self._link
         return link.url if link is not None and link.is_up else None
 
+    def readiness(self) -> tuple[bool, str]:
+        """``/readyz``: connected and consuming every task queue, or what it waits
+        for. Only reads flags: asked on the metrics server's thread."""
+        url = self.connected_to
+        if self._stopping.is_set():
+            return False, "stopping"
+        if url is None or not self._consuming:
+            return False, f"not consuming: waiting for the broker ({self._urls.first})"
+        return True, f"consuming {', '.join(self._tasks)} on {url}"
+
     @property
     def busy(self) -> bool:
         """Whether any delivery is in hand (burst mode waits for this to end)."""
@@ -149,8 +170,13 @@ class Worker:
     async def _run(self) -> Counter[str]:
         settings = self._settings
         name = f"broker-jobs worker {self._worker_id}"
+        metrics = self._metrics
         link = self._link = BrokerLink(
-            self._urls, name=name, settings=settings, stopping=self._stopping
+            self._urls,
+            name=name,
+            settings=settings,
+            stopping=self._stopping,
+            metrics=metrics.link if metrics is not None else None,
         )
         publisher = AsyncPublisher(
             self._urls, self._app, declare=False, connection_name=f"{name} (retries)"
@@ -163,6 +189,7 @@ class Worker:
             publisher=publisher,
             link=link,
             settings=ProtocolSettings(self._worker_id, lease=settings.lease),
+            observer=JobObserver(self._app.namespace, self._worker_id, metrics, self._tasks),
         )
         runner.stopping = self._stopping.is_set()
         fast_path = self._fast_path = FastPath(runner)
@@ -224,7 +251,11 @@ class Worker:
             log.info(
                 "worker %s consuming %s on %s", self._worker_id, ", ".join(self._tasks), link.url
             )
-            why = await self._until_ended(session, connection)
+            self._consuming = True
+            try:
+                why = await self._until_ended(session, connection)
+            finally:
+                self._consuming = False
             if not isinstance(why, Lost):
                 return session, why
             assert session.acks is not None  # opened

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import functools
+import contextvars
 import inspect
 import logging
 import queue
@@ -153,7 +153,10 @@ class Executor:
         if inspect.iscoroutinefunction(handler):
             return handler(payload)  # type: ignore[no-any-return]
         loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self._pool, functools.partial(handler, payload))
+        # In the caller's context: the job's execution span stays current in the
+        # thread, so spans the handler starts are its children.
+        context = contextvars.copy_context()
+        return loop.run_in_executor(self._pool, context.run, handler, payload)
 
     def post_all(self, calls: Sequence[Callable[[], object]]) -> None:
         """Run each call on a handler thread; callable from any thread. The calls

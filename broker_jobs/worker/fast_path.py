@@ -44,10 +44,11 @@ from pydantic import BaseModel
 from broker_jobs.app import TaskSpec
 from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job, utc_now
-from broker_jobs.store.base import Claim, ClaimOutcome
+from broker_jobs.store.base import Claim, ClaimOutcome, LeaseLostError
 from broker_jobs.worker.acks import ChannelAcks
 from broker_jobs.worker.delivery import Delivery, decode_for_queue, delivered_wire_message
 from broker_jobs.worker.execution import TimeLimitExceeded
+from broker_jobs.worker.observer import Run
 from broker_jobs.worker.protocol import Runner, skipped
 from topology import names as n
 
@@ -70,6 +71,8 @@ class _Item:
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     renewing: asyncio.Task[None] | None = None
     settled: bool = False
+    #: The handler's run (set when it starts): its duration for the outcome's line.
+    run: Run | None = None
 
     @functools.cached_property
     def message(self) -> Delivery:
@@ -241,11 +244,12 @@ class FastPath:
                         self._spawn(self._run_async(item), self._async_jobs)
                 continue
             if claim.outcome is ClaimOutcome.BUSY:  # held and re-checked by the runner
+                runner.observer.busy_claim(item.task)
                 outcome = runner.run_when_free(item.message, item.job, item.spec, item.payload)
                 runner.spawn(item.message, item.task, outcome)
                 self._release(item)
             else:  # a duplicate (done already, an older attempt) or cancelled
-                skip = skipped(item.job, claim)
+                skip = skipped(item.job, claim, runner.observer)
                 assert skip is not None  # claimed and busy are handled above
                 self._spawn(self._ack_skipped(item, skip))
 
@@ -290,8 +294,10 @@ class FastPath:
             self._call_soon(self._arm_time_limit, item, limit)
         handler = item.spec.handler
         assert handler is not None  # checked by _fast
+        item.run = run = self._runner.observer.run(item.job)
         try:
-            handler(item.payload)
+            with run:
+                handler(item.payload)
         except BaseException as error:  # reported; the loop decides (retry, dead letter)
             self._report(item, error)
         else:
@@ -309,9 +315,11 @@ class FastPath:
                 return
             error: BaseException | None = None
             limit = item.spec.time_limit
+            item.run = run = runner.observer.run(item.job)
             try:
                 async with asyncio.timeout(limit) as scope:
-                    await handler(item.payload)
+                    with run:
+                        await handler(item.payload)
             except TimeoutError as raised:  # the limit's, or the handler's own
                 error = raised
                 if scope.expired():
@@ -364,9 +372,12 @@ class FastPath:
                 await runner.in_store(
                     runner.store.renew, item.job.idempotency_key, item.holder, runner.settings.lease
                 )
-            except Exception:  # a lost lease or an unreachable store: recording will tell
+            except Exception as error:  # a lost lease or an unreachable store: recording will tell
+                if isinstance(error, LeaseLostError):
+                    runner.observer.lease_lost(item.task)
                 log.warning("renewing job %s's lease failed; it may run elsewhere", item.job.id)
                 return
+            runner.observer.renewed(item.task)
             if not item.settled:
                 loop = asyncio.get_running_loop()
                 item.timers.append(loop.call_later(runner.settings.lease / 3, self._renew, item))
@@ -427,8 +438,7 @@ class FastPath:
             log.exception("recording %d successes failed; returning them", len(items))
             await self._give_back(items)
             return
-        for key in lost:
-            log.warning("job with key %s finished after its lease was taken over", key)
+        self._observe_successes(items, lost)
         # Usually one channel; after a reconnect, jobs of the lost one finish too.
         for acks, group in groupby(items, key=lambda item: item.acks):
             settled = list(group)
@@ -439,10 +449,23 @@ class FastPath:
                 runner.outcomes.counts["ack-failed"] += len(settled)
                 continue
             runner.outcomes.counts["succeeded"] += len(settled)
+            for item in settled:
+                runner.observer.settled(item.task, "succeeded")
             if not acked:  # recorded: the redelivered copies will find them done
                 runner.outcomes.counts["ack-lost"] += len(settled)
         for item in items:  # settled only now: a stopping worker waits for the acks
             self._release(item)
+
+    def _observe_successes(self, items: list[_Item], lost: list[str]) -> None:
+        """The batch's successes are recorded, but for the keys in ``lost``."""
+        observer = self._runner.observer
+        if lost:
+            tasks = {item.job.idempotency_key: item.task for item in items}
+            for key in lost:
+                observer.lease_lost(tasks[key])
+                log.warning("job with key %s finished after its lease was taken over", key)
+            items = [item for item in items if item.job.idempotency_key not in lost]
+        observer.succeeded_all((item.job, item.run) for item in items)
 
     def _fail(self, item: _Item, error: BaseException) -> None:
         """The handler's failure goes to the runner's retry policy (per delivery)."""
@@ -453,7 +476,7 @@ class FastPath:
         async def after_failure() -> str | None:
             try:
                 return await runner.after_failure(
-                    item.message, item.job, item.spec, error, item.holder
+                    item.message, item.job, item.spec, error, item.holder, run=item.run
                 )
             finally:
                 self._release(item)

@@ -27,6 +27,7 @@ import aio_pika.abc
 
 from broker_jobs.connecting import connect_first
 from broker_jobs.errors import BrokerConnectionError, BrokerJobsError, ReconnectTimeoutError
+from broker_jobs.observe.link_metrics import LinkMetrics
 from broker_jobs.urls import BrokerURL, BrokerURLs
 from broker_jobs.worker.settings import WorkerSettings
 
@@ -54,8 +55,11 @@ class BrokerLink:
         settings: WorkerSettings,
         stopping: asyncio.Event,
         rng: random.Random | None = None,
+        metrics: LinkMetrics | None = None,
     ) -> None:
         self._urls = urls
+        #: Told where the link's WARNING and INFO lines are logged (connected, lost, back).
+        self._metrics = metrics
         self._name = name
         self._settings = settings
         self._stopping = stopping
@@ -149,6 +153,10 @@ class BrokerLink:
         if self._down_since is not None and self._connected_once:
             outage = asyncio.get_running_loop().time() - self._down_since
             log.info("broker link back at %s after %.1f s without it", self.url, outage)
+            if self._metrics is not None:
+                self._metrics.back(outage)
+        elif self._metrics is not None:
+            self._metrics.connected()
         self._down_since = None
         self._connected_once = True
         self._delay = FIRST_DELAY
@@ -162,6 +170,8 @@ class BrokerLink:
         self._channel = None
         self._down_since = self._reminded_at = asyncio.get_running_loop().time()
         log.warning("lost the broker at %s: %s; reconnecting", self.url, cause)
+        if self._metrics is not None:
+            self._metrics.lost()
 
     async def wait_up(self) -> aio_pika.abc.AbstractChannel:
         """The live channel, once the link is up; :class:`LinkStoppedError` if the

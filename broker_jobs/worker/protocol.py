@@ -44,6 +44,7 @@ from broker_jobs.worker.dead_letters import DeathCause, dead_letter_message, pub
 from broker_jobs.worker.delivery import Delivery, WrongQueueError, decode_for_queue, wire_message
 from broker_jobs.worker.execution import Executor
 from broker_jobs.worker.link import BrokerLink, LinkStoppedError
+from broker_jobs.worker.observer import JobObserver, Run
 from broker_jobs.worker.settings import ProtocolSettings
 from topology import names as n
 from topology.delay import MAX_HOLD
@@ -75,7 +76,7 @@ class Outcomes:
         self.counts[outcome] += 1
 
 
-def skipped(job: Job, claim: Claim) -> str | None:
+def skipped(job: Job, claim: Claim, observer: JobObserver) -> str | None:
     """The outcome of a delivery whose claim says not to run it ("duplicate": done
     already or an older attempt; "cancelled"), logged at INFO with the job and the
     ledger's record, so a silent skip never looks like a success; None when the claim
@@ -86,17 +87,7 @@ def skipped(job: Job, claim: Claim) -> str | None:
         outcome, why = "cancelled", "it was cancelled: the ledger has it"
     else:
         return None
-    record = claim.record
-    log.info(
-        "job %s (key %s, attempt %d) not run: %s %s (job %s, attempt %d)",
-        job.id,
-        job.idempotency_key,
-        job.attempt,
-        why,
-        record.status.value,
-        record.job_id,
-        record.attempts,
-    )
+    observer.skipped(job, outcome, why, claim.record)
     return outcome
 
 
@@ -113,6 +104,7 @@ class Runner:
         publisher: AsyncPublisher,
         link: BrokerLink,
         settings: ProtocolSettings,
+        observer: JobObserver | None = None,
     ) -> None:
         self._app = app
         self._store = store
@@ -121,6 +113,8 @@ class Runner:
         self._link = link
         self._settings = settings
         self.outcomes = Outcomes()
+        #: Logs each outcome and, given metrics, counts it (both paths report there).
+        self.observer = observer or JobObserver(app.namespace, settings.worker_id)
         # One thread for the store's short calls: several threads would only take
         # turns at the GIL and at SQLite's write lock (measured: slower, not faster).
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="broker-jobs-store")
@@ -234,6 +228,7 @@ class Runner:
             self.outcomes.add("ack-failed")
             return
         self.outcomes.add(outcome)
+        self.observer.settled(task, outcome)
         if not acked:  # recorded: the redelivered copy will find it settled
             self.outcomes.add("ack-lost")
 
@@ -344,10 +339,11 @@ class Runner:
         holder = self.next_holder()
         death = await self._crash_loop(message, job, spec)
         claim = await self.in_store(store.claim, job, holder, settings.lease)
-        skip = skipped(job, claim)
+        skip = skipped(job, claim, self.observer)
         if skip is not None:
             return skip
         if claim.outcome is ClaimOutcome.BUSY:
+            self.observer.busy_claim(job.task)
             return "busy"
         if spec.handler is None:
             death = DeathCause("no-handler", "this app has no handler")
@@ -369,19 +365,23 @@ class Runner:
         if spec.transactional:
             return await self._run_in_transaction(message, job, spec, payload, holder)
         try:
-            await self._executor.run(
-                spec.handler,
-                payload,
-                spec.time_limit,
-                self._renewer(job, holder),
-                settings.lease / 3,
-            )
+            with self.observer.run(job) as run:
+                await self._executor.run(
+                    spec.handler,
+                    payload,
+                    spec.time_limit,
+                    self._renewer(job, holder),
+                    settings.lease / 3,
+                )
         except Exception as error:  # the handler's failure, decided by its policy
-            return await self.after_failure(message, job, spec, error, holder)
+            return await self.after_failure(message, job, spec, error, holder, run=run)
         try:
             await self.in_store(store.succeed, job.idempotency_key, holder)
         except LeaseLostError:
+            self.observer.lease_lost(job.task)
             log.warning("job %s finished after its lease was taken over", job.id)
+        else:
+            self.observer.succeeded(job, run)
         return "succeeded"
 
     async def _run_in_transaction(
@@ -395,17 +395,21 @@ class Runner:
         """The handler's writes and the success record in one store transaction."""
         handler = spec.handler
         assert handler is not None
+        run = self.observer.run(job)
 
         def effects(db: object) -> None:
-            handler(payload, db)
+            with run:  # inside the transaction: a lease lost before it runs nothing
+                handler(payload, db)
 
         try:
             await asyncio.to_thread(self._store.succeed_with, job.idempotency_key, holder, effects)
         except LeaseLostError:
+            self.observer.lease_lost(job.task)
             log.warning("job %s: lease taken over before its transaction; not run", job.id)
             return "duplicate"
         except Exception as error:  # rolled back: decided by the task's policy
-            return await self.after_failure(message, job, spec, error, holder)
+            return await self.after_failure(message, job, spec, error, holder, run=run)
+        self.observer.succeeded(job, run)
         return "succeeded"
 
     async def after_failure(
@@ -415,7 +419,11 @@ class Runner:
         spec: TaskSpec,
         error: Exception,
         holder: str,
+        *,
+        run: Run | None = None,
     ) -> str | None:
+        """A run of ``job`` failed with ``error``: publish its next attempt, or
+        dead-letter it, as its task's retry policy decides."""
         decision = spec.retry.decide(error, job.attempt)
         if decision.delay is not None:
             due = utc_now() + timedelta(seconds=decision.delay)
@@ -427,10 +435,11 @@ class Runner:
                 return None
             text = f"{type(error).__name__}: {error}"
             await self.in_store(self._store.retry, job.idempotency_key, holder, text, due)
+            self.observer.retrying(job, run, error, due)
             return "retried"
         reason = "permanent" if "permanent" in decision.reason else "exhausted"
         cause = DeathCause.from_exception(reason, error, job.attempt)
-        return await self._dead_letter(message, job.task, cause, job, holder)
+        return await self._dead_letter(message, job.task, cause, job, holder, run=run)
 
     async def _dead_letter(
         self,
@@ -441,6 +450,7 @@ class Runner:
         holder: str | None = None,
         *,
         record: bool = True,
+        run: Run | None = None,
     ) -> str | None:
         """Publish the delivery to ``task``'s dead-letter queue with ``cause``
         (confirmed), then record the job dead (unless ``record`` is False)."""
@@ -466,6 +476,8 @@ class Runner:
         except LinkStoppedError:
             await self._abandon(job, holder)
             return None
+        header_key = message.headers.get(n.HEADER_IDEMPOTENCY_KEY)
+        key = header_key if isinstance(header_key, str) and header_key else None
         if not record:
             pass
         elif job is not None:
@@ -473,16 +485,17 @@ class Runner:
         elif properties.message_id:
             # A poison message never became a job: the ledger still says it is dead,
             # under its idempotency key if it had a readable one, else its id.
-            key = message.headers.get(n.HEADER_IDEMPOTENCY_KEY)
             await self.in_store(
                 self._store.dead,
-                key if isinstance(key, str) and key else properties.message_id,
+                key or properties.message_id,
                 None,
                 f"{cause.reason}: {cause.error}",
                 job_id=properties.message_id,
                 task=task,
             )
-        log.warning("dead-lettered a %s job (%s): %s", task, cause.reason, cause.error[:200])
+        self.observer.dead(
+            task, cause.reason, cause.error, job=job, job_id=properties.message_id, key=key, run=run
+        )
         return f"dead:{cause.reason}"
 
     async def _republish(
@@ -576,8 +589,13 @@ class Runner:
 
     def _renewer(self, job: Job, holder: str) -> Callable[[], Awaitable[None]]:
         async def renew() -> None:
-            await self.in_store(
-                self._store.renew, job.idempotency_key, holder, self._settings.lease
-            )
+            try:
+                await self.in_store(
+                    self._store.renew, job.idempotency_key, holder, self._settings.lease
+                )
+            except LeaseLostError:
+                self.observer.lease_lost(job.task)
+                raise
+            self.observer.renewed(job.task)
 
         return renew
