@@ -65,17 +65,17 @@ class AsyncPublisher(PublisherBase):
     async def publish(self, task: str, payload: Payload, **options: Unpack[JobOptions]) -> Job:
         """Publish one job and wait for its confirm; return the job (``job.id``).
         Options as for ``Publisher.publish``, ``delay`` and ``eta`` included."""
-        prepared = self._factory.build(task, payload, **options)
-        error = await self._send_one(prepared)
-        if isinstance(error, BrokerConnectionError) and not isinstance(
-            error, BrokerUnreachableError
-        ):
-            # Found dead mid-publish: send again on a fresh connection; a copy that
-            # did arrive carries the same id and key, so it runs once.
-            log.warning("%s; reconnecting to publish it again", error)
+        with self._traced(self._factory.build(task, payload, **options)) as prepared:
             error = await self._send_one(prepared)
-        if error is not None:
-            raise error
+            if isinstance(error, BrokerConnectionError) and not isinstance(
+                error, BrokerUnreachableError
+            ):
+                # Found dead mid-publish: send again on a fresh connection; a copy
+                # that did arrive carries the same id and key, so it runs once.
+                log.warning("%s; reconnecting to publish it again", error)
+                error = await self._send_one(prepared)
+            if error is not None:
+                raise error
         await self._record_confirmed_async([prepared.job])
         return prepared.job
 
@@ -90,12 +90,21 @@ class AsyncPublisher(PublisherBase):
         arrives for ``confirm_timeout`` seconds."""
         prepared = [self._factory.build_request(request) for request in requests]
         check_unique_ids([item.job for item in prepared])
+        with self._traced_batch(prepared) as batch:
+            outcome = await self._send_batch(batch.prepared, on_confirmed)
+            batch.failed = outcome.failed
+        await self._record_confirmed_async(outcome.confirmed_jobs())
+        return outcome.settle()
+
+    async def _send_batch(
+        self, prepared: list[Prepared], on_confirmed: Callable[[Job], None] | None
+    ) -> BatchOutcome:
         outcome = BatchOutcome([item.job for item in prepared])
         try:
             channel, refused = await self._ready_channel(prepared)
         except BrokerConnectionError as error:
             outcome.failed = {item.job.id: error for item in prepared}
-            return outcome.settle()
+            return outcome
         outcome.failed.update(refused)
         to_send = [item for item in prepared if item.job.id not in refused]
         batch = _Batch(self._settings.confirm_timeout, self._translate, outcome, on_confirmed)
@@ -113,8 +122,7 @@ class AsyncPublisher(PublisherBase):
         await batch.wait_below(1)
         if batch.fail_unsettled(to_send[sent:]):
             await self._drop_connection()  # its state is unknown now
-        await self._record_confirmed_async(outcome.confirmed_jobs())
-        return outcome.settle()
+        return outcome
 
     async def close(self) -> None:
         connection = self._connection
@@ -138,7 +146,7 @@ class AsyncPublisher(PublisherBase):
 
     async def _record_confirmed_async(self, jobs: list[Job]) -> None:
         """The ledger's write (blocking: SQLite, psycopg) off the event loop."""
-        if self._ledger is not None:
+        if self._ledger is not None and jobs:
             await asyncio.to_thread(self._record_confirmed, jobs)
 
     async def _send_one(self, prepared: Prepared) -> BrokerJobsError | None:

@@ -73,20 +73,20 @@ class Publisher(PublisherBase):
         Options: ``job_id``, ``idempotency_key``, ``traceparent``, ``tracestate``, and
         ``delay`` (seconds or timedelta) or ``eta`` (aware datetime) to run it later.
         """
-        prepared = self._factory.build(task, payload, **options)
-        job_id = prepared.job.id
-        with self._lock:
-            error = self._send([prepared], None).failed.get(job_id)
-            if isinstance(error, BrokerConnectionError) and not isinstance(
-                error, BrokerUnreachableError
-            ):
-                # The connection was found dead mid-publish (a restart between two
-                # calls): the job may or may not be stored; sending it again with the
-                # same id and key is harmless, since it runs once.
-                log.warning("%s; reconnecting to publish it again", error)
+        with self._traced(self._factory.build(task, payload, **options)) as prepared:
+            job_id = prepared.job.id
+            with self._lock:
                 error = self._send([prepared], None).failed.get(job_id)
-        if error is not None:
-            raise error
+                if isinstance(error, BrokerConnectionError) and not isinstance(
+                    error, BrokerUnreachableError
+                ):
+                    # The connection was found dead mid-publish (a restart between two
+                    # calls): the job may or may not be stored; sending it again with
+                    # the same id and key is harmless, since it runs once.
+                    log.warning("%s; reconnecting to publish it again", error)
+                    error = self._send([prepared], None).failed.get(job_id)
+            if error is not None:
+                raise error
         self._record_confirmed([prepared.job])
         return prepared.job
 
@@ -104,8 +104,9 @@ class Publisher(PublisherBase):
         """
         prepared = [self._factory.build_request(request) for request in requests]
         check_unique_ids([item.job for item in prepared])
-        with self._lock:
-            outcome = self._send(prepared, on_confirmed)
+        with self._traced_batch(prepared) as batch, self._lock:
+            outcome = self._send(batch.prepared, on_confirmed)
+            batch.failed = outcome.failed
         self._record_confirmed(outcome.confirmed_jobs())
         return outcome.settle()
 

@@ -8,7 +8,8 @@ the two cannot drift apart.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
@@ -29,6 +30,7 @@ from broker_jobs.errors import (
     UnroutableError,
     describe_validation_error,
 )
+from broker_jobs.observe.tracing import publish_span, publish_spans
 from broker_jobs.published_ledger import PublishedLedger
 from broker_jobs.store.base import Store
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs
@@ -81,6 +83,21 @@ class Prepared:
     job: Job
     message: WireMessage
     route: Route
+
+    def carrying(self, job: Job) -> Prepared:
+        """The same job with ``job``'s trace context (``self`` when unchanged)."""
+        if job is self.job:
+            return self
+        return Prepared(job, encode(job), self.route)
+
+
+@dataclass
+class TracedBatch:
+    """A batch's jobs carrying their producer spans' contexts; the caller sets
+    ``failed`` (job id to error) once the batch is settled."""
+
+    prepared: list[Prepared]
+    failed: Mapping[str, BaseException] = field(default_factory=dict)
 
 
 _OPTION_FIELDS = {
@@ -135,6 +152,35 @@ class PublisherBase:
 
     def _init_connection_state(self) -> None:
         """Set up the subclass's connection state (called by ``__init__``)."""
+
+    @contextmanager
+    def _traced(self, prepared: Prepared) -> Iterator[Prepared]:
+        """Around one job's publish and confirm: its producer span
+        (``observe/tracing.py``). Yields the job to send, carrying the span's trace
+        context; an error raised in the block marks the span failed."""
+        route = prepared.route
+        with publish_span(
+            prepared.job, exchange=route.exchange, routing_key=route.routing_key
+        ) as job:
+            yield prepared.carrying(job)
+
+    @contextmanager
+    def _traced_batch(self, prepared: Sequence[Prepared]) -> Iterator[TracedBatch]:
+        """Around a batch's publish: a producer span per job, each ended when the
+        batch is settled, failed for the jobs of ``TracedBatch.failed`` (for all of
+        them when the block raises)."""
+        spans = publish_spans(
+            [(item.job, item.route.exchange, item.route.routing_key) for item in prepared]
+        )
+        batch = TracedBatch(
+            [item.carrying(job) for item, job in zip(prepared, spans.jobs, strict=True)]
+        )
+        try:
+            yield batch
+        except BaseException as error:
+            spans.end(error=error)
+            raise
+        spans.end(batch.failed)
 
     def _needs_ladder_check(self, prepared: Sequence[Prepared]) -> bool:
         return any(
