@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import click
+from prometheus_client import CollectorRegistry
 
 from broker_jobs.app import App
 from broker_jobs.app_loader import load_app
@@ -25,13 +27,16 @@ from broker_jobs.cli_options import (
     app_option,
     chosen_app,
     log_options,
+    metrics_port_option,
     store_option,
     url_option,
 )
 from broker_jobs.cli_output import echo_json, iso, json_option, when
 from broker_jobs.envelope import utc_now
-from broker_jobs.errors import BrokerJobsError
+from broker_jobs.errors import BrokerJobsError, ConfigurationError
+from broker_jobs.observe.beat_metrics import BeatMetrics
 from broker_jobs.observe.logs import configure_logging
+from broker_jobs.observe.server import Health, ObservabilityServer
 from broker_jobs.store.base import Store
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
@@ -89,6 +94,7 @@ def beat_group() -> None:
 @click.option(
     "--no-declare", is_flag=True, help="Declare nothing; the topology is operator-managed."
 )
+@metrics_port_option
 @log_options
 def run_command(  # noqa: PLR0917 - click passes every option positionally
     url: BrokerURLs,
@@ -99,10 +105,14 @@ def run_command(  # noqa: PLR0917 - click passes every option positionally
     heartbeat: int,
     identity: str | None,
     no_declare: bool,
+    metrics_port: int | None,
     log_level: str,
     log_format: str,
 ) -> None:
-    """Run one beat process for the app's schedules (the default subcommand)."""
+    """Run one beat process for the app's schedules (the default subcommand).
+
+    With --metrics-port: /metrics, /healthz (the event loop turns) and /readyz
+    (connected to the broker, leading or following)."""
     app_path = chosen_app(app_option, app_argument)
     configure_logging(log_level.lower(), log_format)
     try:
@@ -110,18 +120,46 @@ def run_command(  # noqa: PLR0917 - click passes every option positionally
         schedules = load_schedules(app, schedule_files)
         settings = BeatSettings(identity=identity, heartbeat=heartbeat, declare=not no_declare)
         with open_store(store_url) as store:
-            asyncio.run(_run(url, app, schedules, store, settings))
+            asyncio.run(_run(url, app, schedules, store, settings, metrics_port))
     except BrokerJobsError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
 
 
-async def _run(
-    url: BrokerURLs, app: App, schedules: Sequence[Schedule], store: Store, settings: BeatSettings
+async def _run(  # noqa: PLR0917 - the run command's settings, passed on
+    url: BrokerURLs,
+    app: App,
+    schedules: Sequence[Schedule],
+    store: Store,
+    settings: BeatSettings,
+    metrics_port: int | None,
 ) -> None:
-    beat = Beat(url, app, schedules, store, settings)
+    registry = CollectorRegistry()
+    metrics = BeatMetrics(registry, app.namespace, [schedule.name for schedule in schedules])
+    beat = Beat(url, app, schedules, store, settings, metrics=metrics)
     beat.install_signal_handlers()
-    await beat.run()
+    if metrics_port is None:
+        await beat.run()
+    else:
+        await run_observed(beat.run(), registry, Health(beat.readiness), metrics_port)
+
+
+async def run_observed(
+    work: Coroutine[Any, Any, None], registry: CollectorRegistry, health: Health, port: int
+) -> None:
+    """Await ``work`` while ``registry`` and ``health`` are served on ``port``, the
+    event loop beating for /healthz (the beat's and the exporter's)."""
+    try:
+        server = ObservabilityServer(registry, health, port)
+    except OSError as error:  # the port is taken, or not ours to bind
+        work.close()
+        raise ConfigurationError(f"cannot serve metrics on port {port}: {error}") from None
+    with server:
+        beating = asyncio.create_task(health.keep_beating())
+        try:
+            await work
+        finally:
+            beating.cancel()
 
 
 @beat_group.command("status")

@@ -29,10 +29,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from prometheus_client import CollectorRegistry
+
 from broker_jobs.app import App
 from broker_jobs.declaring import declare_at_start
 from broker_jobs.envelope import Job, utc_now
 from broker_jobs.errors import BrokerConnectionError, ConfigurationError, PublishError
+from broker_jobs.observe.beat_metrics import BeatMetrics
 from broker_jobs.publishing import JobFactory
 from broker_jobs.store.base import Store, StoreError
 from broker_jobs.urls import AnyBrokerURLs, BrokerURLs
@@ -92,10 +95,13 @@ class Beat:
         *,
         on_emitted: OnEmitted | None = None,
         clock: Callable[[], datetime] = utc_now,
+        metrics: BeatMetrics | None = None,
     ) -> None:
         """``url``: the broker's URL, or its nodes' URLs (a sequence, or separated by
         commas; the first that answers is used, the others after a loss). ``clock``
-        gives the time the schedules are evaluated at (tests fix it)."""
+        gives the time the schedules are evaluated at (tests fix it). ``metrics``:
+        where to count leadership, fires and the broker link (docs/metrics.md);
+        without it they go to a registry nobody serves."""
         self._urls = BrokerURLs.parse(url)
         self._app = app
         self._schedules = tuple(schedules)
@@ -103,6 +109,12 @@ class Beat:
         self._settings = settings or BeatSettings()
         self._on_emitted = on_emitted
         self._clock = clock
+        self._metrics = metrics or BeatMetrics(
+            CollectorRegistry(), app.namespace, [s.name for s in self._schedules]
+        )
+        # What /readyz answers; written on the event loop, read by the metrics thread.
+        self._connected = False
+        self._leading = False
         self._identity = self._settings.identity or (
             f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         )
@@ -120,6 +132,13 @@ class Beat:
     def fire_key(self, schedule: Schedule) -> str:
         """The store's key of a schedule's last fire."""
         return fire_key(self._app.namespace, schedule.name)
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready while a session with the broker is up, leading or following (for
+        :class:`broker_jobs.observe.Health`; only reads flags, from any thread)."""
+        if not self._connected:
+            return False, "no session with the broker"
+        return True, "leading" if self._leading else "following"
 
     def stop(self) -> None:
         """Stop (safe from a signal handler): a leader stops emitting at once and
@@ -142,6 +161,8 @@ class Beat:
             self._app.namespace,
             self._identity,
             heartbeat=settings.heartbeat,
+            on_change=self._on_leadership,
+            on_session=self._on_session,
             force_leader=settings.force_leader,
         )
         await leadership.start()
@@ -171,6 +192,14 @@ class Beat:
         finally:
             await leadership.stop()
             self._store_thread.shutdown(wait=True)
+
+    def _on_leadership(self, leader: bool) -> None:
+        self._leading = leader
+        self._metrics.leading(leader)
+
+    def _on_session(self, up: bool) -> None:
+        self._connected = up
+        self._metrics.session(up)
 
     async def _until_leader(self, leadership: Leadership) -> bool:
         """Wait to lead; False when stopping first."""
@@ -213,7 +242,11 @@ class Beat:
         """Emit the schedule's due fires; return the new cursor: ``now`` once all
         fires up to now were emitted or deliberately skipped, else the last fire
         emitted (the rest are tried again)."""
-        for fire in schedule.due_fires(cursor, now):
+        due = schedule.due(cursor, now)
+        # Skipped fires precede every emitted one: counted once the cursor passes them
+        # (a pass failing before that moves nothing; the next one meets them again).
+        skips = due.skipped
+        for fire, kind in due.with_kinds():
             self._check_leading(leadership)
             try:
                 job = await self._emitter.emit(leadership.channel, schedule, fire)
@@ -228,9 +261,13 @@ class Beat:
                 return cursor
             await self._in_store(self._store.record_fire, self.fire_key(schedule), fire)
             cursor = fire
+            self._metrics.skipped(schedule.name, skips)
+            skips = 0
+            self._metrics.fired(schedule.name, kind)
             log.info("emitted %s %s", schedule.name, job.idempotency_key)
             if self._on_emitted is not None:
                 self._on_emitted(schedule, fire, job)
+        self._metrics.skipped(schedule.name, skips)
         return max(cursor, now)
 
     def _next_wake(self, cursors: dict[str, datetime], now: datetime) -> float:

@@ -138,6 +138,8 @@ class _Session:
         self.token: aio_pika.abc.AbstractIncomingMessage | None = None
         self.leader = False
         self.lost = False
+        #: Reported up through ``on_session`` (set up, not ended yet).
+        self.up = False
         self.last_publish = -float("inf")
         self.lease_from = -float("inf")
         self.wake = asyncio.Event()
@@ -164,8 +166,9 @@ class Leadership:
     the broker drops a silent beat, hence how long a paused leader keeps others
     waiting (two to three heartbeats) and the lease (one heartbeat).
     ``refresh_every`` is how often a beat holding no token publishes one.
-    ``on_change(leader)`` is called on the event loop when leadership is won or lost;
-    keep it quick. ``force_leader`` is for tests only (a split-brain proof): the beat
+    ``on_change(leader)`` is called on the event loop when leadership is won or lost,
+    ``on_session(up)`` when a session with the broker is set up or ends; keep them
+    quick. ``force_leader`` is for tests only (a split-brain proof): the beat
     takes no part in the election and :meth:`is_leader` is true whenever it is
     connected.
 
@@ -183,6 +186,7 @@ class Leadership:
         heartbeat: int = 5,
         refresh_every: float = 60.0,
         on_change: Callable[[bool], None] | None = None,
+        on_session: Callable[[bool], None] | None = None,
         force_leader: bool = False,
     ) -> None:
         self._urls = BrokerURLs.parse(url)
@@ -207,6 +211,7 @@ class Leadership:
         self._heartbeat = heartbeat
         self._refresh_every = float(refresh_every)
         self._on_change = on_change
+        self._on_session = on_session
         self._force = force_leader
         #: The broker drops a silent connection 2 to 3 heartbeats after its last byte.
         self._lease = float(heartbeat)
@@ -382,14 +387,26 @@ class Leadership:
             self._notify(leader=False)
         elif not self._stopping:
             log.info("beat %s leaves its session: %s", self._identity, reason)
+        if session.up:
+            session.up = False
+            self._call(self._on_session, False)
+
+    def _session_up(self, session: _Session) -> None:
+        if not session.lost:  # it may have ended while being set up
+            session.up = True
+            self._call(self._on_session, True)
 
     def _notify(self, *, leader: bool) -> None:
-        if self._on_change is None:
+        self._call(self._on_change, leader)
+
+    def _call(self, callback: Callable[[bool], None] | None, value: bool) -> None:
+        """A callback of the owner: its failure is logged, never the election's."""
+        if callback is None:
             return
         try:
-            self._on_change(leader)
+            callback(value)
         except Exception:
-            log.exception("the on_change callback of beat %s failed", self._identity)
+            log.exception("a callback of beat %s failed", self._identity)
 
     # -- background tasks ---------------------------------------------------------
 
@@ -418,6 +435,7 @@ class Leadership:
             session: _Session | None = None
             try:
                 session = await self._open_session()
+                self._session_up(session)
                 opened = _clock()
                 await self._serve(session)
                 # Join again at once, unless sessions keep dying young.

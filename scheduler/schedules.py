@@ -313,6 +313,11 @@ class Interval:
     def next_fire(self, after: datetime) -> datetime | None:
         return next(self._from(self._index_after(after)), None)
 
+    def count(self, after: datetime, until: datetime) -> int:
+        """How many fires lie in (after, until]."""
+        last_index = (as_utc(until, "until") - self.anchor) // self.every
+        return max(0, last_index - self._index_after(after) + 1)
+
     def __str__(self) -> str:
         return f"every {self.every.total_seconds():g} s"
 
@@ -357,6 +362,43 @@ class OneOff:
 
 
 # -- schedules ----------------------------------------------------------------------
+
+
+class FireKind(StrEnum):
+    """Why a fire is emitted: on time (late by at most the grace), or caught up."""
+
+    ON_TIME = "on_time"
+    CAUGHT_UP = "caught_up"
+
+
+@dataclass(frozen=True)
+class DueFires:
+    """What a leader does at a moment (:meth:`Schedule.due`): the missed fires it
+    catches up, the on-time ones, and how many missed fires the policy skips."""
+
+    caught_up: tuple[datetime, ...]
+    on_time: tuple[datetime, ...]
+    skipped: int
+
+    @property
+    def fires(self) -> tuple[datetime, ...]:
+        """Every fire to emit, increasing (missed fires precede on-time ones)."""
+        return self.caught_up + self.on_time
+
+    def with_kinds(self) -> Iterator[tuple[datetime, FireKind]]:
+        for fire in self.caught_up:
+            yield fire, FireKind.CAUGHT_UP
+        for fire in self.on_time:
+            yield fire, FireKind.ON_TIME
+
+
+def count_fires(timing: Timing, after: datetime, until: datetime) -> int:
+    """How many fires ``timing`` has in (after, until]: by arithmetic for an
+    :class:`Interval` (a dense one over a long lookback would take seconds to walk,
+    stalling the leader's loop), by walking them otherwise, as catch-up ``all`` does."""
+    if isinstance(timing, Interval):
+        return timing.count(after, until)
+    return sum(1 for _ in timing.fires(after, until))
 
 
 @dataclass(frozen=True)
@@ -432,20 +474,30 @@ class Schedule:
         and always emitted; older (missed) ones follow ``catch_up``, and only those
         within ``lookback`` are considered (so a long outage costs a bounded amount).
         """
+        return list(self.due(last, now).fires)
+
+    def due(self, last: datetime | None, now: datetime) -> DueFires:
+        """:meth:`due_fires` split by kind, with the count of missed fires (within the
+        lookback) that the catch-up policy drops."""
         now = as_utc(now, "now")
         on_time_from = now - self.grace
         missed_until = on_time_from - _MICROSECOND  # the latest instant that is missed
         after = on_time_from if last is None else as_utc(last, "last")
-        on_time = list(self.timing.fires(max(after, missed_until), now))
-        return self._missed(max(after, now - self.lookback), missed_until) + on_time
+        on_time = tuple(self.timing.fires(max(after, missed_until), now))
+        caught_up, skipped = self._missed(max(after, now - self.lookback), missed_until)
+        return DueFires(caught_up, on_time, skipped)
 
-    def _missed(self, start: datetime, until: datetime) -> list[datetime]:
-        if self.catch_up is CatchUp.SKIP or until <= start:
-            return []
+    def _missed(self, start: datetime, until: datetime) -> tuple[tuple[datetime, ...], int]:
+        """The missed fires in (start, until] that are emitted, and how many are not."""
+        if until <= start:
+            return (), 0
         if self.catch_up is CatchUp.ALL:
-            return list(self.timing.fires(start, until))
+            return tuple(self.timing.fires(start, until)), 0
+        missed = count_fires(self.timing, start, until)
+        if self.catch_up is CatchUp.SKIP:
+            return (), missed
         latest = self._latest_fire(start, until)
-        return [] if latest is None else [latest]
+        return ((), 0) if latest is None else ((latest,), missed - 1)
 
     def _latest_fire(self, start: datetime, until: datetime) -> datetime | None:
         """The last fire in (start, until], searched backwards in doubling windows: a
