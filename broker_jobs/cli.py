@@ -7,6 +7,7 @@ import click
 from broker_jobs import __version__
 from broker_jobs.beat_cli import beat_group
 from broker_jobs.dlq_cli import dlq_group
+from broker_jobs.exporter_cli import exporter_command
 from broker_jobs.jobs_cli import jobs_group
 from broker_jobs.publish_cli import publish_command
 from broker_jobs.status_cli import status_command
@@ -27,3 +28,4 @@ main.add_command(beat_group)
 main.add_command(status_command)
 main.add_command(jobs_group)
 main.add_command(dlq_group)
+main.add_command(exporter_command)

@@ -1,0 +1,131 @@
+"""``broker-jobs exporter``: serve the queues' and the ledger's figures to Prometheus.
+
+    broker-jobs exporter --app MODULE:APP [--store STORE_URL] [--metrics-port 9102]
+    broker-jobs exporter --namespace NS --task NAME [--task NAME ...]
+    broker-jobs exporter --app MODULE:APP --once          one poll, the metrics on stdout
+
+One per deployment (docs/metrics.md, "Exporter").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+import click
+from prometheus_client import CollectorRegistry, generate_latest
+
+from broker_jobs.beat_cli import run_observed
+from broker_jobs.cli_options import app_option, log_options, url_option
+from broker_jobs.errors import BrokerJobsError
+from broker_jobs.observe.exporter import POLL_EVERY, Exporter
+from broker_jobs.observe.logs import configure_logging
+from broker_jobs.observe.server import Health
+
+# The app or namespace and tasks are chosen as `broker-jobs status` chooses them.
+from broker_jobs.status_cli import _app_path, _tasks
+from broker_jobs.urls import BrokerURLs
+from topology.names import InvalidNameError
+
+DEFAULT_PORT = 9102
+
+
+@click.command("exporter")
+@url_option
+@app_option
+@click.option("--namespace", help="The namespace, without --app (give its tasks with --task).")
+@click.option(
+    "--task",
+    "tasks",
+    multiple=True,
+    metavar="NAME",
+    help="A task to export (repeatable): with --namespace, or a subset of the app's tasks.",
+)
+@click.option(
+    "--store",
+    "store_url",
+    envvar="BROKER_JOBS_STORE",
+    show_envvar=True,
+    metavar="STORE_URL",
+    help="The ledger the workers use, for its figures (default: none, broker figures only)."
+    " Read-only: an SQLite file that does not exist is a failed poll, never created.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    envvar="BROKER_JOBS_METRICS_PORT",
+    show_envvar=True,
+    help="Serve Prometheus /metrics, /healthz and /readyz on this port.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=POLL_EVERY,
+    show_default=True,
+    help="Seconds from the end of one poll to the start of the next.",
+)
+@click.option(
+    "--once",
+    is_flag=True,
+    help="Poll once, print the metrics text to stdout and exit (1 when the poll failed).",
+)
+@log_options
+def exporter_command(  # noqa: PLR0917 - click passes every option positionally
+    url: BrokerURLs,
+    app_option: str | None,
+    namespace: str | None,
+    tasks: tuple[str, ...],
+    store_url: str | None,
+    metrics_port: int,
+    interval: float,
+    once: bool,
+    log_level: str,
+    log_format: str,
+) -> None:
+    """Serve each task's queue depths and consumers, dead letters, the delay ladder,
+    unroutable jobs and (with --store) the ledger's counts as Prometheus metrics.
+
+    Polls the broker over AMQP (passive declares: no management plugin, nothing
+    created) every --interval seconds and keeps serving the last figures when a
+    poll fails (broker_jobs_exporter_up 0). /readyz: a poll succeeded, and the last
+    one did.
+
+    \b
+    Examples:
+      broker-jobs exporter --app myproject.tasks:app --store postgresql://ops@db/jobs
+      broker-jobs exporter --namespace jobs --task mail.send --once
+    """
+    app_path = _app_path(app_option, namespace, tasks)
+    configure_logging(log_level.lower(), log_format)
+    # pika logs each failed connect as several ERRORs with tracebacks; a poll's failure
+    # is logged once per streak, masked and in one line, by the exporter itself.
+    logging.getLogger("pika").setLevel(logging.CRITICAL)
+    try:
+        names, wanted = _tasks(app_path, namespace, tasks)
+        registry = CollectorRegistry()
+        exporter = Exporter(url, names, wanted, registry, store_url=store_url, interval=interval)
+        if once:
+            _once(exporter, registry)
+        asyncio.run(_serve(exporter, registry, metrics_port))
+    except (BrokerJobsError, InvalidNameError) as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(1)
+
+
+def _once(exporter: Exporter, registry: CollectorRegistry) -> None:
+    polled = exporter.poll()
+    exporter.close()
+    click.echo(generate_latest(registry).decode(), nl=False)
+    sys.exit(0 if polled else 1)
+
+
+async def _serve(exporter: Exporter, registry: CollectorRegistry, port: int) -> None:
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    await run_observed(exporter.run(stopping), registry, Health(exporter.ready), port)
