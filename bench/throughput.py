@@ -12,8 +12,14 @@ run. Two phases per variant and round:
 Rounds interleave the variants in a rotated order; the report gives medians over rounds
 and the ratios worker / raw.
 
+``--observe`` adds two variants of the SQLite worker, measured in the same rounds:
+with its metrics (a :class:`WorkerMetrics` registry, as ``--metrics-port`` makes),
+and with metrics and the outcome log lines at INFO, as JSON, to a file (one line per
+success). Their cost is reported as ratios to the plain SQLite worker.
+
     python -m bench.throughput --url amqp://guest:guest@localhost:5672/
     python -m bench.throughput --quick        # starts a throwaway RabbitMQ node
+    python -m bench.throughput --observe --no-celery --jobs 2000 --rounds 3
 
 The last line of the output is one JSON object with every figure.
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -32,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from multiprocessing.connection import Connection
@@ -41,11 +48,14 @@ from typing import Any
 
 import aio_pika
 import aio_pika.abc
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from bench.celery_baseline import CeleryMissingError, drain_rate
 from bench.publish import Admin, add_url_argument, broker, describe_broker, percentile
 from broker_jobs import App, JobRequest, Publisher
+from broker_jobs.observe.logs import configure_logging
+from broker_jobs.observe.worker_metrics import WorkerMetrics
 from broker_jobs.store import MemoryStore, SQLiteStore, Store
 from broker_jobs.testing.rabbit_node import RabbitNode
 from broker_jobs.worker import Worker, WorkerSettings
@@ -66,8 +76,12 @@ DRAIN_TIMEOUT = 300.0
 WORKER_SQLITE = "worker sync sqlite"
 WORKER_ASYNC = "worker async sqlite"
 WORKER_MEMORY = "worker sync memory"
+WORKER_METRICS = "worker sqlite metrics"
+WORKER_LOGS = "worker sqlite metrics+logs"
 RAW = "raw aio-pika"
 VARIANTS = (WORKER_SQLITE, WORKER_ASYNC, WORKER_MEMORY, RAW)
+#: With --observe: the SQLite worker with its metrics, then with its INFO lines too.
+OBSERVED = (WORKER_METRICS, WORKER_LOGS)
 
 #: Issue figures, measured on 2 cores with RabbitMQ 3.10 (jobs/s): the aim's fallback
 #: when celery is not installed here (Celery's rate scaled by raw aio-pika's).
@@ -97,6 +111,11 @@ class Options:
     concurrency: int
     quick: bool
     celery: bool = True
+    observe: bool = False
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return (*VARIANTS, *OBSERVED) if self.observe else VARIANTS
 
     @property
     def prefetch(self) -> int:
@@ -133,6 +152,11 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         action="store_true",
         help="skip the Celery drain of each round (run when celery is installed)",
     )
+    parser.add_argument(
+        "--observe",
+        action="store_true",
+        help="also the SQLite worker with metrics, and with metrics and INFO JSON log lines",
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     options = Options(
@@ -144,6 +168,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         concurrency=args.concurrency,
         quick=quick,
         celery=not args.no_celery,
+        observe=args.observe,
     )
     if min(options.jobs, options.rounds, options.concurrency) < 1:
         parser.error("--jobs, --rounds and --concurrency must be positive")
@@ -399,9 +424,35 @@ class Target:
         return self.app.topology()
 
 
+@contextlib.contextmanager
+def outcome_lines(directory: str) -> Iterator[None]:
+    """The daemons' logging (configure_logging: INFO, JSON, password masking) into a
+    file of ``directory``, as a worker run with --log-format json writes to a shipper;
+    the bench's own logging is put back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    with open(Path(directory) / "worker.log", "w") as log_file:
+        stderr, sys.stderr = sys.stderr, log_file
+        try:
+            configure_logging("info", "json")
+        finally:
+            sys.stderr = stderr
+        try:
+            yield
+        finally:
+            for handler in list(root.handlers):
+                root.removeHandler(handler)
+            for handler in handlers:
+                root.addHandler(handler)
+            root.setLevel(level)
+
+
 class WorkerVariant:
-    def __init__(self, name: str, task: str, memory: bool) -> None:
+    def __init__(
+        self, name: str, task: str, memory: bool, *, metrics: bool = False, logs: bool = False
+    ) -> None:
         self.name, self.task, self._memory = name, task, memory
+        self._metrics, self._logs = metrics, logs
 
     def _store(self, directory: str, settled: Settled) -> Store:
         if self._memory:
@@ -415,13 +466,17 @@ class WorkerVariant:
             burst=burst,
             declare=False,
         )
-        return Worker(target.url, target.app, store, settings)
+        metrics = WorkerMetrics(CollectorRegistry()) if self._metrics else None
+        return Worker(target.url, target.app, store, settings, metrics=metrics)
+
+    def _logging(self, directory: str) -> contextlib.AbstractContextManager[None]:
+        return outcome_lines(directory) if self._logs else contextlib.nullcontext()
 
     async def drain(self, target: Target) -> Drain:
         jobs = target.options.jobs
         RECORDER.reset(jobs)
         settled = Settled()
-        with tempfile.TemporaryDirectory(prefix="bthr") as directory:
+        with tempfile.TemporaryDirectory(prefix="bthr") as directory, self._logging(directory):
             store = self._store(directory, settled)
             try:
                 start = time.perf_counter()
@@ -436,7 +491,7 @@ class WorkerVariant:
     async def steady(self, target: Target, publisher: SteadyProcess, slots: int) -> Steady:
         RECORDER.reset(slots + 1)
         settled = Settled()
-        with tempfile.TemporaryDirectory(prefix="bthr") as directory:
+        with tempfile.TemporaryDirectory(prefix="bthr") as directory, self._logging(directory):
             store = self._store(directory, settled)
             worker = self._worker(target, store, burst=False)
             running = asyncio.create_task(worker.run())
@@ -477,13 +532,19 @@ class RawVariant:
 Variant = WorkerVariant | RawVariant
 
 
-def make_variants() -> list[Variant]:
-    return [
+def make_variants(options: Options) -> list[Variant]:
+    variants: list[Variant] = [
         WorkerVariant(WORKER_SQLITE, TASK, memory=False),
         WorkerVariant(WORKER_ASYNC, TASK_ASYNC, memory=False),
         WorkerVariant(WORKER_MEMORY, TASK, memory=True),
         RawVariant(),
     ]
+    if options.observe:
+        variants += [
+            WorkerVariant(WORKER_METRICS, TASK, memory=False, metrics=True),
+            WorkerVariant(WORKER_LOGS, TASK, memory=False, metrics=True, logs=True),
+        ]
+    return variants
 
 
 # -- running --------------------------------------------------------------------------------
@@ -494,30 +555,32 @@ FIGURES = ("jobs_per_s", "p50_ms", "p99_ms")
 
 @dataclass
 class Results:
-    figures: dict[str, dict[str, list[float]]] = field(
-        default_factory=lambda: {v: {f: [] for f in FIGURES} for v in VARIANTS}
-    )
+    names: tuple[str, ...] = VARIANTS
+    figures: dict[str, dict[str, list[float]]] = field(init=False)
     warnings: list[str] = field(default_factory=list)
     #: Celery's drain rate per round, measured in the same run (empty without celery).
     celery_rates: list[float] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.figures = {v: {f: [] for f in FIGURES} for v in self.names}
+
     def median(self, variant: str, figure: str) -> float:
         return statistics.median(self.figures[variant][figure])
 
-    def rate_ratio(self, variant: str) -> float:
-        return self.median(variant, "jobs_per_s") / self.median(RAW, "jobs_per_s")
+    def rate_ratio(self, variant: str, base: str = RAW) -> float:
+        return self.median(variant, "jobs_per_s") / self.median(base, "jobs_per_s")
 
-    def p50_gap(self, variant: str) -> float:
-        return self.median(variant, "p50_ms") - self.median(RAW, "p50_ms")
+    def p50_gap(self, variant: str, base: str = RAW) -> float:
+        return self.median(variant, "p50_ms") - self.median(base, "p50_ms")
 
-    def round_rate_ratios(self, variant: str) -> list[float]:
+    def round_rate_ratios(self, variant: str, base: str = RAW) -> list[float]:
         pairs = zip(
-            self.figures[variant]["jobs_per_s"], self.figures[RAW]["jobs_per_s"], strict=True
+            self.figures[variant]["jobs_per_s"], self.figures[base]["jobs_per_s"], strict=True
         )
         return [a / b for a, b in pairs]
 
-    def round_p50_gaps(self, variant: str) -> list[float]:
-        pairs = zip(self.figures[variant]["p50_ms"], self.figures[RAW]["p50_ms"], strict=True)
+    def round_p50_gaps(self, variant: str, base: str = RAW) -> list[float]:
+        pairs = zip(self.figures[variant]["p50_ms"], self.figures[base]["p50_ms"], strict=True)
         return [a - b for a, b in pairs]
 
 
@@ -585,8 +648,8 @@ def measure_celery(url: str, options: Options, results: Results) -> str:
 
 
 def run_rounds(options: Options, url: str, admin: Admin) -> Results:
-    results = Results()
-    variants = make_variants()
+    results = Results(options.variants)
+    variants = make_variants(options)
     with asyncio.Runner() as runner:
         for index in range(options.rounds):
             target = Target.fresh(url, options)
@@ -621,6 +684,11 @@ def describe_config(
         "prefetch": options.prefetch,
         "queue": "durable quorum, persistent messages, publisher confirms",
         "store": "SQLite (WAL, synchronous=FULL) in a temp dir; MemoryStore for comparison",
+        "observe": (
+            "SQLite worker also with metrics, and with metrics + INFO JSON lines to a file"
+            if options.observe
+            else "off (--observe)"
+        ),
         "celery": (
             "solo pool, acks_late, default prefetch, quorum queue (bench/celery_baseline.py)"
             if options.celery
@@ -642,7 +710,7 @@ def print_table(results: Results) -> None:
         f"{'variant':<22} {'jobs/s':>9} {'min':>8} {'max':>8}"
         f" {'p50 ms':>8} {'p99 ms':>8} {'vs raw':>7} {'p50 +ms':>8}"
     )
-    for name in VARIANTS:
+    for name in results.names:
         rates = results.figures[name]["jobs_per_s"]
         print(
             f"{name:<22} {results.median(name, 'jobs_per_s'):>9,.0f} {min(rates):>8,.0f}"
@@ -707,21 +775,50 @@ def print_aims(results: Results) -> None:
         print(f"WARNING: {warning}")
 
 
+def observe_cost(results: Results) -> dict[str, dict[str, Any]]:
+    """The --observe variants next to the plain SQLite worker of the same rounds."""
+    base = WORKER_SQLITE
+    return {
+        name: {
+            "jobs_per_s_ratio": round(results.rate_ratio(name, base), 3),
+            "round_jobs_per_s_ratios": [round(x, 3) for x in results.round_rate_ratios(name, base)],
+            "p50_ms_diff": round(results.p50_gap(name, base), 3),
+            "round_p50_ms_diffs": [round(x, 3) for x in results.round_p50_gaps(name, base)],
+            "p99_ms_diff": round(
+                results.median(name, "p99_ms") - results.median(base, "p99_ms"), 3
+            ),
+        }
+        for name in OBSERVED
+        if name in results.names
+    }
+
+
+def print_observe_cost(results: Results) -> None:
+    for name, cost in observe_cost(results).items():
+        ratios = ", ".join(f"{r:.2f}" for r in cost["round_jobs_per_s_ratios"])
+        gaps = ", ".join(f"{g:+.2f}" for g in cost["round_p50_ms_diffs"])
+        print(
+            f"Cost ({name} / {WORKER_SQLITE}): jobs/s x{cost['jobs_per_s_ratio']:.3f}"
+            f" (per round {ratios}); p50 {cost['p50_ms_diff']:+.2f} ms (per round {gaps});"
+            f" p99 {cost['p99_ms_diff']:+.2f} ms"
+        )
+
+
 def summary(config: dict[str, Any], results: Results) -> dict[str, Any]:
     def r(value: float) -> float:
         return round(value, 2)
 
+    names = results.names
     return {
         "config": config,
-        "median": {v: {f: r(results.median(v, f)) for f in FIGURES} for v in VARIANTS},
-        "rounds": {
-            v: {f: [r(x) for x in results.figures[v][f]] for f in FIGURES} for v in VARIANTS
-        },
-        "jobs_per_s_ratio_vs_raw": {v: round(results.rate_ratio(v), 3) for v in VARIANTS},
-        "p50_ms_minus_raw": {v: r(results.p50_gap(v)) for v in VARIANTS},
+        "median": {v: {f: r(results.median(v, f)) for f in FIGURES} for v in names},
+        "rounds": {v: {f: [r(x) for x in results.figures[v][f]] for f in FIGURES} for v in names},
+        "jobs_per_s_ratio_vs_raw": {v: round(results.rate_ratio(v), 3) for v in names},
+        "p50_ms_minus_raw": {v: r(results.p50_gap(v)) for v in names},
         "round_jobs_per_s_ratios": {
-            v: [round(x, 3) for x in results.round_rate_ratios(v)] for v in VARIANTS
+            v: [round(x, 3) for x in results.round_rate_ratios(v)] for v in names
         },
+        "observe_cost_vs_plain_sqlite_worker": observe_cost(results),
         "celery_jobs_per_s": {
             "median": r(statistics.median(results.celery_rates)) if results.celery_rates else None,
             "rounds": [r(x) for x in results.celery_rates],
@@ -744,6 +841,7 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
         admin.close()
     print_table(results)
     print_aims(results)
+    print_observe_cost(results)
     return summary(config, results)
 
 
@@ -756,7 +854,8 @@ class QuietNoTimeLimit(logging.Filter):
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    logging.getLogger("broker_jobs.worker").addFilter(QuietNoTimeLimit())
+    # On the logger that logs it: a logger's filters skip records its children pass up.
+    logging.getLogger("broker_jobs.worker.daemon").addFilter(QuietNoTimeLimit())
     with broker(options.url) as (url, node):
         figures = bench(options, url, node)
     print(json.dumps(figures, sort_keys=False))

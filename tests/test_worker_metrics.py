@@ -315,7 +315,11 @@ def test_the_cli_worker_logs_one_json_line_per_outcome_and_serves_its_metrics(
         what="the retry's success and the duplicate logged",
     )
     assert ready(port)
-    assert Scrape(port).value("broker_jobs_jobs_total", outcome="succeeded") == 3
+    wait_until(  # counted once acked, just after the line
+        lambda: Scrape(port).value("broker_jobs_jobs_total", outcome="succeeded") == 3,
+        within=10,
+        what="3 successes counted",
+    )
     assert worker.stop() == 0
     lines = outcome_lines(worker.log)
     succeeded = lines[(ok.id, "succeeded")]

@@ -448,9 +448,9 @@ class FastPath:
                 log.warning("acking %d deliveries failed; they will be redelivered", len(items))
                 runner.outcomes.counts["ack-failed"] += len(settled)
                 continue
-            runner.outcomes.counts["succeeded"] += len(settled)
-            for item in settled:
+            for item in settled:  # first: who waits for outcomes sees the metrics
                 runner.observer.settled(item.task, "succeeded")
+            runner.outcomes.counts["succeeded"] += len(settled)
             if not acked:  # recorded: the redelivered copies will find them done
                 runner.outcomes.counts["ack-lost"] += len(settled)
         for item in items:  # settled only now: a stopping worker waits for the acks

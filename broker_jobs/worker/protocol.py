@@ -227,8 +227,8 @@ class Runner:
             log.warning("acking a %s delivery failed; it will be redelivered", task)
             self.outcomes.add("ack-failed")
             return
+        self.observer.settled(task, outcome)  # first: who waits for outcomes sees metrics
         self.outcomes.add(outcome)
-        self.observer.settled(task, outcome)
         if not acked:  # recorded: the redelivered copy will find it settled
             self.outcomes.add("ack-lost")
 
