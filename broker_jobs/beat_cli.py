@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import click
 from prometheus_client import CollectorRegistry
@@ -33,10 +32,10 @@ from broker_jobs.cli_options import (
 )
 from broker_jobs.cli_output import echo_json, iso, json_option, when
 from broker_jobs.envelope import utc_now
-from broker_jobs.errors import BrokerJobsError, ConfigurationError
+from broker_jobs.errors import BrokerJobsError
 from broker_jobs.observe.beat_metrics import BeatMetrics
 from broker_jobs.observe.logs import configure_logging
-from broker_jobs.observe.server import Health, ObservabilityServer
+from broker_jobs.observe.server import Health, serving
 from broker_jobs.store.base import Store
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
@@ -141,25 +140,8 @@ async def _run(  # noqa: PLR0917 - the run command's settings, passed on
     if metrics_port is None:
         await beat.run()
     else:
-        await run_observed(beat.run(), registry, Health(beat.readiness), metrics_port)
-
-
-async def run_observed(
-    work: Coroutine[Any, Any, None], registry: CollectorRegistry, health: Health, port: int
-) -> None:
-    """Await ``work`` while ``registry`` and ``health`` are served on ``port``, the
-    event loop beating for /healthz (the beat's and the exporter's)."""
-    try:
-        server = ObservabilityServer(registry, health, port)
-    except OSError as error:  # the port is taken, or not ours to bind
-        work.close()
-        raise ConfigurationError(f"cannot serve metrics on port {port}: {error}") from None
-    with server:
-        beating = asyncio.create_task(health.keep_beating())
-        try:
-            await work
-        finally:
-            beating.cancel()
+        async with serving(registry, Health(beat.readiness), metrics_port):
+            await beat.run()
 
 
 @beat_group.command("status")

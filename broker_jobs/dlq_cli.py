@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from broker_jobs.app_loader import load_app
-from broker_jobs.cli_options import app_option, store_option, url_option
+from broker_jobs.cli_options import store_option, url_option
+from broker_jobs.cli_tasks import chosen_tasks, task_options
 from broker_jobs.dead_letter_queue import (
     BROKER_DELIVERY_LIMIT,
     DeadLetter,
@@ -36,13 +36,12 @@ from broker_jobs.dead_letter_queue import (
     ReplaySummary,
 )
 from broker_jobs.envelope import utc_now
-from broker_jobs.errors import BrokerJobsError, ConfigurationError
+from broker_jobs.errors import BrokerJobsError
 from broker_jobs.store.base import Store, mask_dsn
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs, mask_text
 from topology.names import (
     DEAD_REASONS,
-    DEFAULT_NAMESPACE,
     HEADER_DEAD_TRACEBACK,
     InvalidNameError,
     Names,
@@ -73,19 +72,7 @@ def dlq_group() -> None:
 
 def _queue_options(function: F) -> F:
     """Which dead-letter queues: --app (all its tasks, or --task) or --namespace --task."""
-    function = click.option(
-        "--task",
-        "tasks",
-        multiple=True,
-        metavar="TASK",
-        help="A task whose dead letters to take (repeatable). Default with --app: every"
-        " task of the app; required with --namespace.",
-    )(function)
-    function = click.option(
-        "--namespace",
-        help=f"The namespace, without --app (default {DEFAULT_NAMESPACE!r}); needs --task.",
-    )(function)
-    return url_option(app_option(function))
+    return url_option(task_options("whose dead letters to take")(function))
 
 
 def _filter_options(function: F) -> F:
@@ -295,28 +282,11 @@ def purge_command(  # noqa: PLR0917 - click passes every option positionally
 
 
 def _queues(
-    app_path: str | None, namespace: str | None, tasks: Sequence[str]
+    app_path: str | None, namespace: str | None, tasks: tuple[str, ...]
 ) -> tuple[Names, tuple[str, ...]]:
     """The namespace and the tasks whose dead-letter queues a command takes."""
-    if app_path is None:
-        if not tasks:
-            raise click.UsageError(
-                "which dead-letter queues? Add --task TASK (repeatable), or --app MODULE:APP"
-                " for every task of the app (AMQP cannot list a namespace's queues)"
-            )
-        return Names(namespace or DEFAULT_NAMESPACE), tuple(dict.fromkeys(tasks))
-    app = load_app(app_path)
-    if namespace is not None and namespace != app.namespace:
-        raise ConfigurationError(
-            f"--namespace {namespace!r} contradicts the app's namespace {app.namespace!r}:"
-            " leave --namespace out with --app"
-        )
-    for task in tasks:
-        app.get(task)  # UnknownTaskError names the app's tasks
-    chosen = tuple(dict.fromkeys(tasks)) or tuple(spec.name for spec in app)
-    if not chosen:
-        raise ConfigurationError(f"--app {app_path!r} declares no tasks: it has no dead letters")
-    return app.names, chosen
+    chosen = chosen_tasks(app_path, namespace, tasks, "whose dead letters to take")
+    return chosen.names, tuple(chosen.tasks)
 
 
 def _filter(

@@ -17,15 +17,14 @@ import sys
 import click
 from prometheus_client import CollectorRegistry, generate_latest
 
-from broker_jobs.beat_cli import run_observed
-from broker_jobs.cli_options import app_option, log_options, url_option
+from broker_jobs.cli_options import log_options, url_option
+
+# The app or namespace and tasks are chosen as `broker-jobs status` chooses them.
+from broker_jobs.cli_tasks import chosen_tasks, task_options
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.observe.exporter import POLL_EVERY, Exporter
 from broker_jobs.observe.logs import configure_logging
-from broker_jobs.observe.server import Health
-
-# The app or namespace and tasks are chosen as `broker-jobs status` chooses them.
-from broker_jobs.status_cli import _app_path, _tasks
+from broker_jobs.observe.server import Health, serving
 from broker_jobs.urls import BrokerURLs
 from topology.names import InvalidNameError
 
@@ -34,15 +33,7 @@ DEFAULT_PORT = 9102
 
 @click.command("exporter")
 @url_option
-@app_option
-@click.option("--namespace", help="The namespace, without --app (give its tasks with --task).")
-@click.option(
-    "--task",
-    "tasks",
-    multiple=True,
-    metavar="NAME",
-    help="A task to export (repeatable): with --namespace, or a subset of the app's tasks.",
-)
+@task_options("to export")
 @click.option(
     "--store",
     "store_url",
@@ -99,15 +90,16 @@ def exporter_command(  # noqa: PLR0917 - click passes every option positionally
       broker-jobs exporter --app myproject.tasks:app --store postgresql://ops@db/jobs
       broker-jobs exporter --namespace jobs --task mail.send --once
     """
-    app_path = _app_path(app_option, namespace, tasks)
     configure_logging(log_level.lower(), log_format)
     # pika logs each failed connect as several ERRORs with tracebacks; a poll's failure
     # is logged once per streak, masked and in one line, by the exporter itself.
     logging.getLogger("pika").setLevel(logging.CRITICAL)
     try:
-        names, wanted = _tasks(app_path, namespace, tasks)
+        chosen = chosen_tasks(app_option, namespace, tasks, "to export")
         registry = CollectorRegistry()
-        exporter = Exporter(url, names, wanted, registry, store_url=store_url, interval=interval)
+        exporter = Exporter(
+            url, chosen.names, chosen.tasks, registry, store_url=store_url, interval=interval
+        )
         if once:
             _once(exporter, registry)
         asyncio.run(_serve(exporter, registry, metrics_port))
@@ -128,4 +120,5 @@ async def _serve(exporter: Exporter, registry: CollectorRegistry, port: int) -> 
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
-    await run_observed(exporter.run(stopping), registry, Health(exporter.ready), port)
+    async with serving(registry, Health(exporter.ready), port):
+        await exporter.run(stopping)

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import click
 
-from broker_jobs.app_loader import load_app
-from broker_jobs.cli_options import app_option, store_option, url_option
+from broker_jobs.cli_options import store_option, url_option
 from broker_jobs.cli_output import console, echo_json, fail, json_option, span, table
+from broker_jobs.cli_tasks import chosen_tasks, task_options
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.status_report import (
     QueueState,
@@ -21,7 +21,7 @@ from broker_jobs.status_report import (
 from broker_jobs.store.base import Status, mask_dsn
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
-from topology.names import InvalidNameError, Names, check_task_name
+from topology.names import InvalidNameError
 
 _COLUMNS = (
     "task",
@@ -43,15 +43,7 @@ _COLUMNS = (
 
 @click.command("status")
 @url_option
-@app_option
-@click.option("--namespace", help="The namespace, without --app (give its tasks with --task).")
-@click.option(
-    "--task",
-    "tasks",
-    multiple=True,
-    metavar="NAME",
-    help="A task to show (repeatable): with --namespace, or a subset of the app's tasks.",
-)
+@task_options("to show")
 @store_option
 @json_option
 def status_command(  # noqa: PLR0917 - click passes every option positionally
@@ -74,65 +66,16 @@ def status_command(  # noqa: PLR0917 - click passes every option positionally
       broker-jobs status --app myproject.tasks:app
       broker-jobs status --namespace jobs --task image.resize --task mail.send --json
     """
-    app_path = _app_path(app_option, namespace, tasks)
     try:
-        names, wanted = _tasks(app_path, namespace, tasks)
+        chosen = chosen_tasks(app_option, namespace, tasks, "to show")
         with open_store(store_url, must_exist=True) as store:
-            report = collect(url, names, wanted, store)
+            report = collect(url, chosen.names, chosen.tasks, store)
     except (BrokerJobsError, InvalidNameError) as error:
         fail(str(error))
     if as_json:
         echo_json(report.document())
         return
-    _echo(report, store_url, app_path)
-
-
-def _app_path(app: str | None, namespace: str | None, tasks: tuple[str, ...]) -> str | None:
-    """The app, unless it only came from BROKER_JOBS_APP and --namespace was given."""
-    if app is None or namespace is None:
-        return app
-    source = click.get_current_context().get_parameter_source("app_option")
-    if source is click.core.ParameterSource.ENVIRONMENT:
-        return None  # an explicit --namespace wins over the environment's app
-    raise click.UsageError("give --app or --namespace (with --task), not both")
-
-
-def _tasks(
-    app_path: str | None, namespace: str | None, tasks: tuple[str, ...]
-) -> tuple[Names, list[str]]:
-    """The namespace and the tasks to report: the app's (or those of them given with
-    --task), or the --task names in --namespace."""
-    if app_path is None:
-        if namespace is None:
-            raise click.UsageError(
-                "no tasks given: add --app MODULE:APP, or --namespace NS with --task NAME"
-            )
-        if not tasks:
-            raise click.UsageError(
-                f"--namespace {namespace} needs the tasks to show: add --task NAME (repeatable)"
-            )
-        return _names(namespace), [_task_name(task) for task in dict.fromkeys(tasks)]
-    app = load_app(app_path)
-    unknown = [task for task in tasks if task not in app]
-    if unknown:
-        known = ", ".join(sorted(task.name for task in app)) or "none"
-        raise click.UsageError(f"--task {unknown[0]}: not a task of {app_path} (it has {known})")
-    return app.names, list(dict.fromkeys(tasks)) or sorted(task.name for task in app)
-
-
-def _names(namespace: str) -> Names:
-    try:
-        return Names(namespace)
-    except InvalidNameError as error:
-        raise click.BadParameter(str(error), param_hint="--namespace") from None
-
-
-def _task_name(task: str) -> str:
-    """``task`` if it can be a task name; checked before connecting to anything."""
-    try:
-        return check_task_name(task)
-    except InvalidNameError as error:
-        raise click.BadParameter(str(error), param_hint="--task") from None
+    _echo(report, store_url, chosen.app_path)
 
 
 def _echo(report: StatusReport, store_url: str, app_path: str | None) -> None:

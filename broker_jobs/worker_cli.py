@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import click
@@ -24,7 +22,7 @@ from broker_jobs.cli_options import (
 )
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.observe.logs import configure_logging
-from broker_jobs.observe.server import Health, ObservabilityServer
+from broker_jobs.observe.server import Health, serving
 from broker_jobs.observe.worker_metrics import WorkerMetrics
 from broker_jobs.store.base import DEFAULT_RETENTION, Store
 from broker_jobs.store.urls import open_store
@@ -148,21 +146,5 @@ async def _run(
     registry = CollectorRegistry()
     worker = Worker(url, app, store, settings, metrics=WorkerMetrics(registry))
     worker.install_signal_handlers()
-    async with _serving(registry, Health(worker.readiness), metrics_port):
+    async with serving(registry, Health(worker.readiness), metrics_port):
         return dict(await worker.run())
-
-
-@contextlib.asynccontextmanager
-async def _serving(registry: CollectorRegistry, health: Health, port: int) -> AsyncIterator[None]:
-    """/metrics, /healthz and /readyz on ``port`` while the worker runs; the loop
-    beats for /healthz from a task of its own."""
-    try:
-        server = ObservabilityServer(registry, health, port).start()
-    except OSError as error:  # the port is taken: say so, as for any configuration error
-        raise click.ClickException(f"cannot serve metrics on port {port}: {error}") from None
-    beating = asyncio.create_task(health.keep_beating())
-    try:
-        yield
-    finally:
-        beating.cancel()
-        server.close()

@@ -558,7 +558,7 @@ def test_errors_are_one_line_and_say_what_to_do(broker: Broker, namespace: str) 
         main, ["dlq", "list", "--url", broker.url, "--namespace", namespace]
     )
     assert result.exit_code == 2
-    assert "Add --task TASK" in result.stderr
+    assert "needs the tasks whose dead letters to take: add --task NAME" in result.stderr
 
     code, _out, err = cli("list", "--url", broker.url, "--namespace", namespace, "--task", TASK)
     assert code == 1

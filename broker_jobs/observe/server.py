@@ -12,16 +12,19 @@ loop beats (:meth:`Health.beat`, called from the loop every second by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from broker_jobs.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +109,23 @@ class ObservabilityServer:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(registry: CollectorRegistry, health: Health, port: int) -> AsyncIterator[None]:
+    """Serve ``registry`` and ``health`` on ``port`` while the block runs, the running
+    event loop beating for /healthz from a task of its own (worker, beat, exporter).
+    A port that cannot be bound is a :class:`ConfigurationError` saying so."""
+    try:
+        server = ObservabilityServer(registry, health, port)
+    except OSError as error:  # taken, or not ours to bind
+        raise ConfigurationError(f"cannot serve metrics on port {port}: {error}") from None
+    with server:
+        beating = asyncio.create_task(health.keep_beating())
+        try:
+            yield
+        finally:
+            beating.cancel()
 
 
 def _handler(registry: CollectorRegistry, health: Health) -> type[BaseHTTPRequestHandler]:
