@@ -6,6 +6,7 @@ import click
 
 from broker_jobs import __version__
 from broker_jobs.beat_cli import beat_group
+from broker_jobs.dashboard_cli import dashboard_command
 from broker_jobs.dlq_cli import dlq_group
 from broker_jobs.exporter_cli import exporter_command
 from broker_jobs.jobs_cli import jobs_group
@@ -29,3 +30,4 @@ main.add_command(status_command)
 main.add_command(jobs_group)
 main.add_command(dlq_group)
 main.add_command(exporter_command)
+main.add_command(dashboard_command)

@@ -1,0 +1,96 @@
+"""The HTML pages (GET). Each reads in a worker thread and renders a template."""
+
+from __future__ import annotations
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from broker_jobs.dashboard import queries
+from broker_jobs.dashboard.filters import JobFilter, LetterFilter
+from broker_jobs.dashboard.safety import Refused
+from broker_jobs.dashboard.settings import DashboardSettings
+from broker_jobs.dashboard.views import render
+from broker_jobs.store.base import Status
+
+
+def settings_of(request: Request) -> DashboardSettings:
+    settings: DashboardSettings = request.app.state.settings
+    return settings
+
+
+def known_task(settings: DashboardSettings, task: str) -> str:
+    if task not in settings.tasks:
+        raise Refused(404, f"no task {task!r} on this dashboard")
+    return task
+
+
+async def overview_page(request: Request) -> Response:
+    settings = settings_of(request)
+    overview = await run_in_threadpool(queries.overview, settings)
+    tasks = overview.report.tasks
+    scale = max(
+        [t.ledger.succeeded_last_hour for t in tasks] + [t.ledger.failed_last_hour for t in tasks],
+        default=0,
+    )
+    template = "_overview.html" if request.query_params.get("fragment") else "overview.html"
+    return render(request, settings, template, {"overview": overview, "scale": scale})
+
+
+async def task_page(request: Request) -> Response:
+    settings = settings_of(request)
+    task = known_task(settings, request.path_params["task"])
+    view = await run_in_threadpool(queries.task_view, settings, task)
+    template = "_task.html" if request.query_params.get("fragment") else "task.html"
+    return render(request, settings, template, {"view": view, "task": task})
+
+
+async def jobs_page(request: Request) -> Response:
+    settings = settings_of(request)
+    chosen = JobFilter.read(request.query_params)
+    page = await run_in_threadpool(queries.jobs, settings, chosen)
+    return render(
+        request,
+        settings,
+        "jobs.html",
+        {
+            "page": page,
+            "filter": chosen,
+            "states": [status.value for status in Status],
+            "next_query": chosen.query(page.after) if page.after else None,
+            "first_query": chosen.query() if chosen.after else None,
+        },
+    )
+
+
+async def job_page(request: Request) -> Response:
+    settings = settings_of(request)
+    ref = request.path_params["ref"]
+    view = await run_in_threadpool(queries.job_view, settings, ref)
+    if view is None:
+        raise Refused(404, f"no job with key or id {ref!r} in the ledger")
+    cancellable = view.record.status in {Status.QUEUED, Status.SCHEDULED, Status.RETRYING}
+    return render(
+        request,
+        settings,
+        "job.html",
+        {
+            "view": view,
+            "record": view.record,
+            "cancellable": cancellable,
+            "replayable": view.dead_letter is not None and view.record.task in settings.tasks,
+        },
+    )
+
+
+async def dead_letters_page(request: Request) -> Response:
+    settings = settings_of(request)
+    chosen = LetterFilter.read(request.query_params)
+    view = await run_in_threadpool(queries.letters_view, settings, chosen)
+    return render(request, settings, "dead_letters.html", {"view": view, "filter": chosen})
+
+
+async def schedules_page(request: Request) -> Response:
+    settings = settings_of(request)
+    document = await run_in_threadpool(queries.schedules, settings)
+    return render(request, settings, "schedules.html", {"document": document})

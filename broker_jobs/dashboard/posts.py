@@ -1,0 +1,127 @@
+"""The actions (POST only): each first answers with a confirmation page whose form
+posts the same fields again with ``confirm=yes``; only that second post acts, and
+shows a result page with counts. Every post is CSRF-checked and refused (403) on a
+read-only dashboard; the confirmed one also needs the token when one is set."""
+
+from __future__ import annotations
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from broker_jobs.dashboard import actions
+from broker_jobs.dashboard.filters import LetterFilter
+from broker_jobs.dashboard.pages import settings_of
+from broker_jobs.dashboard.queries import dead_letter_queues
+from broker_jobs.dashboard.safety import (
+    CSRF_FIELD,
+    TOKEN_FIELD,
+    Form,
+    Refused,
+    check_post,
+    check_token,
+    field,
+    read_form,
+    who,
+)
+from broker_jobs.dashboard.settings import DashboardSettings
+from broker_jobs.dashboard.views import render
+
+SCOPES = ("one", "selected", "matching")
+
+
+async def cancel(request: Request) -> Response:
+    settings = settings_of(request)
+    form = await _checked_form(request, settings)
+    ref = field(form, "ref").strip()
+    if not ref:
+        raise Refused(400, "ref: name the job to cancel")
+    if field(form, "confirm") != "yes":
+        record = await run_in_threadpool(settings.store.lookup, ref)
+        if record is None:
+            raise Refused(404, f"no job with key or id {ref!r} in the ledger")
+        question = (
+            f"Cancel job {record.idempotency_key!r} ({record.task}, {record.status.value})?"
+            " It will not run; a running job is not interrupted."
+        )
+        return _confirm(
+            request, settings, "/actions/cancel", action="cancel", question=question, form=form
+        )
+    check_token(request, form, settings)
+    result = await run_in_threadpool(actions.cancel, settings, ref, who(request, settings))
+    return render(request, settings, "result.html", {"result": result})
+
+
+async def replay(request: Request) -> Response:
+    return await _dead_letters(request, "replay")
+
+
+async def purge(request: Request) -> Response:
+    return await _dead_letters(request, "purge")
+
+
+async def _dead_letters(request: Request, action: str) -> Response:
+    settings = settings_of(request)
+    form = await _checked_form(request, settings)
+    scope = field(form, action) or field(form, "scope")
+    if scope not in SCOPES:
+        raise Refused(400, f"{action}: one of {', '.join(SCOPES)}")
+    chosen = LetterFilter.read({name: values[0] for name, values in form.items() if values})
+    tasks = chosen.tasks(settings.tasks)
+    refs = frozenset(ref for ref in form.get("ref", []) if ref)
+    if scope != "matching" and not refs:
+        raise Refused(400, f"{action}: select at least one dead letter")
+    if scope == "matching":
+        refs = frozenset()
+    if field(form, "confirm") != "yes":
+        depths = await run_in_threadpool(_depths, settings, tasks)
+        what = (
+            f"{len(refs)} selected dead letter(s): {', '.join(sorted(refs))}"
+            if refs
+            else "every dead letter matching "
+            + (", ".join(f"{k}={v!r}" for k, v in chosen.fields().items()) or "no filter (all)")
+        )
+        held = ", ".join(f"{task}: {count}" for task, count in depths.items())
+        verb = "Replay (publish again)" if action == "replay" else "Delete for good"
+        question = f"{verb} {what}? The queues hold {held}."
+        fields = {**form, "scope": [scope]}
+        return _confirm(
+            request, settings, f"/actions/{action}", action=action, question=question, form=fields
+        )
+    check_token(request, form, settings)
+    act = actions.replay if action == "replay" else actions.purge
+    result = await run_in_threadpool(act, settings, chosen, refs, who(request, settings))
+    return render(request, settings, "result.html", {"result": result})
+
+
+def _depths(settings: DashboardSettings, tasks: tuple[str, ...]) -> dict[str, int]:
+    with dead_letter_queues(settings, tasks) as dlq:
+        return dlq.depths()
+
+
+async def _checked_form(request: Request, settings: DashboardSettings) -> Form:
+    form = await read_form(request)
+    check_post(request, form, settings)
+    return form
+
+
+def _confirm(
+    request: Request,
+    settings: DashboardSettings,
+    target: str,
+    *,
+    action: str,
+    question: str,
+    form: Form,
+) -> Response:
+    """The confirmation step: the same fields again, and the confirm button."""
+    skip = {CSRF_FIELD, TOKEN_FIELD, "confirm", action}
+    hidden = [
+        (name, value) for name, values in form.items() if name not in skip for value in values
+    ]
+    return render(
+        request,
+        settings,
+        "confirm.html",
+        {"target": target, "action": action, "question": question, "hidden": hidden},
+    )

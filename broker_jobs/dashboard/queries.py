@@ -1,0 +1,210 @@
+"""What the pages show, read through the library's Python API only. Every function
+here blocks (the store, pika): the routes call them in a worker thread."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from broker_jobs.beat_cli import status_document
+from broker_jobs.cli_output import iso
+from broker_jobs.dashboard.filters import JobFilter, LetterFilter
+from broker_jobs.dashboard.settings import DashboardSettings
+from broker_jobs.dead_letter_queue import DeadLetter, DeadLetterQueues
+from broker_jobs.errors import BrokerJobsError
+from broker_jobs.status_report import StatusReport, TaskStatus, collect
+from broker_jobs.store.base import Execution, JobRecord, LeaderRecord, Page, Status, utc
+from broker_jobs.urls import mask_text
+
+CONNECTION_NAME = "broker-jobs dashboard"
+#: How many dead letters the dead-letter view reads (each read is a pass over the
+#: queue that puts every message back at its end: docs/operations.md).
+LETTERS_SHOWN = 200
+#: Upcoming fires shown per schedule.
+NEXT_FIRES = 3
+#: Recent jobs on a task's page.
+RECENT_JOBS = 20
+
+
+def dead_letter_queues(settings: DashboardSettings, tasks: tuple[str, ...]) -> DeadLetterQueues:
+    return DeadLetterQueues(
+        settings.urls, settings.names, list(tasks), connection_name=CONNECTION_NAME
+    )
+
+
+@dataclass(frozen=True)
+class Overview:
+    report: StatusReport
+    leader: LeaderRecord | None
+
+    def document(self) -> dict[str, Any]:
+        document = self.report.document()
+        leader = self.leader
+        document["beat_leader"] = (
+            None
+            if leader is None
+            else {
+                "identity": leader.identity,
+                "since": iso(leader.since),
+                "seen_at": iso(leader.seen_at),
+            }
+        )
+        return document
+
+
+def overview(settings: DashboardSettings, tasks: tuple[str, ...] | None = None) -> Overview:
+    report = collect(
+        settings.urls,
+        settings.names,
+        list(tasks or settings.tasks),
+        settings.store,
+        connection_name=CONNECTION_NAME,
+    )
+    return Overview(report, settings.store.leader(settings.names.namespace))
+
+
+@dataclass(frozen=True)
+class TaskView:
+    status: TaskStatus
+    taken_at: datetime
+    recent: list[JobRecord]
+    schedules: list[dict[str, Any]]
+
+    def document(self) -> dict[str, Any]:
+        from broker_jobs.jobs_cli import record_document  # noqa: PLC0415 - one use
+
+        return {
+            **self.status.document(self.taken_at),
+            "recent_jobs": [record_document(record) for record in self.recent],
+            "schedules": self.schedules,
+        }
+
+
+def task_view(settings: DashboardSettings, task: str) -> TaskView:
+    report = overview(settings, (task,)).report
+    recent = settings.store.page(task=task, limit=RECENT_JOBS).records
+    mine = [entry for entry in schedules(settings)["schedules"] if entry["task"] == task]
+    return TaskView(report.tasks[0], report.taken_at, recent, mine)
+
+
+def jobs(settings: DashboardSettings, chosen: JobFilter) -> Page:
+    return settings.store.page(**chosen.page_arguments())  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of a job's timeline."""
+
+    at: datetime
+    what: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class JobView:
+    record: JobRecord
+    executions: list[Execution]
+    dead_letter: DeadLetter | None
+    dead_letter_problem: str | None  # why the dead letter could not be read
+    timeline: list[Event] = field(default_factory=list)
+
+
+def job_view(settings: DashboardSettings, ref: str) -> JobView | None:
+    """The job of a key or job id, with its executions and, for a dead job, its dead
+    letter (the only place its payload is kept: the ledger keeps none)."""
+    record = settings.store.lookup(ref)
+    if record is None:
+        return None
+    executions = settings.store.executions(record.idempotency_key)
+    letter, problem = None, None
+    if record.status is Status.DEAD:
+        try:
+            with dead_letter_queues(settings, (record.task,)) as dlq:
+                found = dlq.find(record.idempotency_key)
+            letter = found[0] if found else None
+        except BrokerJobsError as error:
+            problem = mask_text(str(error))
+    return JobView(record, executions, letter, problem, timeline(record, executions, letter))
+
+
+def timeline(
+    record: JobRecord, executions: list[Execution], letter: DeadLetter | None
+) -> list[Event]:
+    events = [Event(record.created_at, "created", "published, or first claimed")]
+    for run in executions:
+        events.append(Event(run.started_at, f"attempt {run.attempt} started", run.worker))
+        if run.finished_at is not None:
+            outcome = run.outcome.value if run.outcome else "finished"
+            events.append(
+                Event(run.finished_at, f"attempt {run.attempt} {outcome}", run.error or "")
+            )
+    if letter is not None and letter.dead_at is not None:
+        events.append(Event(letter.dead_at, "dead-lettered", letter.reason or ""))
+    if record.due_at is not None:
+        events.append(Event(record.due_at, "due", record.status.value))
+    last = events[-1].at if events else None
+    if last is None or record.updated_at > last:
+        events.append(Event(record.updated_at, record.status.value, record.worker or ""))
+    return sorted(events, key=lambda event: event.at)
+
+
+@dataclass(frozen=True)
+class LetterGroup:
+    task: str
+    reason: str
+    letters: list[DeadLetter]
+
+
+@dataclass(frozen=True)
+class LettersView:
+    depths: dict[str, int]
+    groups: list[LetterGroup]
+    shown: int
+    limit: int
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "depths": self.depths,
+            "limit": self.limit,
+            "groups": [
+                {
+                    "task": group.task,
+                    "reason": group.reason,
+                    "count": len(group.letters),
+                    "dead_letters": [letter.to_json() for letter in group.letters],
+                }
+                for group in self.groups
+            ],
+        }
+
+
+def letters_view(settings: DashboardSettings, chosen: LetterFilter) -> LettersView:
+    tasks = chosen.tasks(settings.tasks)
+    with dead_letter_queues(settings, tasks) as dlq:
+        depths = dlq.depths()
+        letters = dlq.list(chosen.dead_letter_filter(), limit=LETTERS_SHOWN)
+    grouped: dict[tuple[str, str], list[DeadLetter]] = defaultdict(list)
+    for letter in letters:
+        grouped[letter.task, letter.reason or "unknown"].append(letter)
+    groups = [LetterGroup(task, reason, found) for (task, reason), found in sorted(grouped.items())]
+    return LettersView(depths, groups, len(letters), LETTERS_SHOWN)
+
+
+def schedules(settings: DashboardSettings) -> dict[str, Any]:
+    """``beat status --json``'s document, with the next few fires of each schedule."""
+    if settings.app is None:
+        return {"namespace": settings.names.namespace, "leader": None, "schedules": []}
+    now = utc(None)
+    document = status_document(settings.app, settings.schedules, settings.store, now)
+    entries: list[dict[str, Any]] = document["schedules"]  # type: ignore[assignment]
+    for entry, schedule in zip(entries, settings.schedules, strict=True):
+        upcoming: list[str | None] = []
+        moment: datetime | None = now
+        while moment is not None and len(upcoming) < NEXT_FIRES:
+            moment = schedule.timing.next_fire(moment)
+            if moment is not None:
+                upcoming.append(iso(moment))
+        entry["next_fires"] = upcoming
+    return document
