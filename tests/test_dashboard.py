@@ -1,0 +1,435 @@
+"""The web dashboard against a real broker and ledger (starlette's TestClient): the
+pages' figures, the jobs list's filters and paging, a job's executions, actions that
+confirm first and need the CSRF token (and the token when set), read-only refusals,
+and that a job's payload and error are shown as text, never as markup."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import logging
+import re
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from pydantic import BaseModel
+
+from broker_jobs import App, JobRequest, Publisher
+from broker_jobs.cli import main
+from broker_jobs.dashboard import DashboardSettings, create_app
+from broker_jobs.errors import ConfigurationError
+from broker_jobs.retry import PermanentError, RetryPolicy
+from broker_jobs.store.base import Status, Store
+from broker_jobs.store.sqlite import SQLiteStore
+from broker_jobs.urls import BrokerURLs
+from broker_jobs.worker import Worker, WorkerSettings
+from tests.support import Broker, wait_until
+
+with warnings.catch_warnings():
+    # starlette 1.x warns on import that its TestClient moves from httpx to httpx2
+    # (not released for this Python here); the client works the same.
+    warnings.filterwarnings("ignore", message="Using `httpx`")
+    from starlette.testclient import TestClient
+
+pytestmark = pytest.mark.broker
+
+TASK = "dash.job"
+OTHER = "dash.other"
+SCRIPT = "<script>alert('x')</script>"
+ESCAPED = "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"
+
+
+class Item(BaseModel):
+    key: str
+    note: str = ""
+    fail: bool = False
+
+
+class Handlers:
+    """Fails a job with ``fail`` set (permanently: straight to its dead letters)
+    until ``fixed``; counts the runs."""
+
+    def __init__(self) -> None:
+        self.fixed = False
+        self.runs: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def run(self, item: Item) -> None:
+        with self._lock:
+            self.runs[item.key] = self.runs.get(item.key, 0) + 1
+        if item.fail and not self.fixed:
+            raise PermanentError(f"refused {SCRIPT}")
+
+
+@pytest.fixture
+def handlers() -> Handlers:
+    return Handlers()
+
+
+@pytest.fixture
+def app(make_app: Callable[[], App], handlers: Handlers) -> App:
+    app = make_app()
+    for task in (TASK, OTHER):
+        app.task(task, retry=RetryPolicy(max_attempts=1))(handlers.run)
+    return app
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[SQLiteStore]:
+    with SQLiteStore(str(tmp_path / "ledger.db")) as opened:
+        yield opened
+
+
+Dashboard = Callable[..., TestClient]
+
+
+@pytest.fixture
+def dashboard(broker: Broker, app: App, ledger: SQLiteStore) -> Iterator[Dashboard]:
+    clients: list[TestClient] = []
+
+    def make(store: Store | None = None, **options: Any) -> TestClient:
+        settings = DashboardSettings(
+            store=store or ledger,
+            urls=BrokerURLs.parse(broker.url),
+            names=app.names,
+            tasks=(TASK, OTHER),
+            app=app,
+            **options,
+        )
+        client = TestClient(create_app(settings))
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def publish(broker: Broker, app: App, store: Store, *items: Item, task: str = TASK) -> None:
+    """Publish with the ledger: each job is QUEUED before any worker sees it."""
+    with Publisher(broker.url, app, ledger=store) as publisher:
+        publisher.publish_many(
+            [JobRequest(task, item.model_dump(), idempotency_key=item.key) for item in items]
+        )
+
+
+def run_worker(broker: Broker, app: App, store: Store) -> None:
+    asyncio.run(Worker(broker.url, app, store, WorkerSettings(burst=True)).run())
+
+
+def csrf_of(client: TestClient) -> str:
+    """The CSRF token of the client's cookie, as a page's forms carry it."""
+    page = client.get("/jobs")
+    found = re.search(r'<meta name="csrf-token" content="([^"]+)">', page.text)
+    assert found, "a page carries the CSRF token"
+    return found.group(1)
+
+
+def hidden_fields(page: str) -> list[tuple[str, str]]:
+    """The hidden fields of a confirmation page's form."""
+    return [
+        (html.unescape(name), html.unescape(value))
+        for name, value in re.findall(r'<input type="hidden" name="([^"]*)" value="([^"]*)">', page)
+    ]
+
+
+def act(client: TestClient, path: str, fields: dict[str, Any], **extra: str) -> str:
+    """Post an action, check it asks first, confirm it; the result page."""
+    form = {"csrf_token": csrf_of(client), **fields}
+    asked = client.post(path, data=form)
+    assert asked.status_code == 200, asked.text
+    assert 'name="confirm"' in asked.text
+    confirmed = [*hidden_fields(asked.text), ("confirm", "yes"), *extra.items()]
+    done = client.post(
+        path,
+        content="&".join(f"{_q(k)}={_q(v)}" for k, v in confirmed),
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert done.status_code == 200, done.text
+    return done.text
+
+
+def _q(text: str) -> str:
+    from urllib.parse import quote  # noqa: PLC0415
+
+    return quote(text, safe="")
+
+
+def count_on(page: str, name: str) -> int:
+    found = re.search(rf'data-count="{re.escape(name)}">(\d+)<', page)
+    assert found, f"{name} on the result page"
+    return int(found.group(1))
+
+
+# -- reading ------------------------------------------------------------------------
+
+
+def test_the_overview_counts_what_was_published(
+    broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    publish(broker, app, ledger, *(Item(key=f"o{n}") for n in range(3)))
+    client = dashboard()
+    document = client.get("/api/overview").json()
+    row = {task["task"]: task for task in document["tasks"]}[TASK]
+    assert row["queue"]["messages"] == 3
+    assert row["ledger"]["counts"]["queued"] == 3
+    assert row["ledger"]["oldest_waiting"] is not None
+    assert document["beat_leader"] is None
+    page = client.get("/")
+    assert page.status_code == 200
+    cells = re.search(rf'<tr data-task="{TASK}">(.*?)</tr>', page.text, re.S)
+    assert cells
+    assert re.search(r'data-field="ready">3<', cells.group(1))
+    assert re.search(r'data-field="queued">3<', cells.group(1))
+    assert "<svg" in cells.group(1)
+    fragment = client.get("/?fragment=1")  # what the live refresh fetches
+    assert 'data-field="queued">3<' in fragment.text
+    assert "<html" not in fragment.text
+    assert 'data-refresh="/?fragment=1"' in page.text
+    assert client.get("/static/refresh.js").status_code == 200
+
+
+@pytest.mark.parametrize("kit", ["sqlite", "postgres"], indirect=True)
+def test_the_jobs_list_filters_and_pages(
+    broker: Broker, app: App, store: Store, dashboard: Dashboard
+) -> None:
+    publish(broker, app, store, *(Item(key=f"alpha-{n}") for n in range(5)))
+    publish(broker, app, store, Item(key="beta-1"), task=OTHER)
+    client = dashboard(store)
+
+    def keys(query: str) -> tuple[list[str], str | None]:
+        document = client.get(f"/api/jobs?{query}").json()
+        return [job["idempotency_key"] for job in document["jobs"]], document["next"]
+
+    assert sorted(keys("key=alpha")[0]) == [f"alpha-{n}" for n in range(5)]
+    assert keys(f"task={OTHER}")[0] == ["beta-1"]
+    assert keys("state=succeeded")[0] == []
+    assert keys("since=2999-01-01T00:00:00Z")[0] == []
+    assert len(keys("until=2999-01-01T00:00")[0]) == 6  # no zone: UTC
+    seen: list[str] = []
+    page, cursor = keys(f"task={TASK}&state=queued&limit=2")
+    seen += page
+    while cursor:
+        page, cursor = keys(f"task={TASK}&state=queued&limit=2&after={cursor}")
+        assert len(page) <= 2
+        seen += page
+    assert sorted(seen) == [f"alpha-{n}" for n in range(5)]
+    # The HTML list pages the same way, keeping its filters in the Next link.
+    first = client.get(f"/jobs?task={TASK}&limit=2")
+    assert first.text.count("<tr data-key=") == 2
+    link = re.search(r'id="next" rel="next" href="([^"]+)"', first.text)
+    assert link
+    assert "task=dash.job" in html.unescape(link.group(1))
+    second = client.get(html.unescape(link.group(1)))
+    assert second.text.count("<tr data-key=") == 2
+    assert set(re.findall(r'data-key="([^"]+)"', first.text)).isdisjoint(
+        re.findall(r'data-key="([^"]+)"', second.text)
+    )
+    assert client.get("/jobs?state=nonsense").status_code == 400
+    assert client.get("/api/jobs?after=garbage").status_code == 400
+    assert client.get("/jobs?since=yesterday").status_code == 400
+
+
+def test_a_dead_job_shows_its_executions_escaped_and_replays_until_it_succeeds(
+    broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard, handlers: Handlers
+) -> None:
+    publish(broker, app, ledger, Item(key="bad-1", note=SCRIPT, fail=True))
+    run_worker(broker, app, ledger)
+    assert ledger.get("bad-1").status is Status.DEAD  # type: ignore[union-attr]
+    client = dashboard(allow_actions=True)
+    page = client.get("/jobs/bad-1")
+    assert page.status_code == 200
+    assert 'id="state">dead<' in page.text
+    assert page.text.count('class="outcome">dead<') == 1
+    # The payload (from its dead letter) and the error are text, never markup.
+    assert "<script>alert" not in page.text
+    payload = re.search(r'<pre id="payload">(.*?)</pre>', page.text, re.S)
+    assert payload
+    assert ESCAPED in payload.group(1)
+    error = re.search(r'<pre id="last-error">(.*?)</pre>', page.text, re.S)
+    assert error
+    assert ESCAPED in error.group(1)
+    assert page.headers["content-security-policy"].startswith("default-src 'self'")
+    assert 'name="replay"' in page.text
+    assert 'name="cancel"' not in page.text  # a dead job cannot be cancelled
+    letters = client.get("/dead-letters")
+    assert "<script>alert" not in letters.text
+    assert f"{TASK}: permanent (1)" in letters.text
+    detail = client.get("/api/jobs/bad-1").json()
+    assert detail["dead_letter"]["payload"]["note"] == SCRIPT
+
+    handlers.fixed = True
+    result = act(client, "/actions/replay", {"ref": "bad-1", "task": TASK, "replay": "one"})
+    assert count_on(result, "replayed") == 1
+    assert count_on(result, "ledger reset") == 1
+    run_worker(broker, app, ledger)
+    page = client.get("/jobs/bad-1")
+    assert 'id="state">succeeded<' in page.text
+    outcomes = re.findall(r'class="outcome">(\w+)<', page.text)
+    assert outcomes == ["dead", "succeeded"]
+    assert handlers.runs["bad-1"] == 2
+
+
+def test_cancel_of_a_queued_job_confirms_first_and_is_logged(
+    broker: Broker,
+    app: App,
+    ledger: SQLiteStore,
+    dashboard: Dashboard,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    publish(broker, app, ledger, Item(key="later-1"))
+    client = dashboard(allow_actions=True)
+    page = client.get("/jobs/later-1")
+    assert 'name="cancel"' in page.text
+    asked = client.post("/actions/cancel", data={"csrf_token": csrf_of(client), "ref": "later-1"})
+    assert 'name="confirm"' in asked.text
+    assert ledger.get("later-1").status is Status.QUEUED  # type: ignore[union-attr]  # asked only
+    with caplog.at_level(logging.INFO, logger="broker_jobs.dashboard.audit"):
+        result = act(client, "/actions/cancel", {"ref": "later-1"})
+    assert "cancel: cancelled" in result
+    assert ledger.get("later-1").status is Status.CANCELLED  # type: ignore[union-attr]
+    assert client.get("/api/jobs/later-1").json()["job"]["state"] == "cancelled"
+    lines = [r.getMessage() for r in caplog.records if r.name == "broker_jobs.dashboard.audit"]
+    assert lines == ["dashboard action cancel by testclient: job 'later-1' (1): cancelled"]
+
+
+def test_a_read_only_dashboard_shows_no_actions_and_refuses_posts(
+    broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    publish(broker, app, ledger, Item(key="ro-1"))
+    client = dashboard()
+    page = client.get("/jobs/ro-1")
+    assert "<button" not in page.text
+    assert "read-only" in page.text
+    token = csrf_of(client)
+    for path, fields in [
+        ("/actions/cancel", {"ref": "ro-1"}),
+        ("/actions/replay", {"replay": "matching"}),
+        ("/actions/purge", {"purge": "matching"}),
+    ]:
+        answer = client.post(path, data={"csrf_token": token, "confirm": "yes", **fields})
+        assert answer.status_code == 403, path
+    assert ledger.get("ro-1").status is Status.QUEUED  # type: ignore[union-attr]
+    assert client.get("/actions/cancel").status_code == 405  # POST only
+
+
+def test_a_post_without_the_csrf_token_is_refused(
+    broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    publish(broker, app, ledger, Item(key="csrf-1"))
+    client = dashboard(allow_actions=True)
+    token = csrf_of(client)
+    fields = {"ref": "csrf-1", "confirm": "yes"}
+    assert client.post("/actions/cancel", data=fields).status_code == 403
+    wrong = {**fields, "csrf_token": "x" * 43}
+    assert client.post("/actions/cancel", data=wrong).status_code == 403
+    other_site = {"origin": "https://evil.example"}
+    signed = {**fields, "csrf_token": token}
+    answer = client.post("/actions/cancel", data=signed, headers=other_site)
+    assert answer.status_code == 403
+    fresh = TestClient(client.app)  # no cookie: a form from elsewhere
+    assert fresh.post("/actions/cancel", data=signed).status_code == 403
+    assert ledger.get("csrf-1").status is Status.QUEUED  # type: ignore[union-attr]
+
+
+def test_actions_on_another_address_need_a_token(
+    broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigurationError, match="add --token"):
+        dashboard(allow_actions=True, host="0.0.0.0")
+    dashboard(host="0.0.0.0")  # read-only: no token needed
+    result = CliRunner().invoke(
+        main,
+        [
+            "dashboard",
+            "--namespace",
+            app.namespace,
+            "--task",
+            TASK,
+            "--store",
+            f"sqlite:///{tmp_path / 'ledger.db'}",
+            "--host",
+            "0.0.0.0",
+            "--allow-actions",
+        ],
+        env={"BROKER_JOBS_DASHBOARD_TOKEN": ""},
+    )
+    assert result.exit_code == 1
+    assert result.stderr.count("\n") == 1
+    assert "add --token TOKEN (or set BROKER_JOBS_DASHBOARD_TOKEN)" in result.stderr
+
+    publish(broker, app, ledger, Item(key="tok-1"))
+    client = dashboard(allow_actions=True, host="0.0.0.0", token="s3cret")
+    form = {"csrf_token": csrf_of(client), "ref": "tok-1"}
+    asked = client.post("/actions/cancel", data=form)
+    assert 'type="password" name="token"' in asked.text
+    refused = client.post("/actions/cancel", data={**form, "confirm": "yes", "token": "guess"})
+    assert refused.status_code == 401
+    assert ledger.get("tok-1").status is Status.QUEUED  # type: ignore[union-attr]
+    assert "cancel: cancelled" in act(client, "/actions/cancel", {"ref": "tok-1"}, token="s3cret")
+    assert "s3cret" not in repr(client.app.state.settings)  # type: ignore[attr-defined]
+
+
+def test_dead_letters_purge_a_selection_then_all_matching(
+    broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    publish(broker, app, ledger, *(Item(key=f"p{n}", fail=True) for n in range(3)))
+    run_worker(broker, app, ledger)
+    client = dashboard(allow_actions=True)
+    page = client.get(f"/dead-letters?task={TASK}")
+    assert page.text.count('type="checkbox" form="selection" name="ref"') == 3
+    result = act(client, "/actions/purge", {"ref": ["p0", "p2"], "task": TASK, "purge": "selected"})
+    assert count_on(result, "purged") == 2
+    left = client.get("/api/dead-letters").json()
+    assert [letter["idempotency_key"] for g in left["groups"] for letter in g["dead_letters"]] == [
+        "p1"
+    ]
+    result = act(client, "/actions/purge", {"reason": "permanent", "purge": "matching"})
+    assert count_on(result, "purged") == 1
+    wait_until(
+        lambda: client.get("/api/dead-letters").json()["depths"] == {TASK: 0, OTHER: 0},
+        within=5,
+        what="empty dead-letter queues",
+    )
+    assert ledger.get("p1").status is Status.DEAD  # type: ignore[union-attr]  # the ledger keeps it
+
+
+def test_every_api_endpoint_answers_json(
+    broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    app.schedule("nightly", TASK, cron="0 3 * * *", timezone="Europe/Paris", payload={"key": "n"})
+    publish(broker, app, ledger, Item(key="api-1", fail=True))
+    run_worker(broker, app, ledger)
+    client = dashboard(schedules=tuple(_schedules(app)))
+    for path in [
+        "/api/overview",
+        f"/api/tasks/{TASK}",
+        "/api/jobs",
+        "/api/jobs/api-1",
+        "/api/dead-letters",
+        "/api/schedules",
+    ]:
+        answer = client.get(path)
+        assert answer.status_code == 200, path
+        assert answer.headers["content-type"] == "application/json"
+        assert isinstance(answer.json(), dict)
+    missing = client.get("/api/jobs/nope")
+    assert (missing.status_code, list(missing.json())) == (404, ["error"])
+    schedule = client.get("/api/schedules").json()["schedules"][0]
+    assert (schedule["name"], schedule["catch_up"]) == ("nightly", "all")
+    assert "Europe/Paris" in schedule["when"]
+    assert len(schedule["next_fires"]) == 3
+    for path in ["/schedules", f"/tasks/{TASK}", "/dead-letters", "/jobs/api-1"]:
+        assert client.get(path).status_code == 200, path
+    assert client.get("/tasks/not.shown").status_code == 404
+
+
+def _schedules(app: App) -> list[Any]:
+    from scheduler.config import load_schedules  # noqa: PLC0415
+
+    return load_schedules(app)
