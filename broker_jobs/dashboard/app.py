@@ -79,4 +79,4 @@ async def _failed(request: Request, error: Exception) -> Response:
     something is wrong), passwords masked."""
     message = mask_dsn(mask_text(" ".join(str(error).split())))
     logger.warning("dashboard %s failed: %s", request.url.path, message)
-    return _answer(request, UNAVAILABLE, f"error: {message}")
+    return _answer(request, UNAVAILABLE, message)
