@@ -93,6 +93,7 @@ def dashboard(broker: Broker, app: App, ledger: SQLiteStore) -> Iterator[Dashboa
     clients: list[TestClient] = []
 
     def make(store: Store | None = None, **options: Any) -> TestClient:
+        options.setdefault("allowed_hosts", ("testserver",))  # TestClient's Host
         settings = DashboardSettings(
             store=store or ledger,
             urls=BrokerURLs.parse(broker.url),
@@ -335,6 +336,16 @@ def test_a_post_without_the_csrf_token_is_refused(
     fresh = TestClient(client.app)  # no cookie: a form from elsewhere
     assert fresh.post("/actions/cancel", data=signed).status_code == 403
     assert ledger.get("csrf-1").status is Status.QUEUED  # type: ignore[union-attr]
+
+
+def test_a_loopback_dashboard_answers_loopback_host_names_only(
+    app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    client = dashboard(allowed_hosts=None)  # bound to 127.0.0.1
+    assert client.get("/jobs", headers={"host": "127.0.0.1:8080"}).status_code == 200
+    assert client.get("/jobs", headers={"host": "localhost:8080"}).status_code == 200
+    # A page of a host name pointed at 127.0.0.1 (DNS rebinding) gets nothing.
+    assert client.get("/jobs", headers={"host": "rebind.example:8080"}).status_code == 400
 
 
 def test_actions_on_another_address_need_a_token(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -47,6 +49,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
     ]
     app = Starlette(
         routes=routes,
+        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(settings.served_hosts()))],
         exception_handlers={Refused: _refused, BrokerJobsError: _failed},
     )
     app.state.settings = settings

@@ -17,6 +17,8 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 #: Seconds between the live refreshes of the overview and task pages.
 REFRESH_SECONDS = 5
+#: The Host headers a dashboard bound to loopback answers.
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 #: The environment variable of ``--token``.
 TOKEN_VARIABLE = "BROKER_JOBS_DASHBOARD_TOKEN"
 
@@ -36,10 +38,22 @@ class DashboardSettings:
     allow_actions: bool = False
     token: str | None = None
     host: str = DEFAULT_HOST
+    #: The Host headers served; None: the loopback names when ``host`` is loopback
+    #: (see :meth:`served_hosts`), any otherwise.
+    allowed_hosts: tuple[str, ...] | None = None
     refresh_seconds: int = REFRESH_SECONDS
 
     def __post_init__(self) -> None:
         check_binding(self.host, allow_actions=self.allow_actions, token=self.token)
+
+    def served_hosts(self) -> tuple[str, ...]:
+        """Which ``Host`` headers are answered. Bound to loopback, only loopback names:
+        a web page whose own host name an attacker points at 127.0.0.1 (DNS
+        rebinding) would otherwise be same-origin with the dashboard, read its pages
+        and its CSRF token, and post. Elsewhere the token guards the actions."""
+        if self.allowed_hosts is not None:
+            return self.allowed_hosts
+        return LOOPBACK_NAMES if is_loopback(self.host) else ("*",)
 
     def __repr__(self) -> str:  # never print the token
         return (
