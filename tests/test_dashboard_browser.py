@@ -1,0 +1,329 @@
+"""The web dashboard in a real browser: headless Chromium (Debian's chromium and
+chromium-driver) driven by Selenium, against the dashboard served by uvicorn on a free
+port, a real broker and an SQLite ledger. What a user sees and clicks: the overview's
+counts after publishing, a dead job replayed from its page until it succeeds, a cancel
+from the jobs list, a read-only dashboard without buttons that refuses a POST, and a
+payload and an error holding markup shown as text (no script runs).
+
+Waits are on conditions (WebDriverWait), never fixed sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from broker_jobs import App, JobRequest, Publisher
+from broker_jobs.dashboard import DashboardSettings, create_app
+from broker_jobs.retry import PermanentError, RetryPolicy
+from broker_jobs.store.base import Status, Store
+from broker_jobs.store.sqlite import SQLiteStore
+from broker_jobs.urls import BrokerURLs
+from broker_jobs.worker import Worker, WorkerSettings
+from tests.support import Broker, unavailable
+
+pytestmark = pytest.mark.broker
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+TASK = "browser.job"
+OTHER = "browser.other"
+#: Markup that would run if a page inserted it as HTML.
+SCRIPT = "<script>window.__xss = 'script'</script>"
+IMAGE = "<img src=x onerror=window.__xss='img'>"  # no double quote: JSON would escape it
+#: Seconds a wait for the page gives up after.
+WAIT = 15
+
+
+class Item(BaseModel):
+    key: str
+    note: str = ""
+    fail: bool = False
+
+
+class Handlers:
+    """Fails a job with ``fail`` set (permanently: straight to its dead letters, with
+    markup in the error) until ``fixed``."""
+
+    def __init__(self) -> None:
+        self.fixed = False
+
+    def run(self, item: Item) -> None:
+        if item.fail and not self.fixed:
+            raise PermanentError(f"refused {SCRIPT} {IMAGE}")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One headless Chromium for the module (each test opens its own pages)."""
+    if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
+        unavailable("no Chromium: apt-get install chromium chromium-driver")
+    try:
+        from selenium import webdriver  # noqa: PLC0415
+        from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
+    except ImportError:
+        unavailable("no selenium: pip install -e '.[dev]'")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",  # as root (a container, CI)
+        "--disable-dev-shm-usage",
+        "--window-size=1280,900",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def handlers() -> Handlers:
+    return Handlers()
+
+
+@pytest.fixture
+def app(make_app: Callable[[], App], handlers: Handlers) -> App:
+    app = make_app()
+    for task in (TASK, OTHER):
+        app.task(task, retry=RetryPolicy(max_attempts=1))(handlers.run)
+    return app
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[SQLiteStore]:
+    with SQLiteStore(str(tmp_path / "ledger.db")) as opened:
+        yield opened
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serving(settings: DashboardSettings) -> Iterator[str]:
+    """The dashboard served by uvicorn on a free port in a thread; its base URL."""
+    import uvicorn  # noqa: PLC0415
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings),
+            host="127.0.0.1",
+            port=free_port(),
+            log_level="warning",
+            lifespan="off",
+        )
+    )
+    thread = threading.Thread(target=server.run, name="dashboard", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:  # uvicorn sets it once it listens: no event to await
+        if not thread.is_alive() or time.monotonic() > deadline:
+            pytest.fail("the dashboard's server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+Dashboard = Callable[..., contextlib.AbstractContextManager[str]]
+
+
+@pytest.fixture
+def dashboard(broker: Broker, app: App, ledger: SQLiteStore) -> Dashboard:
+    def make(**options: Any) -> contextlib.AbstractContextManager[str]:
+        settings = DashboardSettings(
+            store=ledger,
+            urls=BrokerURLs.parse(broker.url),
+            names=app.names,
+            tasks=(TASK, OTHER),
+            app=app,
+            **options,
+        )
+        return serving(settings)
+
+    return make
+
+
+def publish(broker: Broker, app: App, store: Store, *items: Item, task: str = TASK) -> None:
+    """Publish with the ledger: each job is QUEUED before any worker sees it."""
+    with Publisher(broker.url, app, ledger=store) as publisher:
+        publisher.publish_many(
+            [JobRequest(task, item.model_dump(), idempotency_key=item.key) for item in items]
+        )
+
+
+def run_worker(broker: Broker, app: App, store: Store) -> None:
+    """A worker until the queues are empty."""
+    asyncio.run(Worker(broker.url, app, store, WorkerSettings(burst=True)).run())
+
+
+def wait_for(driver: Any, condition: Callable[[Any], Any], what: str) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait  # noqa: PLC0415
+
+    return WebDriverWait(driver, WAIT).until(condition, message=what)
+
+
+def text_of(driver: Any, css: str) -> str:
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
+    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+
+def shows(css: str, text: str) -> Callable[[Any], bool]:
+    """The element at ``css`` shows exactly ``text`` (stripped)."""
+    from selenium.common.exceptions import NoSuchElementException  # noqa: PLC0415
+
+    def check(driver: Any) -> bool:
+        try:
+            return text_of(driver, css).strip() == text
+        except NoSuchElementException:
+            return False
+
+    return check
+
+
+def click(driver: Any, css: str) -> None:
+    """Click the element at ``css`` once it is there, and wait for the next page."""
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+    from selenium.webdriver.support import expected_conditions as ec  # noqa: PLC0415
+
+    element = wait_for(driver, ec.element_to_be_clickable((By.CSS_SELECTOR, css)), css)
+    element.click()
+    wait_for(driver, ec.staleness_of(element), f"the page after clicking {css}")
+
+
+def action_buttons(driver: Any) -> list[Any]:
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
+    return list(driver.find_elements(By.CSS_SELECTOR, "form[method=post] button"))
+
+
+def test_the_overview_shows_the_counts_after_publishing(
+    browser: Any, broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    publish(broker, app, ledger, Item(key="a"), Item(key="b"), Item(key="c"))
+    publish(broker, app, ledger, Item(key="d"), task=OTHER)
+    with dashboard() as base:
+        browser.get(f"{base}/")
+        row = f"tr[data-task='{TASK}']"
+        other = f"tr[data-task='{OTHER}']"
+        wait_for(browser, shows(f"{row} [data-field=ready]", "3"), "3 ready in the queue")
+        assert text_of(browser, f"{row} [data-field=queued]") == "3"
+        assert text_of(browser, f"{other} [data-field=ready]") == "1"
+        assert text_of(browser, f"{other} [data-field=queued]") == "1"
+        assert text_of(browser, f"{row} [data-field=consumers]") == "0"
+        # Published after the page was loaded: its live refresh shows them.
+        publish(broker, app, ledger, Item(key="e"), Item(key="f"))
+        wait_for(browser, shows(f"{row} [data-field=ready]", "5"), "5 ready after a refresh")
+        wait_for(browser, shows(f"{row} [data-field=queued]", "5"), "5 queued after a refresh")
+
+
+def test_a_dead_job_is_replayed_from_its_page_and_then_succeeds(
+    browser: Any,
+    broker: Broker,
+    app: App,
+    ledger: SQLiteStore,
+    dashboard: Dashboard,
+    handlers: Handlers,
+) -> None:
+    publish(broker, app, ledger, Item(key="bad-1", fail=True))
+    run_worker(broker, app, ledger)
+    handlers.fixed = True
+    with dashboard(allow_actions=True) as base:
+        browser.get(f"{base}/jobs/bad-1")
+        wait_for(browser, shows("#state", "dead"), "the job is dead")
+        click(browser, "button[name=replay]")
+        wait_for(browser, shows("h1", "Confirm: replay"), "the confirmation page")
+        assert "bad-1" in text_of(browser, "#question")
+        click(browser, "button[name=confirm]")
+        wait_for(browser, shows("[data-count=replayed]", "1"), "one dead letter replayed")
+        run_worker(broker, app, ledger)
+        browser.get(f"{base}/jobs/bad-1")
+        wait_for(browser, shows("#state", "succeeded"), "the job succeeded")
+        cells = browser.find_elements("css selector", "#executions td.outcome")
+        assert [cell.text.strip() for cell in cells] == ["dead", "succeeded"]
+    record = ledger.get("bad-1")
+    assert record is not None
+    assert record.status is Status.SUCCEEDED
+
+
+def test_a_job_is_cancelled_from_the_jobs_list(
+    browser: Any, broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    publish(broker, app, ledger, Item(key="keep"), Item(key="drop"))
+    with dashboard(allow_actions=True) as base:
+        browser.get(f"{base}/jobs?state=queued")
+        wait_for(browser, shows("tr[data-key=drop] .state", "queued"), "the job in the list")
+        click(browser, "tr[data-key=drop] a")
+        wait_for(browser, shows("#state", "queued"), "the job's page")
+        click(browser, "button[name=cancel]")
+        wait_for(browser, shows("h1", "Confirm: cancel"), "the confirmation page")
+        click(browser, "button[name=confirm]")
+        browser.get(f"{base}/jobs")
+        wait_for(browser, shows("tr[data-key=drop] .state", "cancelled"), "cancelled in the list")
+        assert text_of(browser, "tr[data-key=keep] .state") == "queued"
+    dropped, kept = ledger.get("drop"), ledger.get("keep")
+    assert dropped is not None
+    assert dropped.status is Status.CANCELLED
+    assert kept is not None
+    assert kept.status is Status.QUEUED
+
+
+def test_a_read_only_dashboard_has_no_action_buttons_and_refuses_a_post(
+    browser: Any, broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    publish(broker, app, ledger, Item(key="waiting"), Item(key="bad-2", fail=True))
+    with dashboard() as base:
+        for path in ("/", "/jobs", "/jobs/waiting", "/dead-letters", f"/tasks/{TASK}"):
+            browser.get(f"{base}{path}")
+            wait_for(browser, lambda driver: driver.find_elements("css selector", "h1"), path)
+            assert action_buttons(browser) == [], f"{path} has no action buttons"
+        # A form posted anyway (with the page's CSRF token) is refused.
+        browser.get(f"{base}/jobs/waiting")
+        status = browser.execute_async_script(
+            """
+            const done = arguments[arguments.length - 1];
+            const token = document.querySelector('meta[name="csrf-token"]').content;
+            const form = new URLSearchParams({csrf_token: token, ref: 'waiting', confirm: 'yes'});
+            fetch('/actions/cancel', {method: 'POST', body: form})
+                .then(answer => done(answer.status), error => done(String(error)));
+            """
+        )
+        assert status == 403
+    record = ledger.get("waiting")
+    assert record is not None
+    assert record.status is Status.QUEUED
+
+
+def test_markup_in_a_payload_and_an_error_is_shown_as_text(
+    browser: Any, broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    publish(broker, app, ledger, Item(key="xss", note=f"{SCRIPT} {IMAGE}", fail=True))
+    run_worker(broker, app, ledger)
+    with dashboard(allow_actions=True) as base:
+        browser.get(f"{base}/jobs/xss")
+        wait_for(browser, shows("#state", "dead"), "the job is dead")
+        assert SCRIPT in text_of(browser, "#payload")
+        assert IMAGE in text_of(browser, "#payload")
+        assert SCRIPT in text_of(browser, "#last-error")
+        for path in ("/jobs/xss", "/jobs", "/dead-letters", f"/tasks/{TASK}"):
+            browser.get(f"{base}{path}")
+            wait_for(browser, lambda driver: driver.find_elements("css selector", "h1"), path)
+            assert "<script>window.__xss" in browser.find_element("css selector", "main").text
+            assert browser.execute_script("return window.__xss === undefined"), path
+            assert browser.find_elements("css selector", "main script, main img") == [], path
