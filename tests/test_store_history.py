@@ -392,7 +392,7 @@ def test_the_worker_command_passes_the_retention(
     seen: list[WorkerSettings] = []
 
     async def run(
-        url: object, app: object, store: object, settings: WorkerSettings
+        url: object, app: object, store: object, settings: WorkerSettings, *rest: object
     ) -> dict[str, int]:
         seen.append(settings)
         return {}
