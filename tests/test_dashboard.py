@@ -10,7 +10,6 @@ import html
 import logging
 import re
 import threading
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
+from starlette.testclient import TestClient
 
 from broker_jobs import App, JobRequest, Publisher
 from broker_jobs.cli import main
@@ -29,12 +29,6 @@ from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.urls import BrokerURLs
 from broker_jobs.worker import Worker, WorkerSettings
 from tests.support import Broker, wait_until
-
-with warnings.catch_warnings():
-    # starlette 1.x warns on import that its TestClient moves from httpx to httpx2
-    # (not released for this Python here); the client works the same.
-    warnings.filterwarnings("ignore", message="Using `httpx`")
-    from starlette.testclient import TestClient
 
 pytestmark = pytest.mark.broker
 
