@@ -22,7 +22,7 @@ raised: a status is most wanted when something is wrong.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -174,6 +174,7 @@ def collect(
     timeout: float = CONNECT_TIMEOUT,
     connection_name: str = "broker-jobs status",
     now: datetime | None = None,
+    summaries: Mapping[str, TaskSummary] | None = None,
 ) -> StatusReport:
     """Connect to the first node of ``urls`` that answers, :func:`gather`, disconnect.
 
@@ -183,7 +184,9 @@ def collect(
         urls, timeout=timeout, connection_name=connection_name
     )
     try:
-        return gather(connection, names, tasks, store, node=node.masked, now=now)
+        return gather(
+            connection, names, tasks, store, node=node.masked, now=now, summaries=summaries
+        )
     finally:
         if connection.is_open:
             connection.close()
@@ -197,11 +200,15 @@ def gather(
     *,
     node: str = "",
     now: datetime | None = None,
+    summaries: Mapping[str, TaskSummary] | None = None,
 ) -> StatusReport:
     """The report of ``tasks`` in ``names``' namespace, on an open connection (left
-    open). ``now`` is when ages are measured from (default: now)."""
+    open). ``now`` is when ages are measured from (default: now); ``summaries``: the
+    ledger's, if the caller has them already (the dashboard keeps them for a few
+    seconds on a large ledger), else read from ``store``."""
     moment = utc(now)
-    summaries = store.task_summaries(now=moment)
+    if summaries is None:
+        summaries = store.task_summaries(now=moment)
     probe = _Probe(connection)
     try:
         statuses = tuple(

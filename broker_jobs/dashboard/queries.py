@@ -38,9 +38,17 @@ def dead_letter_queues(settings: DashboardSettings, tasks: tuple[str, ...]) -> D
 class Overview:
     report: StatusReport
     leader: LeaderRecord | None
+    #: When the ledger's figures were taken (a large ledger's are kept a few seconds).
+    ledger_taken_at: datetime
+
+    @property
+    def ledger_behind(self) -> bool:
+        """The ledger's figures are a second or more older than the broker's."""
+        return (self.report.taken_at - self.ledger_taken_at).total_seconds() >= 1
 
     def document(self) -> dict[str, Any]:
         document = self.report.document()
+        document["ledger_taken_at"] = iso(self.ledger_taken_at)
         leader = self.leader
         document["beat_leader"] = (
             None
@@ -55,14 +63,16 @@ class Overview:
 
 
 def overview(settings: DashboardSettings, tasks: tuple[str, ...] | None = None) -> Overview:
+    summaries, ledger_taken_at = settings.summaries.get()
     report = collect(
         settings.urls,
         settings.names,
         list(tasks or settings.tasks),
         settings.store,
         connection_name=CONNECTION_NAME,
+        summaries=summaries,
     )
-    return Overview(report, settings.store.leader(settings.names.namespace))
+    return Overview(report, settings.store.leader(settings.names.namespace), ledger_taken_at)
 
 
 @dataclass(frozen=True)

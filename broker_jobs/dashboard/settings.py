@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from broker_jobs.app import App
+from broker_jobs.dashboard.summaries import LedgerSummaries
 from broker_jobs.errors import ConfigurationError
 from broker_jobs.store.base import Store
 from broker_jobs.urls import BrokerURLs
@@ -42,9 +43,12 @@ class DashboardSettings:
     #: (see :meth:`served_hosts`), any otherwise.
     allowed_hosts: tuple[str, ...] | None = None
     refresh_seconds: int = REFRESH_SECONDS
+    #: The ledger's task summaries, kept a few seconds on a large ledger.
+    summaries: LedgerSummaries = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_binding(self.host, allow_actions=self.allow_actions, token=self.token)
+        object.__setattr__(self, "summaries", LedgerSummaries(self.store))
 
     def served_hosts(self) -> tuple[str, ...]:
         """Which ``Host`` headers are answered. Bound to loopback, only loopback names:
