@@ -174,6 +174,8 @@ def test_the_overview_counts_what_was_published(
     assert row["queue"]["messages"] == 3
     assert row["ledger"]["counts"]["queued"] == 3
     assert row["ledger"]["oldest_waiting"] is not None
+    assert row["ledger"]["last_hour_buckets"] == [[0, 0]] * 12  # nothing ran yet
+    assert row["ledger"]["last_hour_bucket_seconds"] == 300
     assert document["beat_leader"] is None
     page = client.get("/")
     assert page.status_code == 200
@@ -187,6 +189,35 @@ def test_the_overview_counts_what_was_published(
     assert "<html" not in fragment.text
     assert 'data-refresh="/?fragment=1"' in page.text
     assert client.get("/static/refresh.js").status_code == 200
+
+
+def test_the_overview_charts_the_last_hour_in_buckets(
+    broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    items = [Item(key="ok-1"), Item(key="ok-2"), Item(key="ok-3"), Item(key="bad", fail=True)]
+    publish(broker, app, ledger, *items)
+    run_worker(broker, app, ledger)
+    client = dashboard()
+
+    rows = {task["task"]: task["ledger"] for task in client.get("/api/overview").json()["tasks"]}
+
+    ran = rows[TASK]
+    assert ran["last_hour_bucket_seconds"] == 300
+    # The newest bucket ends at the time of the figures: the runs just now are in it.
+    assert ran["last_hour_buckets"] == [[0, 0]] * 11 + [[3, 1]]
+    assert (ran["succeeded_last_hour"], ran["failed_last_hour"]) == (3, 1)
+    assert rows[OTHER]["last_hour_buckets"] == [[0, 0]] * 12
+    cells = re.search(rf'<tr data-task="{TASK}">(.*?)</tr>', client.get("/").text, re.S)
+    assert cells
+    svg = re.search(r"<svg[^>]*>(.*?)</svg>", cells.group(1), re.S)
+    assert svg
+    title = "last hour: 3 succeeded, 1 failed (5-minute buckets)"
+    assert f"<title>{title}</title>" in svg.group(1)
+    # Stacked: 3 of the page's largest bucket of 4 below, 1 above them.
+    assert '<rect class="ok" x="132" y="6" width="10" height="18">' in svg.group(1)
+    assert '<rect class="failed" x="132" y="0" width="10" height="6">' in svg.group(1)
+    assert svg.group(1).count("<rect") == 2
+    assert re.search(r'data-field="last-hour">3 ok / 1 failed<', cells.group(1))
 
 
 @pytest.mark.parametrize("kit", ["sqlite", "postgres"], indirect=True)

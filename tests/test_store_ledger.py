@@ -1,6 +1,6 @@
 """The ledger on every store, with fixed clocks: jobs recorded at their publish
 (queued, scheduled), claims of such keys, cancel, reset for a replay, find's filters
-and keyset paging, task summaries, pruning cancelled jobs; and the version 2 -> 3
+and keyset paging, task summaries, outcome buckets, pruning cancelled jobs; and the version 2 -> 3
 migration of SQLite and PostgreSQL.
 
 The stores and their fixtures are those of ``tests/test_store.py``.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -29,6 +29,7 @@ from broker_jobs.store import (
 from broker_jobs.store import postgres as postgres_module
 from broker_jobs.store import sqlite as sqlite_module
 from broker_jobs.store.base import CancelOutcome, TaskSummary
+from broker_jobs.store.ledger import Buckets
 from tests import test_store as _store_tests
 from tests.test_store import LEASE, A, B, Kit, _admin, at, durable_only, job
 from tests.test_store_history import limited_role, summary
@@ -564,6 +565,86 @@ def test_sqlite_percentiles_come_from_the_newest_executions(
         (only,) = sqlite_store.task_summaries(now=NOW).values()
     assert only.succeeded_last_hour == 3  # the counts are of them all
     assert (only.p50, only.p99) == (timedelta(seconds=2), timedelta(seconds=2.98))
+
+
+# --- outcome buckets ------------------------------------------------------------------------
+
+FIVE_MINUTES = timedelta(minutes=5)
+HOUR = timedelta(hours=1)
+_US = timedelta(microseconds=1)
+
+
+def _ran(store: Store, key: str, end: datetime, how: str = "succeed", task: str = "t") -> None:
+    """One execution of ``key`` that started a second before ``end`` and ended ``how``."""
+    store.claim(job(key, task=task), A, 10_000, now=end - timedelta(seconds=1))
+    if how == "succeed":
+        store.succeed(key, A, now=end)
+    elif how == "fail":
+        store.fail(key, A, "bad", now=end)
+    else:
+        store.release(key, A, now=end)
+
+
+def test_outcome_buckets_split_the_hour_of_the_summaries(store: Store) -> None:
+    _summary_ledger(store)
+
+    buckets = store.outcome_buckets(since=NOW - HOUR, bucket=FIVE_MINUTES, now=NOW)
+
+    # (6000, 6300]: ok-2 at 6010; (6900, 7200]: ok-1, edge-now; retried, bad, gone.
+    # edge-old (at 3600, the window's start), future, rel (released), lost: none.
+    # report.build ran nothing: absent.
+    assert buckets == {"image.resize": [(0, 0)] * 8 + [(1, 0), (0, 0), (0, 0), (2, 3)]}
+    for task, totals in store.task_summaries(now=NOW).items():
+        ok, failed = map(sum, zip(*buckets.get(task, [(0, 0)]), strict=True))
+        assert (ok, failed) == (totals.succeeded_last_hour, totals.failed_last_hour)
+
+
+def test_outcome_buckets_hold_their_end_and_not_their_start(store: Store) -> None:
+    since = at(1000)
+    _ran(store, "at-since", since)  # outside: the first bucket starts after since
+    _ran(store, "end-of-0", since + FIVE_MINUTES)
+    _ran(store, "start-of-1", since + FIVE_MINUTES + _US, "fail")
+    _ran(store, "in-2", at(1650), "fail", task="other")
+    _ran(store, "at-now", at(1700))
+    _ran(store, "after-now", at(1700) + _US)
+    _ran(store, "released", at(1400), "release")  # neither succeeded nor failed
+
+    buckets = store.outcome_buckets(since=since, bucket=FIVE_MINUTES, now=at(1700))
+
+    # (1000, 1300], (1300, 1600], and (1600, 1700]: partial.
+    assert buckets == {"other": [(0, 0), (0, 0), (0, 1)], "t": [(1, 0), (0, 1), (1, 0)]}
+    later = store.outcome_buckets(since=since, bucket=FIVE_MINUTES, now=at(1700) + _US)
+    assert later["t"] == [(1, 0), (0, 1), (2, 0)]
+    whole = store.outcome_buckets(since=since, bucket=FIVE_MINUTES * 3, now=at(1900))
+    assert whole == {"other": [(0, 1)], "t": [(3, 1)]}
+
+
+def test_outcome_buckets_without_executions_or_buckets(store: Store) -> None:
+    assert store.outcome_buckets(since=NOW - HOUR, bucket=FIVE_MINUTES, now=NOW) == {}
+    _ran(store, "k", at(100))
+    assert store.outcome_buckets(since=at(100), bucket=FIVE_MINUTES, now=at(100)) == {}
+    assert store.outcome_buckets(since=at(200), bucket=FIVE_MINUTES, now=at(100)) == {}
+    with pytest.raises(ValueError, match="positive"):
+        store.outcome_buckets(since=at(0), bucket=timedelta(0), now=at(100))
+
+
+def test_outcome_buckets_use_the_clock_by_default(store: Store) -> None:
+    store.claim(job(), A, LEASE)
+    store.succeed("key-1", A)
+    since = datetime.now(UTC) - HOUR
+    buckets = store.outcome_buckets(since=since, bucket=FIVE_MINUTES)
+    assert len(buckets["image.resize"]) in (12, 13)  # 13: the clock moved on after since
+    assert sum(ok for ok, _ in buckets["image.resize"]) == 1
+
+
+def test_sqlite_outcome_buckets_are_one_range_over_the_finished_index(tmp_path: Path) -> None:
+    with SQLiteStore(tmp_path / "jobs.db") as sqlite_store:
+        _ran(sqlite_store, "k", at(100))
+    with sqlite3.connect(tmp_path / "jobs.db") as conn:
+        params = Buckets.of(at(0), FIVE_MINUTES, at(3600)).params(sqlite_module._text)
+        plan = conn.execute(f"EXPLAIN QUERY PLAN {sqlite_module._BUCKETS}", params).fetchall()
+    steps = " | ".join(row[-1] for row in plan)
+    assert "USING INDEX broker_jobs_executions_finished (finished_at>? AND finished_at<?)" in steps
 
 
 # --- pruning ------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 
 from broker_jobs.beat_cli import status_document
 from broker_jobs.cli_output import iso
+from broker_jobs.dashboard import chart
 from broker_jobs.dashboard.filters import JobFilter, LetterFilter
 from broker_jobs.dashboard.settings import DashboardSettings
 from broker_jobs.dead_letter_queue import DeadLetter, DeadLetterQueues
@@ -40,6 +41,21 @@ class Overview:
     leader: LeaderRecord | None
     #: When the ledger's figures were taken (a large ledger's are kept a few seconds).
     ledger_taken_at: datetime
+    #: Per task, the last hour's executions before ``ledger_taken_at`` in
+    #: :data:`chart.BUCKETS` buckets of :data:`chart.BUCKET`: (succeeded, failed) each.
+    buckets: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+
+    def buckets_of(self, task: str) -> list[tuple[int, int]]:
+        """A task's buckets; all (0, 0) when nothing of it finished in the hour."""
+        return self.buckets.get(task, [(0, 0)] * chart.BUCKETS)
+
+    def sparkline(self, task: str) -> chart.Sparkline:
+        """A task's chart, scaled to the page's largest bucket so the tasks compare."""
+        summary = next(t.ledger for t in self.report.tasks if t.task == task)
+        scale = max((ok + bad for t in self.buckets.values() for ok, bad in t), default=0)
+        return chart.sparkline(
+            self.buckets_of(task), summary.succeeded_last_hour, summary.failed_last_hour, scale
+        )
 
     @property
     def ledger_behind(self) -> bool:
@@ -49,6 +65,9 @@ class Overview:
     def document(self) -> dict[str, Any]:
         document = self.report.document()
         document["ledger_taken_at"] = iso(self.ledger_taken_at)
+        for task in document["tasks"]:
+            task["ledger"]["last_hour_buckets"] = [list(b) for b in self.buckets_of(task["task"])]
+            task["ledger"]["last_hour_bucket_seconds"] = int(chart.BUCKET.total_seconds())
         leader = self.leader
         document["beat_leader"] = (
             None
@@ -72,7 +91,18 @@ def overview(settings: DashboardSettings, tasks: tuple[str, ...] | None = None) 
         connection_name=CONNECTION_NAME,
         summaries=summaries,
     )
-    return Overview(report, settings.store.leader(settings.names.namespace), ledger_taken_at)
+    leader = settings.store.leader(settings.names.namespace)
+    return Overview(report, leader, ledger_taken_at, last_hour_buckets(settings, ledger_taken_at))
+
+
+def last_hour_buckets(
+    settings: DashboardSettings, now: datetime
+) -> dict[str, list[tuple[int, int]]]:
+    """The sparklines' buckets up to ``now``, the time of the summaries, so they add
+    up to the totals shown beside them. Read afresh by every request, unlike the
+    summaries: a range of the executions' finished_at index, quick on any ledger."""
+    since = now - chart.BUCKET * chart.BUCKETS
+    return settings.store.outcome_buckets(since=since, bucket=chart.BUCKET, now=now)
 
 
 @dataclass(frozen=True)

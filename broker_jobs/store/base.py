@@ -375,6 +375,19 @@ class Store(ABC):
         finished in the last minute and hour by outcome, and their p50/p99 durations."""
 
     @abstractmethod
+    def outcome_buckets(
+        self, *, since: datetime, bucket: timedelta, now: datetime | None = None
+    ) -> dict[str, list[tuple[int, int]]]:
+        """Per task with executions finished in (``since``, ``now``]: for each bucket of
+        ``bucket`` length from ``since``, oldest first (the last may be partial), how
+        many succeeded and how many failed (retrying, failed, dead), counted as
+        :meth:`task_summaries` counts its hour. A bucket holds its end and not its
+        start, as the summaries' windows do: the twelve 5-minute buckets since an hour
+        before ``now`` add up to the hour's totals. By task name in order; a bucket
+        without executions is ``(0, 0)``; no buckets (``{}``) when ``now <= since``.
+        ``bucket`` must be positive."""
+
+    @abstractmethod
     def record_published(
         self, jobs: Sequence[Job], *, now: datetime | None = None
     ) -> list[JobRecord | None]:

@@ -1,6 +1,7 @@
 """What the stores share to answer the ledger's queries: the filters of
-:meth:`~broker_jobs.store.base.Store.find` (as Python and as SQL) and the figures of
-:meth:`~broker_jobs.store.base.Store.task_summaries`. Each store gathers the figures
+:meth:`~broker_jobs.store.base.Store.find` (as Python and as SQL), the figures of
+:meth:`~broker_jobs.store.base.Store.task_summaries` and the buckets of
+:meth:`~broker_jobs.store.base.Store.outcome_buckets`. Each store gathers the figures
 its own way (a dict walk, SQL aggregates) into a :class:`Tally` per task, which
 builds the summary: every store reports the same numbers for the same ledger."""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from broker_jobs.store.base import ExecutionOutcome, JobRecord, Status, TaskSummary, utc
@@ -247,3 +248,85 @@ def percentile(ordered: Sequence[timedelta], fraction: float) -> timedelta | Non
 def summaries(tallies: dict[str, Tally]) -> dict[str, TaskSummary]:
     """The summaries of ``tallies``, by task name in order."""
     return {task: tallies[task].summary(task) for task in sorted(tallies)}
+
+
+# --- outcome buckets ----------------------------------------------------------------------
+
+_MICROSECOND = timedelta(microseconds=1)
+
+#: Per task and bucket (a 0-based index, the column ``bucket``): the executions of
+#: :data:`FINISHED_SQL` since {since} that succeeded and failed. {finished_us}: the
+#: store's expression of ``e.finished_at`` as integer microseconds since the epoch;
+#: marks {since_us} and {width_us} are integers too, so the index is exact integer
+#: arithmetic (a bucket holds its end: see :meth:`Buckets.index`).
+BUCKETS_SQL = (
+    "SELECT r.task, ({finished_us} - {since_us} - 1) / {width_us} AS bucket,"
+    " count(*) FILTER (WHERE e.outcome = 'succeeded'),"
+    " count(*) FILTER (WHERE e.outcome <> 'succeeded') "
+    + FINISHED_SQL.replace("{hour}", "{since}")
+    + " GROUP BY r.task, bucket"
+)
+
+
+def micros(moment: datetime | timedelta) -> int:
+    """``moment`` as integer microseconds (since the epoch for a time)."""
+    span = moment - datetime(1970, 1, 1, tzinfo=UTC) if isinstance(moment, datetime) else moment
+    return span // _MICROSECOND
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The buckets of one ``outcome_buckets`` call, times in UTC."""
+
+    since: datetime
+    width: timedelta
+    now: datetime
+
+    @classmethod
+    def of(cls, since: datetime, bucket: timedelta, now: datetime) -> Buckets:
+        if bucket <= timedelta(0):
+            raise ValueError(f"bucket must be a positive duration, got {bucket!r}")
+        return cls(utc(since), bucket, utc(now))
+
+    @property
+    def count(self) -> int:
+        """How many buckets: the last one may end after ``now`` (partial)."""
+        return max(-(-(self.now - self.since) // self.width), 0)
+
+    def index(self, finished_at: datetime) -> int | None:
+        """The bucket of an execution finished at ``finished_at``; None outside
+        (``since``, ``now``]. Bucket i is (since + i*width, since + (i+1)*width]."""
+        if not self.since < finished_at <= self.now:
+            return None
+        return (finished_at - self.since - _MICROSECOND) // self.width
+
+    def params(self, time: Callable[[datetime], Any]) -> dict[str, Any]:
+        """The marks of :data:`BUCKETS_SQL`."""
+        return {
+            "now": time(self.now),
+            "since": time(self.since),
+            "since_us": micros(self.since),
+            "width_us": micros(self.width),
+        }
+
+    def gather(self, rows: Iterable[Sequence[Any]]) -> dict[str, list[tuple[int, int]]]:
+        """The buckets of each task from rows of (task, index, succeeded, failed), a
+        task and index at most once; by task name in order."""
+        found: dict[str, list[tuple[int, int]]] = {}
+        for task, index, succeeded, failed in rows:
+            buckets = found.setdefault(task, [(0, 0)] * self.count)
+            buckets[int(index)] = (int(succeeded), int(failed))
+        return {task: found[task] for task in sorted(found)}
+
+    def tally(
+        self, finished: Iterable[tuple[str, ExecutionOutcome, datetime]]
+    ) -> dict[str, list[tuple[int, int]]]:
+        """:meth:`gather` from executions as (task, outcome, finished_at): the query of
+        :data:`BUCKETS_SQL` in Python."""
+        counts: dict[tuple[str, int], list[int]] = {}
+        for task, outcome, finished_at in finished:
+            index = self.index(finished_at)
+            if outcome in COUNTED_OUTCOMES and index is not None:
+                pair = counts.setdefault((task, index), [0, 0])
+                pair[outcome in FAILED_OUTCOMES] += 1
+        return self.gather((task, index, ok, bad) for (task, index), (ok, bad) in counts.items())

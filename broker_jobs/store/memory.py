@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from broker_jobs.envelope import Job
 from broker_jobs.store.base import (
@@ -24,7 +24,14 @@ from broker_jobs.store.base import (
     track_execution,
     utc,
 )
-from broker_jobs.store.ledger import Filters, Tally, newest_first, summaries, waiting_since
+from broker_jobs.store.ledger import (
+    Buckets,
+    Filters,
+    Tally,
+    newest_first,
+    summaries,
+    waiting_since,
+)
 
 
 class _DictRecords:
@@ -142,6 +149,20 @@ class MemoryStore(ExclusiveStore):
                 tally = tallies[tasks[execution.idempotency_key]]
                 tally.finished(outcome, finished, finished - execution.started_at, moment)
         return summaries(tallies)
+
+    def outcome_buckets(
+        self, *, since: datetime, bucket: timedelta, now: datetime | None = None
+    ) -> dict[str, list[tuple[int, int]]]:
+        buckets = Buckets.of(since, bucket, utc(now))
+        with self._open():
+            tasks = {key: record.task for key, record in self._records.items()}
+            finished = [
+                (tasks[e.idempotency_key], e.outcome, e.finished_at)
+                for runs in self._executions.values()
+                for e in runs
+                if e.outcome is not None and e.finished_at is not None
+            ]
+        return buckets.tally(finished)
 
     def prune(self, older_than: datetime) -> int:
         cutoff = utc(older_than)

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 from broker_jobs.envelope import Job
@@ -61,8 +61,10 @@ from broker_jobs.store.base import (
     utc,
 )
 from broker_jobs.store.ledger import (
+    BUCKETS_SQL,
     COUNTS_SQL,
     FINISHED_COUNTS_SQL,
+    Buckets,
     Dialect,
     Filters,
     Tally,
@@ -203,6 +205,13 @@ class _Queries:
         self.task_finished = self.summary(
             FINISHED_COUNTS_SQL,
             more=f", percentile_cont(0.5) {durations}, percentile_cont(0.99) {durations}",
+        )
+        # extract: numeric seconds from PostgreSQL 14 on, exact; a double before, still
+        # exact to the microsecond once ::bigint rounds it (epoch microseconds < 2^53).
+        self.outcome_buckets = self.summary(
+            BUCKETS_SQL,
+            finished_us="(extract(epoch FROM e.finished_at) * 1000000)::bigint",
+            **{name: f"%({name})s" for name in ("since", "since_us", "width_us")},
         )
         self.status_checks = sql.SQL(
             "SELECT c.conname FROM pg_constraint AS c JOIN pg_attribute AS a"
@@ -919,6 +928,14 @@ class PostgresStore(Store):
                 tally.add_counts(*map(int, counts))
                 tally.percentiles = (p50, p99)
         return summaries(tallies)
+
+    def outcome_buckets(
+        self, *, since: datetime, bucket: timedelta, now: datetime | None = None
+    ) -> dict[str, list[tuple[int, int]]]:
+        with self._pool.connection() as conn, self._translate("count the outcomes by time"):
+            buckets = Buckets.of(since, bucket, self._moment(conn, now))
+            rows = conn.execute(self._q.outcome_buckets, buckets.params(_as_is)).fetchall()
+        return buckets.gather(rows)
 
     def record_published(
         self, jobs: Sequence[Job], *, now: datetime | None = None

@@ -61,9 +61,11 @@ from broker_jobs.store.base import (
     utc,
 )
 from broker_jobs.store.ledger import (
+    BUCKETS_SQL,
     COUNTS_SQL,
     FINISHED_COUNTS_SQL,
     FINISHED_SQL,
+    Buckets,
     Dialect,
     Filters,
     Tally,
@@ -789,6 +791,15 @@ class SQLiteStore(ExclusiveStore):
                 tallies.setdefault(task, Tally()).durations.append(duration)
         return summaries(tallies)
 
+    def outcome_buckets(
+        self, *, since: datetime, bucket: timedelta, now: datetime | None = None
+    ) -> dict[str, list[tuple[int, int]]]:
+        buckets = Buckets.of(since, bucket, utc(now))
+        conn = self._connection()
+        with self._translate("count the outcomes by time"):
+            rows = conn.execute(_BUCKETS, buckets.params(_text)).fetchall()
+        return buckets.gather(rows)
+
     def prune(self, older_than: datetime) -> int:
         params = (*sorted(s.value for s in TERMINAL), _text(utc(older_than)))
         marks = ", ".join("?" * len(TERMINAL))
@@ -1013,6 +1024,21 @@ _TABLES = {"records": "broker_jobs_records", "executions": "broker_jobs_executio
 _MARKS = {name: f":{name}" for name in ("now", "minute", "hour")}
 _COUNTS = COUNTS_SQL.format(**_TABLES, **_MARKS)
 _FINISHED_COUNTS = FINISHED_COUNTS_SQL.format(**_TABLES, **_MARKS, more="")
+#: ``finished_at`` in microseconds since the epoch, exactly: whole seconds from
+#: strftime, the six digits of the fixed-width text after them (SQLite's date
+#: functions keep milliseconds only, which would move executions across a bucket's end).
+_FINISHED_US = (
+    "(CAST(strftime('%s', e.finished_at) AS INTEGER) * 1000000"
+    " + CAST(substr(e.finished_at, 21, 6) AS INTEGER))"
+)
+_BUCKETS = BUCKETS_SQL.format(
+    **_TABLES,
+    now=":now",
+    since=":since",
+    since_us=":since_us",
+    width_us=":width_us",
+    finished_us=_FINISHED_US,
+)
 #: The durations behind p50/p99, the newest first, at most :cap per task.
 _DURATIONS = (
     "SELECT task, started_at, finished_at FROM (SELECT r.task, e.started_at, e.finished_at,"
