@@ -44,7 +44,13 @@ logger = logging.getLogger("broker_jobs.dashboard")
     help="The address to listen on. Another than 127.0.0.1 reaches other hosts: with"
     " --allow-actions it needs --token.",
 )
-@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="The port to serve the pages and /api/ on.",
+)
 @click.option(
     "--allow-actions",
     is_flag=True,

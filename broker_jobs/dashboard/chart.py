@@ -1,7 +1,6 @@
-"""The overview's small charts, inline SVG (no script, no library): a task's last hour
+"""The overview's small chart, inline SVG (no script, no library): a task's last hour
 as a sparkline of 5-minute buckets, each a column of its successes with its failures
-stacked on top (:func:`sparkline`); and two horizontal bars of totals (:func:`bars`,
-the filter the pages had before the sparkline)."""
+stacked on top (:func:`sparkline`)."""
 
 from __future__ import annotations
 
@@ -9,36 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-WIDTH = 160  # pixels of the longest bar
-
 #: The sparkline's buckets: twelve of five minutes, the hour of the summaries' totals.
 BUCKET = timedelta(minutes=5)
 BUCKETS = 12
 COLUMN = 10  # pixels of a bucket's column, and of the gap after it
 GAP = 2
 HEIGHT = 24  # pixels of the tallest column
-
-
-@dataclass(frozen=True)
-class Bar:
-    label: str
-    value: int
-    width: int  # pixels
-    y: int
-    kind: str  # the CSS class: ok or failed
-
-
-def bars(succeeded: int, failed: int, scale: int = 0) -> list[Bar]:
-    """Two bars scaled to ``scale`` (the largest value of the page, so tasks compare;
-    their own largest when 0). A value above 0 gets at least a visible pixel."""
-    top = max(scale, succeeded, failed, 1)
-    made = []
-    for row, (label, value, kind) in enumerate(
-        (("ok", succeeded, "ok"), ("failed", failed, "failed"))
-    ):
-        width = round(WIDTH * value / top)
-        made.append(Bar(label, value, max(width, 1) if value else 0, row * 14, kind))
-    return made
 
 
 @dataclass(frozen=True)

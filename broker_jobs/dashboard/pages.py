@@ -28,13 +28,8 @@ def known_task(settings: DashboardSettings, task: str) -> str:
 async def overview_page(request: Request) -> Response:
     settings = settings_of(request)
     overview = await run_in_threadpool(queries.overview, settings)
-    tasks = overview.report.tasks
-    scale = max(
-        [t.ledger.succeeded_last_hour for t in tasks] + [t.ledger.failed_last_hour for t in tasks],
-        default=0,
-    )
     template = "_overview.html" if request.query_params.get("fragment") else "overview.html"
-    return render(request, settings, template, {"overview": overview, "scale": scale})
+    return render(request, settings, template, {"overview": overview})
 
 
 async def task_page(request: Request) -> Response:

@@ -13,7 +13,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from broker_jobs.cli_output import first_line, span, when
-from broker_jobs.dashboard.chart import bars
 from broker_jobs.dashboard.safety import CSRF_COOKIE, CSRF_FIELD, TOKEN_FIELD, csrf_value
 from broker_jobs.dashboard.settings import DashboardSettings
 
@@ -59,7 +58,7 @@ environment = Environment(
     lstrip_blocks=True,
 )
 environment.filters.update(
-    when=when, span=_seconds, age=_age, first_line=first_line, ref=_ref, bars=bars, pretty=_pretty
+    when=when, span=_seconds, age=_age, first_line=first_line, ref=_ref, pretty=_pretty
 )
 
 
