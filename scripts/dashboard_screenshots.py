@@ -157,6 +157,13 @@ def shoot(driver: Any, base: str, pages: dict[str, str], out: Path) -> list[Path
         WebDriverWait(driver, 15).until(
             lambda d: d.execute_script("return document.readyState") == "complete"
         )
+        # Tracebacks name files by where this checkout lies: shown relative to it, so
+        # the pictures in the repo hold no path of the machine they were taken on.
+        driver.execute_script(
+            "for (const el of document.querySelectorAll('pre')) {"
+            " el.textContent = el.textContent.split(arguments[0]).join(''); }",
+            f"{ROOT}/",
+        )
         height = driver.execute_script("return document.documentElement.scrollHeight")
         driver.set_window_size(SIZE[0], max(SIZE[1], min(int(height) + 40, 2400)))
         target = out / f"dashboard-{name}.png"
