@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from broker_jobs.cli_options import store_option, url_option
+from broker_jobs.cli_output import echo_json, fail, json_option
 from broker_jobs.cli_tasks import chosen_tasks, task_options
 from broker_jobs.dead_letter_queue import (
     BROKER_DELIVERY_LIMIT,
@@ -39,7 +40,7 @@ from broker_jobs.envelope import utc_now
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.store.base import Store, mask_dsn
 from broker_jobs.store.urls import open_store
-from broker_jobs.urls import BrokerURLs, mask_text
+from broker_jobs.urls import BrokerURLs
 from topology.names import (
     DEAD_REASONS,
     HEADER_DEAD_TRACEBACK,
@@ -104,12 +105,6 @@ def _filter_options(function: F) -> F:
     )(function)
 
 
-def _json_option(function: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")(
-        function
-    )
-
-
 #: list and show read a ledger only when given one: they never need it.
 _optional_store_option = click.option(
     "--store",
@@ -127,7 +122,7 @@ _optional_store_option = click.option(
 @_queue_options
 @_filter_options
 @_optional_store_option
-@_json_option
+@json_option
 def list_command(  # noqa: PLR0917 - click passes every option positionally
     url: BrokerURLs,
     app_option: str | None,
@@ -150,7 +145,7 @@ def list_command(  # noqa: PLR0917 - click passes every option positionally
             letters = dlq.list(where, limit=limit)
         statuses = _ledger_statuses(store_url, letters)
     if as_json:
-        click.echo(json.dumps([_with_ledger(letter, statuses) for letter in letters], indent=2))
+        echo_json([_with_ledger(letter, statuses) for letter in letters])
         return
     if letters:
         Console().print(_table(letters, statuses, several_tasks=len(chosen) > 1))
@@ -164,7 +159,7 @@ def list_command(  # noqa: PLR0917 - click passes every option positionally
 @dlq_group.command("show")
 @_queue_options
 @_optional_store_option
-@_json_option
+@json_option
 @click.argument("ref", metavar="JOB_ID_OR_KEY")
 def show_command(  # noqa: PLR0917 - click passes every option positionally
     url: BrokerURLs,
@@ -189,7 +184,7 @@ def show_command(  # noqa: PLR0917 - click passes every option positionally
         statuses = _ledger_statuses(store_url, found[:1])
     letter = found[0]
     if as_json:
-        click.echo(json.dumps(_with_ledger(letter, statuses), indent=2))
+        echo_json(_with_ledger(letter, statuses))
     else:
         _echo_letter(letter, statuses)
     if len(found) > 1:
@@ -204,7 +199,7 @@ def show_command(  # noqa: PLR0917 - click passes every option positionally
 @_queue_options
 @_filter_options
 @store_option
-@_json_option
+@json_option
 def replay_command(  # noqa: PLR0917 - click passes every option positionally
     url: BrokerURLs,
     app_option: str | None,
@@ -232,7 +227,7 @@ def replay_command(  # noqa: PLR0917 - click passes every option positionally
         ):
             summary = _replay_with_progress(dlq, store, where, limit, show=not as_json)
     if as_json:
-        click.echo(json.dumps(summary.to_json(), indent=2))
+        echo_json(summary.to_json())
     else:
         _echo_replay(summary, names, chosen)
     unknown = summary.count(LedgerAction.UNKNOWN)
@@ -476,9 +471,4 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except (BrokerJobsError, InvalidNameError) as error:
-        _fail(str(error), getattr(error, "exit_code", 1))
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    click.echo(f"error: {mask_text(message)}", err=True)
-    sys.exit(code)
+        fail(str(error), getattr(error, "exit_code", 1))

@@ -359,8 +359,7 @@ class BatchOutcome:
         """Return the jobs if all were confirmed, else raise :class:`PublishBatchError`."""
         if not self.failed:
             return list(self.jobs)
-        confirmed = [job.id for job in self.jobs if job.id in self.confirmed]
-        raise PublishBatchError(confirmed, self.failed)
+        raise PublishBatchError([job.id for job in self.confirmed_jobs()], self.failed)
 
 
 def check_unique_ids(jobs: Sequence[Job]) -> None:

@@ -26,9 +26,10 @@ import pika.exceptions
 
 from broker_jobs.app_loader import load_app
 from broker_jobs.cli_options import url_option
+from broker_jobs.cli_output import fail
 from broker_jobs.connecting import connect_first_blocking
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.urls import BrokerURL, BrokerURLs, mask_text
+from broker_jobs.urls import BrokerURL, BrokerURLs
 from topology import Names, TopologyConflictError, declare
 from topology.definitions import RABBITMQ_DEFINITIONS, definitions
 from topology.delay import DELAY_LEVELS
@@ -145,7 +146,7 @@ def plan(
         click.echo(f"plan: {missing} to create, {conflicts} conflicting, {in_sync} in sync")
     if conflicts:
         where = "each conflict's remedy" if as_json else "'to fix' above"
-        _fail(
+        fail(
             f"{conflicts} object(s) conflict with the wanted topology; resolve them (see"
             f" {where}), then run: broker-jobs topology apply",
             EXIT_CONFLICT,
@@ -184,7 +185,7 @@ def apply(
             except TopologyConflictError as error:
                 conflicts = error.conflicts
             except pika.exceptions.ChannelClosedByBroker as error:
-                _fail(
+                fail(
                     f"the broker refused: {error.reply_code} {error.reply_text}. apply declares"
                     " exchanges and queues, which needs configure permission on the"
                     " namespace: run it as an operator user"
@@ -195,7 +196,7 @@ def apply(
     if as_json:
         report.echo_json()
         if conflicts:
-            _fail(_LEFT_AS_THEY_ARE.format(count=len(conflicts)), EXIT_CONFLICT)
+            fail(_LEFT_AS_THEY_ARE.format(count=len(conflicts)), EXIT_CONFLICT)
         return
     if conflicts:
         _fail_conflicts(conflicts)
@@ -237,7 +238,7 @@ def verify(
             report.echo_objects(verbose=verbose)
         missing = len(inspection.having(Status.MISSING))
         conflicts = len(inspection.having(Status.CONFLICT))
-        _fail(
+        fail(
             f"namespace {namespace!r} is not in sync: {missing} missing,"
             f" {conflicts} conflicting. Run `broker-jobs topology plan` for details"
         )
@@ -364,7 +365,7 @@ def preflight_command(  # noqa: PLR0917 - click passes every option positionally
             click.echo(f"  {'':<8} {label}: {check.fix}")
     problems = [check for check in checks if check.level is Level.PROBLEM]
     if problems:
-        _fail(f"{len(problems)} problem(s): {', '.join(check.title for check in problems)}")
+        fail(f"{len(problems)} problem(s): {', '.join(check.title for check in problems)}")
 
 
 @topology_group.command()
@@ -463,23 +464,18 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except (BrokerJobsError, TopologyFileError, InvalidNameError) as error:
-        _fail(str(error))
+        fail(str(error))
     except pika.exceptions.AMQPError as error:
-        _fail(f"the broker failed the command: {type(error).__name__}: {error}")
+        fail(f"the broker failed the command: {type(error).__name__}: {error}")
     except OSError as error:
-        _fail(f"{error.filename or 'I/O'}: {error.strerror or error}")
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    click.echo(f"error: {mask_text(message)}", err=True)
-    sys.exit(code)
+        fail(f"{error.filename or 'I/O'}: {error.strerror or error}")
 
 
 def _fail_conflicts(conflicts: tuple[Conflict, ...]) -> NoReturn:
     for conflict in conflicts:
         click.echo(f"  ! {conflict.kind} {conflict.name}: {_differences(conflict)}", err=True)
         click.echo(f"      to fix: {conflict.remedy}", err=True)
-    _fail(_LEFT_AS_THEY_ARE.format(count=len(conflicts)), EXIT_CONFLICT)
+    fail(_LEFT_AS_THEY_ARE.format(count=len(conflicts)), EXIT_CONFLICT)
 
 
 def _differences(conflict: Conflict) -> str:
