@@ -30,7 +30,7 @@ from broker_jobs.cli_options import (
     store_option,
     url_option,
 )
-from broker_jobs.cli_output import echo_json, iso, json_option, when
+from broker_jobs.cli_output import echo_json, json_option, when
 from broker_jobs.envelope import utc_now
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.observe.beat_metrics import BeatMetrics
@@ -39,13 +39,10 @@ from broker_jobs.observe.server import Health, serving
 from broker_jobs.store.base import Store
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
-from scheduler.beat import ANNOUNCE_EVERY, Beat, BeatSettings, fire_key
+from scheduler.beat import Beat, BeatSettings, fire_key
 from scheduler.config import load_schedules
 from scheduler.schedules import Schedule
-
-#: A leader that has not announced itself for this many announce periods is shown
-#: as stale (it died, or lost the broker, since).
-STALE_AFTER_ANNOUNCES = 3
+from scheduler.status import is_stale, status_document
 
 schedules_option = click.option(
     "--schedules",
@@ -175,40 +172,6 @@ def status_command(
     click.echo("\n".join(lines))
 
 
-def status_document(
-    app: App, schedules: Sequence[Schedule], store: Store, now: datetime
-) -> dict[str, object]:
-    """What ``beat status --json`` prints: the leader as last announced (``stale``:
-    not heard of for three announce periods) and each schedule."""
-    leader = store.leader(app.namespace)
-    return {
-        "namespace": app.namespace,
-        "leader": None
-        if leader is None
-        else {
-            "identity": leader.identity,
-            "since": iso(leader.since),
-            "seen_at": iso(leader.seen_at),
-            "stale": _stale(leader.seen_at, now),
-        },
-        "schedules": [
-            {
-                "name": schedule.name,
-                "task": schedule.task,
-                "when": str(schedule.timing),
-                "catch_up": schedule.catch_up.value,
-                "last_fire": iso(store.last_fire(fire_key(app.namespace, schedule.name))),
-                "next_fire": iso(schedule.timing.next_fire(now)),
-            }
-            for schedule in schedules
-        ],
-    }
-
-
-def _stale(seen_at: datetime, now: datetime) -> bool:
-    return (now - seen_at).total_seconds() > STALE_AFTER_ANNOUNCES * ANNOUNCE_EVERY
-
-
 def status_lines(app: App, schedules: Sequence[Schedule], store: Store, now: datetime) -> list[str]:
     """The leader as last announced, and one line per schedule."""
     leader = store.leader(app.namespace)
@@ -216,7 +179,7 @@ def status_lines(app: App, schedules: Sequence[Schedule], store: Store, now: dat
         lines = ["leader: none has led yet"]
     else:
         age = (now - leader.seen_at).total_seconds()
-        stale = _stale(leader.seen_at, now)
+        stale = is_stale(leader.seen_at, now)
         lines = [
             f"leader: {leader.identity} since {when(leader.since)},"
             f" last seen {age:.0f} s ago{' (stale: no beat leads now?)' if stale else ''}"

@@ -99,11 +99,6 @@ def when(moment: datetime | None) -> str:
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def iso(moment: datetime | None) -> str | None:
-    """A time for a JSON document: ISO 8601 with microseconds, ``Z``; None stays None."""
-    return None if moment is None else moment.isoformat().replace("+00:00", "Z")
-
-
 def span(duration: timedelta | None) -> str:
     """A duration in one word: ``350ms``, ``4.2s``, ``2m05s``, ``3h07m``, ``2d04h``."""
     if duration is None:
@@ -119,11 +114,6 @@ def span(duration: timedelta | None) -> str:
     if whole < 86400:
         return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
     return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
-
-
-def seconds(duration: timedelta | None) -> float | None:
-    """A duration for a JSON document: seconds; None stays None."""
-    return None if duration is None else duration.total_seconds()
 
 
 def first_line(text: str | None, limit: int = 60) -> str:

@@ -8,9 +8,6 @@ error. Usage errors exit 2, as everywhere.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,21 +23,24 @@ from broker_jobs.cli_output import (
     echo_json,
     fail,
     first_line,
-    iso,
     json_option,
-    seconds,
     span,
     table,
     when,
 )
 from broker_jobs.errors import BrokerJobsError
+from broker_jobs.job_documents import (
+    CursorError,
+    decode_cursor,
+    encode_cursor,
+    execution_document,
+    record_document,
+)
 from broker_jobs.store.base import (
     CancelOutcome,
-    Execution,
     JobRecord,
     Status,
     Store,
-    utc,
 )
 from broker_jobs.store.urls import open_store
 
@@ -118,7 +118,10 @@ def list_command(  # noqa: PLR0917 - click passes every option positionally
       broker-jobs jobs list --state retrying --limit 20
       broker-jobs jobs list --state retrying --limit 20 --after CURSOR
     """
-    after = decode_cursor(cursor) if cursor else None
+    try:
+        after = decode_cursor(cursor) if cursor else None
+    except CursorError as error:
+        raise click.BadParameter(str(error), param_hint="--after") from None
     with _store(store_url) as store:
         page = store.page(
             status=Status(state.lower()) if state else None,
@@ -235,36 +238,6 @@ def cancel_command(ref: str, store_url: str, as_json: bool) -> None:
 # -- documents and lines ------------------------------------------------------------
 
 
-def record_document(record: JobRecord) -> dict[str, Any]:
-    """A ledger record in a JSON document."""
-    return {
-        "idempotency_key": record.idempotency_key,
-        "job_id": record.job_id,
-        "task": record.task,
-        "state": record.status.value,
-        "attempts": record.attempts,
-        "created_at": iso(record.created_at),
-        "updated_at": iso(record.updated_at),
-        "worker": record.worker,
-        "lease_until": iso(record.lease_until),
-        "due_at": iso(record.due_at),
-        "last_error": record.last_error,
-    }
-
-
-def execution_document(execution: Execution) -> dict[str, Any]:
-    """An execution in a JSON document."""
-    return {
-        "attempt": execution.attempt,
-        "worker": execution.worker,
-        "started_at": iso(execution.started_at),
-        "finished_at": iso(execution.finished_at),
-        "duration_seconds": seconds(execution.duration),
-        "outcome": execution.outcome.value if execution.outcome else None,
-        "error": execution.error,
-    }
-
-
 def _maybe(record: JobRecord | None) -> dict[str, Any] | None:
     return None if record is None else record_document(record)
 
@@ -306,31 +279,6 @@ def _cancel_line(record: JobRecord, outcome: CancelOutcome) -> str:
 
 
 # -- the cursor and the store --------------------------------------------------------
-
-
-def encode_cursor(after: tuple[datetime, str]) -> str:
-    """Store.page's keyset position as an opaque token (URL-safe base64 of JSON)."""
-    moment, key = after
-    data = json.dumps([utc(moment).isoformat(), key], separators=(",", ":")).encode("utf-8")
-    return base64.urlsafe_b64encode(data).decode("ascii").rstrip("=")
-
-
-def decode_cursor(token: str) -> tuple[datetime, str]:
-    """The position :func:`encode_cursor` wrote; a usage error for anything else."""
-    try:
-        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        data = None
-    if isinstance(data, list) and len(data) == 2 and all(isinstance(v, str) for v in data):
-        try:
-            return utc(datetime.fromisoformat(data[0])), data[1]
-        except ValueError:
-            pass  # not a time, or one without a zone: not ours either
-    raise click.BadParameter(
-        f"{token!r} is not a cursor printed by `broker-jobs jobs list`: copy the token"
-        " after --after from the previous page (or its JSON's next)",
-        param_hint="--after",
-    )
 
 
 @contextmanager

@@ -8,12 +8,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import urlencode
 
-import click
-
 from broker_jobs.dashboard.safety import Refused
 from broker_jobs.dead_letter_queue import DeadLetter, DeadLetterFilter
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.jobs_cli import decode_cursor, encode_cursor
+from broker_jobs.job_documents import CursorError, decode_cursor, encode_cursor
 from broker_jobs.store.base import Status
 
 PAGE_SIZE = 50
@@ -73,7 +71,7 @@ class JobFilter:
         if self.after:
             try:
                 after = decode_cursor(self.after)
-            except click.BadParameter:
+            except CursorError:
                 raise Refused(
                     400, "after: not a cursor of this list (follow its Next link)"
                 ) from None

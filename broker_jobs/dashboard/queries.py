@@ -8,16 +8,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from broker_jobs.beat_cli import status_document
-from broker_jobs.cli_output import iso
 from broker_jobs.dashboard import chart
 from broker_jobs.dashboard.filters import JobFilter, LetterFilter
 from broker_jobs.dashboard.settings import DashboardSettings
 from broker_jobs.dead_letter_queue import DeadLetter, DeadLetterQueues
 from broker_jobs.errors import BrokerJobsError
+from broker_jobs.job_documents import iso, record_document
 from broker_jobs.status_report import StatusReport, TaskStatus, collect
 from broker_jobs.store.base import Execution, JobRecord, LeaderRecord, Page, Status, utc
 from broker_jobs.urls import mask_text
+from scheduler.status import status_document
 
 CONNECTION_NAME = "broker-jobs dashboard"
 #: How many dead letters the dead-letter view reads (each read is a pass over the
@@ -113,7 +113,6 @@ class TaskView:
     schedules: list[dict[str, Any]]
 
     def document(self) -> dict[str, Any]:
-        from broker_jobs.jobs_cli import record_document  # noqa: PLC0415 - one use
 
         return {
             **self.status.document(self.taken_at),
