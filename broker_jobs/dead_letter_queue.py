@@ -98,6 +98,7 @@ __all__ = [
     "DeadLetterFilter",
     "DeadLetterQueues",
     "LedgerAction",
+    "PurgeProgress",
     "ReplayProgress",
     "ReplaySummary",
     "Replayed",
@@ -254,6 +255,17 @@ class ReplayProgress:
     skipped: int
 
 
+@dataclass(frozen=True)
+class PurgeProgress:
+    """Passed to a purge's ``on_progress`` after each message it looked at (once,
+    after the whole queues, for a purge without a filter or a limit: the broker
+    empties those in one step)."""
+
+    scanned: int  #: messages looked at so far
+    total: int  #: messages the purge looks at, at most (the queues' depth at the start)
+    deleted: int
+
+
 @dataclass
 class ReplaySummary:
     """What a replay did."""
@@ -380,21 +392,35 @@ class DeadLetterQueues:
         self._passes(visit)
         return summary
 
-    def purge(self, where: DeadLetterFilter | None = None, *, limit: int | None = None) -> int:
+    def purge(
+        self,
+        where: DeadLetterFilter | None = None,
+        *,
+        limit: int | None = None,
+        on_progress: Callable[[PurgeProgress], None] | None = None,
+    ) -> int:
         """Delete the matching dead letters (at most ``limit``); every dead letter of
         the queues without a filter or a limit. Returns how many were deleted."""
         where = where or DeadLetterFilter()
         if where.is_empty and limit is None:
             with _translated():
-                return sum(self._purge_queue(task) for task in self.tasks)
-        deleted = 0
+                purged = sum(self._purge_queue(task) for task in self.tasks)
+            if on_progress is not None:
+                on_progress(PurgeProgress(purged, purged, purged))
+            return purged
+        # The depths only for a caller that shows progress: a purge needs none.
+        total = sum(self.depths().values()) if on_progress is not None else 0
+        scanned = deleted = 0
 
         def visit(letter: DeadLetter, _link: PikaLink) -> bool:
-            nonlocal deleted
-            if _reached(deleted, limit) or not where.matches(letter):
-                return False
-            deleted += 1
-            return True
+            nonlocal scanned, deleted
+            scanned += 1
+            taken = not _reached(deleted, limit) and where.matches(letter)
+            if taken:
+                deleted += 1
+            if on_progress is not None:
+                on_progress(PurgeProgress(scanned, max(total, scanned), deleted))
+            return taken
 
         self._passes(visit)
         return deleted

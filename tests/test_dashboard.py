@@ -11,9 +11,11 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pika
 import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
@@ -22,7 +24,9 @@ from starlette.testclient import TestClient
 from broker_jobs import App, JobRequest, Publisher
 from broker_jobs.cli import main
 from broker_jobs.dashboard import DashboardSettings, create_app
-from broker_jobs.errors import ConfigurationError
+from broker_jobs.dashboard.actions import Progress, Result
+from broker_jobs.dashboard.operations import Operations, Work
+from broker_jobs.errors import BrokerConnectionError, ConfigurationError
 from broker_jobs.retry import PermanentError, RetryPolicy
 from broker_jobs.store.base import Status, Store
 from broker_jobs.store.sqlite import SQLiteStore
@@ -133,20 +137,57 @@ def hidden_fields(page: str) -> list[tuple[str, str]]:
     ]
 
 
-def act(client: TestClient, path: str, fields: dict[str, Any], **extra: str) -> str:
-    """Post an action, check it asks first, confirm it; the result page."""
+def confirmed(client: TestClient, path: str, fields: dict[str, Any], **extra: str) -> Any:
+    """Post an action, check it asks first, confirm it; the answer (not followed: a
+    TestClient response, of httpx or httpx2 by starlette's version)."""
     form = {"csrf_token": csrf_of(client), **fields}
     asked = client.post(path, data=form)
     assert asked.status_code == 200, asked.text
     assert 'name="confirm"' in asked.text
-    confirmed = [*hidden_fields(asked.text), ("confirm", "yes"), *extra.items()]
-    done = client.post(
+    again = [*hidden_fields(asked.text), ("confirm", "yes"), *extra.items()]
+    return client.post(
         path,
-        content="&".join(f"{_q(k)}={_q(v)}" for k, v in confirmed),
+        content="&".join(f"{_q(k)}={_q(v)}" for k, v in again),
         headers={"content-type": "application/x-www-form-urlencoded"},
+        follow_redirects=False,
     )
+
+
+def act(client: TestClient, path: str, fields: dict[str, Any], **extra: str) -> str:
+    """An action on one job or dead letter: confirmed, its result page at once."""
+    done = confirmed(client, path, fields, **extra)
     assert done.status_code == 200, done.text
-    return done.text
+    text: str = done.text
+    return text
+
+
+def act_in_background(
+    client: TestClient, path: str, fields: dict[str, Any], **extra: str
+) -> tuple[str, dict[str, Any]]:
+    """A bulk action: confirmed, it redirects to its operation's page; once its API
+    document says finished, that page and the document."""
+    started = confirmed(client, path, fields, **extra)
+    assert started.status_code == 303, started.text
+    location = started.headers["location"]
+    assert re.fullmatch(r"/operations/[\w-]{20,}", location), location
+    document = finished(client, location.removeprefix("/operations/"))
+    page = client.get(location)
+    assert page.status_code == 200
+    return page.text, document
+
+
+def finished(client: TestClient, operation_id: str) -> dict[str, Any]:
+    """The operation's API document once it says finished."""
+    document: dict[str, Any] = wait_until(
+        lambda: _finished(client.get(f"/api/operations/{operation_id}").json()),
+        within=20,
+        what=f"operation {operation_id} finished",
+    )
+    return document
+
+
+def _finished(document: dict[str, Any]) -> dict[str, Any] | None:
+    return document if document["finished"] else None
 
 
 def _q(text: str) -> str:
@@ -419,20 +460,212 @@ def test_dead_letters_purge_a_selection_then_all_matching(
     client = dashboard(allow_actions=True)
     page = client.get(f"/dead-letters?task={TASK}")
     assert page.text.count('type="checkbox" form="selection" name="ref"') == 3
-    result = act(client, "/actions/purge", {"ref": ["p0", "p2"], "task": TASK, "purge": "selected"})
+    selection = {"ref": ["p0", "p2"], "task": TASK, "purge": "selected"}
+    result, document = act_in_background(client, "/actions/purge", selection)
     assert count_on(result, "purged") == 2
+    assert document["result"]["counts"] == {"purged": 2}
+    # A selection is looked for in the whole queue: all 3 looked at, 2 deleted.
+    assert (document["done"], document["total"], document["error"]) == (3, 3, None)
     left = client.get("/api/dead-letters").json()
     assert [letter["idempotency_key"] for g in left["groups"] for letter in g["dead_letters"]] == [
         "p1"
     ]
-    result = act(client, "/actions/purge", {"reason": "permanent", "purge": "matching"})
+    result, document = act_in_background(
+        client, "/actions/purge", {"reason": "permanent", "purge": "matching"}
+    )
     assert count_on(result, "purged") == 1
+    assert (document["done"], document["total"]) == (1, 1)
     wait_until(
         lambda: client.get("/api/dead-letters").json()["depths"] == {TASK: 0, OTHER: 0},
         within=5,
         what="empty dead-letter queues",
     )
     assert ledger.get("p1").status is Status.DEAD  # type: ignore[union-attr]  # the ledger keeps it
+
+
+def test_a_purge_of_all_without_a_filter_reports_what_the_broker_emptied(
+    broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    publish(broker, app, ledger, *(Item(key=f"e{n}", fail=True) for n in range(2)))
+    publish(broker, app, ledger, Item(key="e-other", fail=True), task=OTHER)
+    run_worker(broker, app, ledger)
+    client = dashboard(allow_actions=True)
+    wait_until(
+        lambda: client.get("/api/dead-letters").json()["depths"] == {TASK: 2, OTHER: 1},
+        within=5,
+        what="three dead letters",
+    )
+    # No filter: the broker empties the queues in one step, and progress says so once.
+    result, document = act_in_background(client, "/actions/purge", {"purge": "matching"})
+    assert count_on(result, "purged") == 3
+    assert (document["done"], document["total"], document["finished"]) == (3, 3, True)
+    assert client.get("/api/dead-letters").json()["depths"] == {TASK: 0, OTHER: 0}
+
+
+def test_a_bulk_replay_runs_in_the_background_and_its_page_follows_it(
+    broker: Broker,
+    app: App,
+    ledger: SQLiteStore,
+    dashboard: Dashboard,
+    handlers: Handlers,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    publish(broker, app, ledger, *(Item(key=f"r{n}", fail=True) for n in range(3)))
+    run_worker(broker, app, ledger)
+    handlers.fixed = True
+    client = dashboard(allow_actions=True)
+    with caplog.at_level(logging.INFO, logger="broker_jobs.dashboard.audit"):
+        page, document = act_in_background(
+            client, "/actions/replay", {"reason": "permanent", "replay": "matching"}
+        )
+    counts = {
+        "scanned": 3,
+        "replayed": 3,
+        "skipped": 0,
+        "ledger reset": 3,
+        "ledger unchanged": 0,
+        "ledger unknown": 0,
+    }
+    assert document["result"]["counts"] == counts
+    assert document["result"]["title"] == "replayed 3 dead letter(s)"
+    assert (document["action"], document["who"], document["error"]) == (
+        "replay",
+        "testclient",
+        None,
+    )
+    assert document["done"] == counts["scanned"] == document["total"]
+    assert document["started_at"].endswith("+00:00")
+    # The finished page is the result page's content, and stops reloading itself.
+    assert {name: count_on(page, name) for name in counts} == counts
+    assert 'id="result">replayed 3 dead letter(s)<' in page
+    assert 'data-finished="yes"' in page
+    assert 'http-equiv="refresh"' not in page
+    assert "<progress" not in page
+    lines = [r.getMessage() for r in caplog.records if r.name == "broker_jobs.dashboard.audit"]
+    assert len(lines) == 1
+    assert lines[0].startswith("dashboard action replay by testclient: every dead letter matching")
+    assert "(3): scanned 3, replayed 3" in lines[0]
+    run_worker(broker, app, ledger)
+    assert all(ledger.get(f"r{n}").status is Status.SUCCEEDED for n in range(3))  # type: ignore[union-attr]
+
+
+def test_an_operation_page_shows_its_progress_until_it_finishes(
+    app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    """A running operation, held by the test: the page a browser without scripts
+    reloads, the progress bar, the JSON the script polls."""
+    client = dashboard(allow_actions=True)
+    release = threading.Event()
+
+    def work(progress: Progress) -> Result:
+        progress(1, 4)
+        release.wait(20)
+        progress(4, 4)
+        return Result("purge", "purged 4 dead letter(s)", {"purged": 4})
+
+    operation = client.app.state.operations.start("purge", "tester", work)  # type: ignore[attr-defined]
+    running = wait_until(
+        lambda: _done_once(client.get(f"/api/operations/{operation.id}").json(), 1),
+        within=5,
+        what="progress reported",
+    )
+    assert (running["total"], running["finished"], running["result"]) == (4, False, None)
+    page = client.get(f"/operations/{operation.id}").text
+    assert '<noscript><meta http-equiv="refresh" content="2"></noscript>' in page
+    assert '<progress id="progress" value="1" max="4">' in page
+    assert f'data-operation="/api/operations/{operation.id}" data-finished="no"' in page
+    assert f'<a href="/operations/{operation.id}" id="reload">' in page
+    release.set()
+    document = finished(client, operation.id)
+    assert (document["done"], document["result"]["counts"]) == (4, {"purged": 4})
+    assert "http-equiv" not in client.get(f"/operations/{operation.id}").text
+
+
+def _done_once(document: dict[str, Any], done: int) -> dict[str, Any] | None:
+    return document if document["done"] == done else None
+
+
+def test_a_failed_operation_says_why_with_passwords_masked(
+    app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    client = dashboard(allow_actions=True)
+
+    def work(progress: Progress) -> Result:
+        progress(2, 5)
+        raise BrokerConnectionError("lost amqp://bj:hunter2@rabbit:5672/ midway")
+
+    operation = client.app.state.operations.start("replay", "tester", work)  # type: ignore[attr-defined]
+    document = finished(client, operation.id)
+    assert document["result"] is None
+    assert "hunter2" not in document["error"]
+    assert "lost amqp://bj:" in document["error"]
+    assert document["done"] == 2
+    page = client.get(f"/operations/{operation.id}").text
+    assert 'id="result">replay: failed<' in page
+    assert "hunter2" not in page
+
+
+def test_an_unknown_operation_is_404(dashboard: Dashboard) -> None:
+    client = dashboard()
+    page = client.get("/operations/no-such-operation")
+    assert page.status_code == 404
+    assert "no operation &#39;no-such-operation&#39;" in page.text
+    missing = client.get("/api/operations/no-such-operation")
+    assert (missing.status_code, list(missing.json())) == (404, ["error"])
+
+
+def test_only_the_last_finished_operations_are_kept() -> None:
+    operations = Operations(keep_finished=2)
+
+    def titled(title: str) -> Work:
+        return lambda _progress: Result("purge", title)
+
+    ids = []
+    for n in range(4):
+        operation_id = operations.start("purge", "tester", titled(f"purged {n}")).id
+        wait_until(
+            partial(_has_finished, operations, operation_id),
+            within=5,
+            what=f"operation {n} finished",
+        )
+        ids.append(operation_id)
+    kept = [operations.get(operation_id) for operation_id in ids]
+    titles = [
+        operation.result.title if operation and operation.result else None for operation in kept
+    ]
+    assert titles == [None, None, "purged 2", "purged 3"]
+
+
+def _has_finished(operations: Operations, operation_id: str) -> bool:
+    operation = operations.get(operation_id)
+    return operation is not None and operation.finished
+
+
+def test_the_operation_page_shows_a_dead_letter_key_as_text(
+    broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    publish(broker, app, ledger, Item(key="esc-1", fail=True))
+    run_worker(broker, app, ledger)  # declares the queues, one dead letter
+    connection = broker.connection("dashboard test poison")
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish(
+            "",
+            app.names.dead_letter_queue(TASK),
+            b"{not json",
+            pika.BasicProperties(content_type="application/json", message_id=SCRIPT, type=TASK),
+        )
+    finally:
+        connection.close()
+    client = dashboard(allow_actions=True)
+    page, document = act_in_background(
+        client, "/actions/replay", {"task": TASK, "replay": "matching"}
+    )
+    assert document["result"]["counts"]["skipped"] == 1
+    assert any(SCRIPT in note for note in document["result"]["notes"])  # JSON: as it is
+    assert "<script>alert" not in page
+    assert ESCAPED in page
 
 
 def test_every_api_endpoint_answers_json(

@@ -3,14 +3,19 @@ in the audit log. Every function blocks: the routes call them in a worker thread
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker_jobs.dashboard import audit
 from broker_jobs.dashboard.filters import LetterFilter
 from broker_jobs.dashboard.queries import dead_letter_queues
 from broker_jobs.dashboard.settings import DashboardSettings
-from broker_jobs.dead_letter_queue import LedgerAction
+from broker_jobs.dead_letter_queue import LedgerAction, PurgeProgress, ReplayProgress
 from broker_jobs.store.base import Cancellation
+
+#: Told, after each dead letter a bulk action looked at, how many it looked at so
+#: far and how many it looks at in all (the queues' depth at the start).
+Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -46,11 +51,18 @@ def cancel(settings: DashboardSettings, ref: str, who: str) -> Result:
 
 
 def replay(
-    settings: DashboardSettings, chosen: LetterFilter, refs: frozenset[str], who: str
+    settings: DashboardSettings,
+    chosen: LetterFilter,
+    refs: frozenset[str],
+    who: str,
+    on_progress: Progress | None = None,
 ) -> Result:
     """Replay the dead letters of ``refs`` (all that match ``chosen`` when empty)."""
+
     with dead_letter_queues(settings, chosen.tasks(settings.tasks)) as dlq:
-        summary = dlq.replay(settings.store, chosen.dead_letter_filter(refs))
+        summary = dlq.replay(
+            settings.store, chosen.dead_letter_filter(refs), on_progress=_told(on_progress)
+        )
     counts = {
         "scanned": summary.scanned,
         "replayed": len(summary.replayed),
@@ -70,11 +82,16 @@ def replay(
 
 
 def purge(
-    settings: DashboardSettings, chosen: LetterFilter, refs: frozenset[str], who: str
+    settings: DashboardSettings,
+    chosen: LetterFilter,
+    refs: frozenset[str],
+    who: str,
+    on_progress: Progress | None = None,
 ) -> Result:
     """Delete the dead letters of ``refs`` (all that match ``chosen`` when empty)."""
+
     with dead_letter_queues(settings, chosen.tasks(settings.tasks)) as dlq:
-        deleted = dlq.purge(chosen.dead_letter_filter(refs))
+        deleted = dlq.purge(chosen.dead_letter_filter(refs), on_progress=_told(on_progress))
     audit.record(who, "purge", _scope(chosen, refs), deleted, f"purged {deleted}")
     return Result(
         "purge",
@@ -82,6 +99,21 @@ def purge(
         {"purged": deleted},
         ["the ledger keeps the jobs' records"],
     )
+
+
+def _told(
+    on_progress: Progress | None,
+) -> Callable[[ReplayProgress | PurgeProgress], None] | None:
+    """The library's progress callback for ours (None for none: a purge without one
+    skips reading the depths)."""
+    if on_progress is None:
+        return None
+    told = on_progress
+
+    def progressed(progress: ReplayProgress | PurgeProgress) -> None:
+        told(progress.scanned, progress.total)
+
+    return progressed
 
 
 def _scope(chosen: LetterFilter, refs: frozenset[str]) -> str:

@@ -13,13 +13,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from broker_jobs.dashboard import api, pages, posts
+from broker_jobs.dashboard import api, operations, pages, posts
+from broker_jobs.dashboard.operations import Operations, masked
 from broker_jobs.dashboard.safety import Refused
 from broker_jobs.dashboard.settings import DashboardSettings
 from broker_jobs.dashboard.views import render
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.store.base import mask_dsn
-from broker_jobs.urls import mask_text
 
 logger = logging.getLogger("broker_jobs.dashboard")
 UNAVAILABLE = 503
@@ -40,6 +39,8 @@ def create_app(settings: DashboardSettings) -> Starlette:
         Route("/api/jobs/{ref:path}", api.job),
         Route("/api/dead-letters", api.dead_letters),
         Route("/api/schedules", api.schedules),
+        Route("/operations/{id}", operations.operation_page),
+        Route("/api/operations/{id}", operations.operation_api),
         Route("/actions/cancel", posts.cancel, methods=["POST"]),
         Route("/actions/replay", posts.replay, methods=["POST"]),
         Route("/actions/purge", posts.purge, methods=["POST"]),
@@ -53,6 +54,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
         exception_handlers={Refused: _refused, BrokerJobsError: _failed},
     )
     app.state.settings = settings
+    app.state.operations = Operations()  # the bulk actions running, and the last finished
     return app
 
 
@@ -80,6 +82,6 @@ async def _refused(request: Request, error: Exception) -> Response:
 async def _failed(request: Request, error: Exception) -> Response:
     """The broker or the store failed: the page says so (a status is most wanted when
     something is wrong), passwords masked."""
-    message = mask_dsn(mask_text(" ".join(str(error).split())))
+    message = masked(error)
     logger.warning("dashboard %s failed: %s", request.url.path, message)
     return _answer(request, UNAVAILABLE, message)

@@ -1,16 +1,20 @@
 """The actions (POST only): each first answers with a confirmation page whose form
 posts the same fields again with ``confirm=yes``; only that second post acts, and
-shows a result page with counts. Every post is CSRF-checked and refused (403) on a
-read-only dashboard; the confirmed one also needs the token when one is set."""
+shows a result page with counts: a bulk one (a selection of dead letters, or all
+that match) runs in the background and redirects to its progress page
+(broker_jobs.dashboard.operations), which ends with the same result. Every post is
+CSRF-checked and refused (403) on a read-only dashboard; the confirmed one also needs
+the token when one is set."""
 
 from __future__ import annotations
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 
 from broker_jobs.dashboard import actions
 from broker_jobs.dashboard.filters import LetterFilter
+from broker_jobs.dashboard.operations import operations_of
 from broker_jobs.dashboard.pages import settings_of
 from broker_jobs.dashboard.queries import dead_letter_queues
 from broker_jobs.dashboard.safety import (
@@ -28,6 +32,7 @@ from broker_jobs.dashboard.settings import DashboardSettings
 from broker_jobs.dashboard.views import render
 
 SCOPES = ("one", "selected", "matching")
+SEE_OTHER = 303
 
 
 async def cancel(request: Request) -> Response:
@@ -90,8 +95,15 @@ async def _dead_letters(request: Request, action: str) -> Response:
         )
     check_token(request, form, settings)
     act = actions.replay if action == "replay" else actions.purge
-    result = await run_in_threadpool(act, settings, chosen, refs, who(request, settings))
-    return render(request, settings, "result.html", {"result": result})
+    actor = who(request, settings)
+    if scope == "one":  # one dead letter: quick, its result page straight away
+        result = await run_in_threadpool(act, settings, chosen, refs, actor)
+        return render(request, settings, "result.html", {"result": result})
+    operation = operations_of(request).start(
+        action, actor, lambda progress: act(settings, chosen, refs, actor, progress)
+    )
+    # See Other: the browser GETs the page, so a reload there does not post again.
+    return RedirectResponse(f"/operations/{operation.id}", status_code=SEE_OTHER)
 
 
 def _depths(settings: DashboardSettings, tasks: tuple[str, ...]) -> dict[str, int]:
