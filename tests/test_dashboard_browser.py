@@ -1,9 +1,10 @@
 """The web dashboard in a real browser: headless Chromium (Debian's chromium and
 chromium-driver) driven by Selenium, against the dashboard served by uvicorn on a free
 port, a real broker and an SQLite ledger. What a user sees and clicks: the overview's
-counts after publishing, a dead job replayed from its page until it succeeds, a cancel
-from the jobs list, a read-only dashboard without buttons that refuses a POST, and a
-payload and an error holding markup shown as text (no script runs).
+counts after publishing, a dead job replayed from its page until it succeeds, a bulk
+replay followed on its progress page to its result, a cancel from the jobs list, a
+read-only dashboard without buttons that refuses a POST, and a payload and an error
+holding markup shown as text (no script runs).
 
 Waits are on conditions (WebDriverWait), never fixed sleeps."""
 
@@ -20,9 +21,11 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from starlette.applications import Starlette
 
 from broker_jobs import App, JobRequest, Publisher
 from broker_jobs.dashboard import DashboardSettings, create_app
+from broker_jobs.dashboard.actions import Progress, Result
 from broker_jobs.retry import PermanentError, RetryPolicy
 from broker_jobs.store.base import Status, Store
 from broker_jobs.store.sqlite import SQLiteStore
@@ -112,14 +115,19 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@contextlib.contextmanager
-def serving(settings: DashboardSettings) -> Iterator[str]:
+def serving(settings: DashboardSettings) -> contextlib.AbstractContextManager[str]:
     """The dashboard served by uvicorn on a free port in a thread; its base URL."""
+    return serving_app(create_app(settings))
+
+
+@contextlib.contextmanager
+def serving_app(web: Starlette) -> Iterator[str]:
+    """``web`` (a dashboard app) served by uvicorn on a free port in a thread."""
     import uvicorn  # noqa: PLC0415
 
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(settings),
+            web,
             host="127.0.0.1",
             port=free_port(),
             log_level="warning",
@@ -260,6 +268,69 @@ def test_a_dead_job_is_replayed_from_its_page_and_then_succeeds(
     record = ledger.get("bad-1")
     assert record is not None
     assert record.status is Status.SUCCEEDED
+
+
+def test_a_bulk_replay_lands_on_its_progress_page_and_ends_with_the_counts(
+    browser: Any,
+    broker: Broker,
+    app: App,
+    ledger: SQLiteStore,
+    dashboard: Dashboard,
+    handlers: Handlers,
+) -> None:
+    publish(broker, app, ledger, *(Item(key=f"bulk-{n}", fail=True) for n in range(3)))
+    run_worker(broker, app, ledger)
+    handlers.fixed = True
+    with dashboard(allow_actions=True) as base:
+        browser.get(f"{base}/dead-letters")
+        click(browser, "#matching button[name=replay]")
+        wait_for(browser, shows("h1", "Confirm: replay"), "the confirmation page")
+        click(browser, "button[name=confirm]")
+        assert "/operations/" in browser.current_url
+        # Finished on arrival, or later: then the script reloads the page.
+        wait_for(browser, shows("[data-count=replayed]", "3"), "three dead letters replayed")
+        assert text_of(browser, "[data-count=scanned]") == "3"
+        assert browser.execute_script("return window.__xss === undefined")
+    run_worker(broker, app, ledger)
+    for n in range(3):
+        record = ledger.get(f"bulk-{n}")
+        assert record is not None
+        assert record.status is Status.SUCCEEDED
+
+
+def test_the_progress_page_moves_its_bar_and_shows_the_result_when_done(
+    browser: Any, broker: Broker, app: App, ledger: SQLiteStore
+) -> None:
+    """An operation the test holds at each step, so the page is seen while it runs."""
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
+    settings = DashboardSettings(
+        store=ledger, urls=BrokerURLs.parse(broker.url), names=app.names, tasks=(TASK,), app=app
+    )
+    web = create_app(settings)
+    halfway, end = threading.Event(), threading.Event()
+
+    def work(progress: Progress) -> Result:
+        halfway.wait(WAIT)
+        progress(2, 4)
+        end.wait(WAIT)
+        progress(4, 4)
+        return Result("purge", "purged 4 dead letter(s)", {"purged": 4})
+
+    with serving_app(web) as base:
+        operation = web.state.operations.start("purge", "tester", work)
+        browser.get(f"{base}/operations/{operation.id}")
+        wait_for(browser, shows("#running", "purge: running…"), "the running page")
+        bar = browser.find_element(By.CSS_SELECTOR, "#progress")
+        assert bar.get_attribute("value") in {None, "0"}  # indeterminate: no total yet
+        halfway.set()
+        wait_for(browser, shows("[data-field=done]", "2"), "2 looked at, shown by the script")
+        assert text_of(browser, "[data-field=total]") == "4"
+        assert bar.get_attribute("value") == "2"
+        assert bar.get_attribute("max") == "4"
+        end.set()
+        wait_for(browser, shows("[data-count=purged]", "4"), "the result once finished")
+        assert text_of(browser, "#result") == "purged 4 dead letter(s)"
 
 
 def test_a_job_is_cancelled_from_the_jobs_list(
