@@ -920,7 +920,7 @@ def test_a_database_from_before_the_beat_gains_its_tables(kit: Kit) -> None:
         reopened.record_leader("shop", "host-1:101", at(0), now=at(1))
         assert reopened.last_fire("shop/s") == fire(3)
         assert reopened.leader("shop") is not None
-    assert kit.sql("SELECT version FROM broker_jobs_schema") == [(3,)]  # the ledger: 3
+    assert kit.sql("SELECT version FROM broker_jobs_schema") == [(4,)]  # the ledger: 4
 
 
 # --- arguments, lifecycle, schema -------------------------------------------------------------
@@ -1510,7 +1510,7 @@ def test_sqlite_uses_wal_and_a_schema_version(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert conn.execute("SELECT version FROM broker_jobs_schema").fetchall() == [(3,)]
+        assert conn.execute("SELECT version FROM broker_jobs_schema").fetchall() == [(4,)]
     finally:
         conn.close()
 

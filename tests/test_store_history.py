@@ -221,7 +221,7 @@ def test_the_executions_table_is_indexed_by_key(kit: Kit) -> None:
     kit.store.claim(job(), A, LEASE, now=at(0))
     rows = kit.sql("SELECT idempotency_key, attempt, worker FROM broker_jobs_executions")
     assert rows == [("key-1", 1, A)]
-    assert kit.sql("SELECT version FROM broker_jobs_schema") == [(3,)]
+    assert kit.sql("SELECT version FROM broker_jobs_schema") == [(4,)]
 
 
 def _downgrade_sqlite_to_version_1(path: Path) -> None:
@@ -231,6 +231,7 @@ def _downgrade_sqlite_to_version_1(path: Path) -> None:
         conn.execute("DROP TRIGGER broker_jobs_executions_on_insert")
         conn.execute("DROP TRIGGER broker_jobs_executions_on_update")
         conn.execute("DROP TABLE broker_jobs_executions")
+        conn.execute("DROP TABLE broker_jobs_payloads")  # version 4's
         conn.execute("UPDATE broker_jobs_schema SET version = 1")
     finally:
         conn.close()
@@ -275,6 +276,7 @@ def test_postgres_migrates_a_version_1_database(postgres_dsn: str, pg_schema: st
         conn.execute(
             f'DROP TRIGGER broker_jobs_executions_forget ON "{pg_schema}".broker_jobs_records'
         )
+        conn.execute(f'DROP TABLE "{pg_schema}".broker_jobs_payloads')  # version 4's
         conn.execute(f'UPDATE "{pg_schema}".broker_jobs_schema SET version = 1')
 
     with PostgresStore(postgres_dsn, schema=pg_schema) as migrated:

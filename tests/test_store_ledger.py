@@ -696,6 +696,7 @@ def _downgrade_sqlite_to_version_2(path: Path) -> None:
             assert old != text
             conn.execute(f"DROP TRIGGER {name}")
             conn.execute(old)
+        conn.execute("DROP TABLE broker_jobs_payloads")  # version 4's
         conn.execute("UPDATE broker_jobs_schema SET version = 2")
     finally:
         conn.close()
@@ -722,7 +723,7 @@ def test_sqlite_migrates_a_version_2_file(tmp_path: Path) -> None:
         migrated.record_published([published("new")], now=at(3))
         assert migrated.cancel("new", now=at(4)).outcome is CancelOutcome.CANCELLED
         migrated.succeed("held", A, now=at(5))
-    assert _sqlite_version(path) == [(3,)]
+    assert _sqlite_version(path) == [(sqlite_module.SCHEMA_VERSION,)]  # 2 -> 3 -> 4
     conn = sqlite3.connect(path, isolation_level=None)
     try:  # the version 3 triggers: a ledger status is never an outcome
         conn.execute("UPDATE broker_jobs_records SET status = 'running', worker = 'w'")
@@ -733,14 +734,14 @@ def test_sqlite_migrates_a_version_2_file(tmp_path: Path) -> None:
     assert sorted(outcomes) == [("released",), ("succeeded",)]
 
 
-def test_older_code_refuses_a_version_3_file(
+def test_older_code_refuses_a_version_4_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "v3.sqlite3"
+    path = tmp_path / "v4.sqlite3"
     with SQLiteStore(path) as store:
         store.record_published([published()], now=at(0))
-    monkeypatch.setattr(sqlite_module, "SCHEMA_VERSION", 2)  # the code of version 2
-    with pytest.raises(StoreError, match=r"newer broker-jobs \(schema version 3"):
+    monkeypatch.setattr(sqlite_module, "SCHEMA_VERSION", 3)  # the code of version 3
+    with pytest.raises(StoreError, match=r"newer broker-jobs \(schema version 4"):
         SQLiteStore(path)
 
 
@@ -773,6 +774,7 @@ def _downgrade_postgres_to_version_2(dsn: str, schema: str, check: str) -> None:
         assert row is not None
         assert _PG_V3_OUTCOME in row[0]
         conn.execute(row[0].replace(_PG_V3_OUTCOME, _PG_V2_OUTCOME))
+        conn.execute(f'DROP TABLE "{schema}".broker_jobs_payloads')  # version 4's
         conn.execute(f'UPDATE "{schema}".broker_jobs_schema SET version = 2')
         with pytest.raises(psycopg.errors.CheckViolation):
             conn.execute(
@@ -837,13 +839,13 @@ def test_postgres_a_role_that_cannot_migrate_to_version_3_is_told_what_to_do(
         assert _pg_checks(postgres_dsn, pg_schema)[0] == 2
         with PostgresStore(postgres_dsn, schema=pg_schema) as owner:
             owner.record_published([published("new")], now=at(1))
-        assert _pg_checks(postgres_dsn, pg_schema)[0] == 3
+        assert _pg_checks(postgres_dsn, pg_schema)[0] == postgres_module.SCHEMA_VERSION
 
 
-def test_postgres_older_code_refuses_a_version_3_database(
+def test_postgres_older_code_refuses_a_version_4_database(
     postgres_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     PostgresStore(postgres_dsn, schema=pg_schema).close()
-    monkeypatch.setattr(postgres_module, "SCHEMA_VERSION", 2)
-    with pytest.raises(StoreError, match=r"newer broker-jobs \(schema version 3"):
+    monkeypatch.setattr(postgres_module, "SCHEMA_VERSION", 3)
+    with pytest.raises(StoreError, match=r"newer broker-jobs \(schema version 4"):
         PostgresStore(postgres_dsn, schema=pg_schema)

@@ -23,15 +23,16 @@ expired keeps it until another worker actually takes over.
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, NamedTuple, Protocol, Self
 
 from broker_jobs.envelope import Job
 from broker_jobs.errors import BrokerJobsError
@@ -40,6 +41,11 @@ from broker_jobs.errors import BrokerJobsError
 #: is cut, with a marker), so one huge exception cannot bloat the ledger.
 MAX_ERROR_BYTES = 4096
 _TRUNCATED = "\n... [truncated by broker-jobs]"
+
+#: A job's payload is kept (as JSON text) only up to this many bytes of UTF-8: a
+#: larger one is not kept at all (its size is), so one huge job cannot bloat the
+#: ledger. Cut JSON would not be JSON, so nothing is truncated.
+MAX_PAYLOAD_BYTES = 64 * 1024
 
 #: How long the worker should keep terminal records before pruning them. It must be
 #: longer than any window in which a duplicate can still arrive: redelivery after a
@@ -94,6 +100,28 @@ class JobRecord:
     lease_until: datetime | None  # RUNNING only
     last_error: str | None
     due_at: datetime | None  # RETRYING only: when the next attempt is due
+
+
+@dataclass(frozen=True)
+class KeptPayload:
+    """The payload the ledger keeps for a key (:meth:`Store.kept_payload`)."""
+
+    #: The job's payload; None when its JSON was larger than :data:`MAX_PAYLOAD_BYTES`
+    #: (too large to keep: only its size is).
+    payload: dict[str, Any] | None
+    size: int  # bytes of its JSON text (UTF-8)
+    kept_at: datetime  # when it was kept (aware UTC)
+
+    @property
+    def too_large(self) -> bool:
+        return self.payload is None
+
+
+class PayloadText(NamedTuple):
+    """A payload as stored: its JSON text (None when too large to keep) and size."""
+
+    text: str | None
+    size: int
 
 
 @dataclass(frozen=True)
@@ -283,13 +311,30 @@ class Store(ABC):
 
     @abstractmethod
     def retry(
-        self, key: str, worker: str, error: str, due_at: datetime, *, now: datetime | None = None
+        self,
+        key: str,
+        worker: str,
+        error: str,
+        due_at: datetime,
+        *,
+        now: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
     ) -> None:
-        """RUNNING (ours) -> RETRYING with the error and the next attempt's due time."""
+        """RUNNING (ours) -> RETRYING with the error and the next attempt's due time.
+        ``payload``: the job's, kept with the outcome if the key has none yet."""
 
     @abstractmethod
-    def fail(self, key: str, worker: str, error: str, *, now: datetime | None = None) -> None:
-        """RUNNING (ours) -> FAILED: a permanent error, no retry."""
+    def fail(
+        self,
+        key: str,
+        worker: str,
+        error: str,
+        *,
+        now: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
+    ) -> None:
+        """RUNNING (ours) -> FAILED: a permanent error, no retry. ``payload``: as for
+        :meth:`retry`."""
 
     @abstractmethod
     def dead(
@@ -302,9 +347,11 @@ class Store(ABC):
         job_id: str | None = None,
         task: str | None = None,
         now: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
     ) -> None:
         """-> DEAD (dead-lettered). See :func:`dead_record` for the rules, including
-        poison messages that never got a claim (the record is created)."""
+        poison messages that never got a claim (the record is created). ``payload``:
+        kept with the record it writes, if the key has none yet."""
 
     @abstractmethod
     def release(self, key: str, worker: str, *, now: datetime | None = None) -> None:
@@ -395,7 +442,25 @@ class Store(ABC):
         ``now``, with that due time), each only if its key has no record: a worker may
         have claimed it already, and a key seen before keeps its record. Returns, per
         job, the record its key already had (None when it was recorded now), so a
-        caller can warn that a finished key will be skipped as a duplicate."""
+        caller can warn that a finished key will be skipped as a duplicate. Each record
+        created is kept with its job's payload (:meth:`kept_payload`)."""
+
+    @abstractmethod
+    def kept_payload(self, key: str) -> KeptPayload | None:
+        """The payload the ledger keeps for ``key``; None when it keeps none.
+
+        Payloads are not kept on the hot path (a claim, a success): the ledger has one
+        when the job was published with the ledger (:meth:`record_published`), or once
+        it failed (:meth:`retry`, :meth:`fail`, :meth:`dead` given ``payload``), the
+        first of these for the key (a later one never replaces it). One larger than
+        :data:`MAX_PAYLOAD_BYTES` is kept as its size only (``too_large``). Pruning a
+        record deletes its payload."""
+
+    def payload(self, key: str) -> dict[str, Any] | None:
+        """The job's payload, when the ledger has one (see :meth:`kept_payload`; None
+        too for a payload too large to keep)."""
+        kept = self.kept_payload(key)
+        return None if kept is None else kept.payload
 
     def lookup(self, ref: str) -> JobRecord | None:
         """The record of a job named by its idempotency key or its job id (the key
@@ -431,8 +496,8 @@ class Store(ABC):
     @abstractmethod
     def prune(self, older_than: datetime) -> int:
         """Delete SUCCEEDED, FAILED, DEAD and CANCELLED records (:data:`TERMINAL`)
-        updated before ``older_than``, with their executions; never waiting, RUNNING or
-        RETRYING ones. Returns how many records were deleted."""
+        updated before ``older_than``, with their executions and kept payloads; never
+        waiting, RUNNING or RETRYING ones. Returns how many records were deleted."""
 
     # --- beat records: two small facts the beat keeps beside the ledger -----------------
 
@@ -694,6 +759,37 @@ def clip_error(error: str) -> str:
     return data[:keep].decode("utf-8", "ignore") + _TRUNCATED
 
 
+def payload_text(payload: Mapping[str, Any] | None) -> PayloadText | None:
+    """``payload`` as the ledger stores it: compact JSON text, unless its UTF-8 is
+    larger than :data:`MAX_PAYLOAD_BYTES` (then only the size). None for no payload,
+    or one that is no JSON (a job's always is: it came as JSON or was sent as JSON).
+    Control characters (NUL included) are escaped by JSON: PostgreSQL text takes it."""
+    if payload is None:
+        return None
+    try:
+        text = json.dumps(dict(payload), ensure_ascii=False, separators=(",", ":"))
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: JSON's escapes carry it
+        text = json.dumps(dict(payload), separators=(",", ":"))
+        data = text.encode("utf-8")
+    except (TypeError, ValueError):
+        return None
+    return PayloadText(text if len(data) <= MAX_PAYLOAD_BYTES else None, len(data))
+
+
+def read_payload(text: str | None, size: int, kept_at: datetime) -> KeptPayload:
+    """A stored payload back (JSON parsed, never evaluated); text that is not a JSON
+    object (no code writes such) reads as not kept, like one too large."""
+    payload = None
+    if text is not None:
+        try:
+            found = json.loads(text)
+        except ValueError:
+            found = None
+        payload = found if isinstance(found, dict) else None
+    return KeptPayload(payload, size, kept_at)
+
+
 def utc(moment: datetime | None) -> datetime:
     """``moment`` in UTC (now when None); naive datetimes are refused."""
     if moment is None:
@@ -738,6 +834,9 @@ class Records(Protocol):
 
     def save(self, record: JobRecord) -> None:
         """Insert or replace the record of ``record.idempotency_key``."""
+
+    def keep_payload(self, key: str, payload: PayloadText, now: datetime) -> None:
+        """Keep ``payload`` for ``key`` unless it has one already (the first wins)."""
 
 
 class ExclusiveStore(Store):
@@ -791,7 +890,14 @@ class ExclusiveStore(Store):
             )
 
     def retry(
-        self, key: str, worker: str, error: str, due_at: datetime, *, now: datetime | None = None
+        self,
+        key: str,
+        worker: str,
+        error: str,
+        due_at: datetime,
+        *,
+        now: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
     ) -> None:
         self._finish(
             key,
@@ -801,10 +907,27 @@ class ExclusiveStore(Store):
             status=Status.RETRYING,
             error=error,
             due_at=utc(due_at),
+            payload=payload,
         )
 
-    def fail(self, key: str, worker: str, error: str, *, now: datetime | None = None) -> None:
-        self._finish(key, worker, "record failure of", now=now, status=Status.FAILED, error=error)
+    def fail(
+        self,
+        key: str,
+        worker: str,
+        error: str,
+        *,
+        now: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._finish(
+            key,
+            worker,
+            "record failure of",
+            now=now,
+            status=Status.FAILED,
+            error=error,
+            payload=payload,
+        )
 
     def _finish(
         self,
@@ -816,6 +939,7 @@ class ExclusiveStore(Store):
         status: Status,
         error: str | None = None,
         due_at: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
     ) -> None:
         moment = utc(now)
         with self._held(key, worker, action) as (records, record):
@@ -829,6 +953,7 @@ class ExclusiveStore(Store):
                     due_at=due_at,
                 )
             )
+            _keep(records, key, payload, moment)
 
     def dead(
         self,
@@ -840,6 +965,7 @@ class ExclusiveStore(Store):
         job_id: str | None = None,
         task: str | None = None,
         now: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
     ) -> None:
         moment = utc(now)
         with self._exclusive() as records:
@@ -855,6 +981,7 @@ class ExclusiveStore(Store):
             )
             if new is not None:
                 records.save(new)
+                _keep(records, key, payload, moment)
 
     def release(self, key: str, worker: str, *, now: datetime | None = None) -> None:
         moment = utc(now)
@@ -873,6 +1000,7 @@ class ExclusiveStore(Store):
                 record = records.load(job.idempotency_key)
                 if record is None:
                     records.save(published_record(job, moment))
+                    _keep(records, job.idempotency_key, job.payload, moment)
                 existing.append(record)
             return existing
 
@@ -904,3 +1032,10 @@ class ExclusiveStore(Store):
             if record is None or not holds(record, worker):
                 raise LeaseLostError(key, worker, record, action)
             yield records, record
+
+
+def _keep(records: Records, key: str, payload: Mapping[str, Any] | None, moment: datetime) -> None:
+    """Keep ``payload`` for ``key`` in the section of ``records`` (if it is JSON)."""
+    stored = payload_text(payload)
+    if stored is not None:
+        records.keep_payload(key, stored, moment)

@@ -15,12 +15,15 @@ from broker_jobs.store.base import (
     ExclusiveStore,
     Execution,
     JobRecord,
+    KeptPayload,
     LeaderRecord,
+    PayloadText,
     Records,
     Status,
     StoreError,
     TaskSummary,
     check_limit,
+    read_payload,
     track_execution,
     utc,
 )
@@ -39,10 +42,14 @@ class _DictRecords:
     connection = None
 
     def __init__(
-        self, records: dict[str, JobRecord], executions: dict[str, list[Execution]]
+        self,
+        records: dict[str, JobRecord],
+        executions: dict[str, list[Execution]],
+        payloads: dict[str, tuple[PayloadText, datetime]],
     ) -> None:
         self._records = records
         self._executions = executions
+        self._payloads = payloads
 
     def load(self, key: str) -> JobRecord | None:
         return self._records.get(key)
@@ -54,6 +61,9 @@ class _DictRecords:
         self._records[key] = record
         if executions:
             self._executions[key] = executions
+
+    def keep_payload(self, key: str, payload: PayloadText, now: datetime) -> None:
+        self._payloads.setdefault(key, (payload, now))  # the first one wins
 
 
 class MemoryStore(ExclusiveStore):
@@ -69,6 +79,9 @@ class MemoryStore(ExclusiveStore):
         self._lock = threading.Lock()
         self._records: dict[str, JobRecord] = {}
         self._executions: dict[str, list[Execution]] = {}  # by key, oldest first
+        #: As text, like the SQL stores: a caller's later change of its dict (or of
+        #: the one it was given back) cannot change what is kept.
+        self._payloads: dict[str, tuple[PayloadText, datetime]] = {}
         self._fires: dict[str, datetime] = {}
         self._leaders: dict[str, LeaderRecord] = {}
         self._closed = False
@@ -87,7 +100,7 @@ class MemoryStore(ExclusiveStore):
     @contextmanager
     def _exclusive(self) -> Iterator[Records]:
         with self._open():
-            yield _DictRecords(self._records, self._executions)
+            yield _DictRecords(self._records, self._executions, self._payloads)
 
     def _snapshot(self) -> list[JobRecord]:
         with self._exclusive():
@@ -100,6 +113,14 @@ class MemoryStore(ExclusiveStore):
     def get(self, key: str) -> JobRecord | None:
         with self._exclusive() as records:
             return records.load(key)
+
+    def kept_payload(self, key: str) -> KeptPayload | None:
+        with self._open():
+            found = self._payloads.get(key)
+        if found is None:
+            return None
+        (text, size), kept_at = found
+        return read_payload(text, size, kept_at)
 
     def get_by_job_id(self, job_id: str) -> list[JobRecord]:
         return newest_first(r for r in self._snapshot() if r.job_id == job_id)
@@ -175,6 +196,7 @@ class MemoryStore(ExclusiveStore):
             for key in doomed:
                 del self._records[key]
                 self._executions.pop(key, None)
+                self._payloads.pop(key, None)
             return len(doomed)
 
     # --- beat records -------------------------------------------------------------
@@ -210,5 +232,6 @@ class MemoryStore(ExclusiveStore):
             self._closed = True
             self._records.clear()
             self._executions.clear()
+            self._payloads.clear()
             self._fires.clear()
             self._leaders.clear()

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
@@ -42,8 +42,10 @@ from broker_jobs.store.base import (
     Execution,
     ExecutionOutcome,
     JobRecord,
+    KeptPayload,
     LeaderRecord,
     LeaseLostError,
+    PayloadText,
     Status,
     Store,
     StoreError,
@@ -56,7 +58,9 @@ from broker_jobs.store.base import (
     decide,
     holds,
     mask_dsn,
+    payload_text,
     published_record,
+    read_payload,
     replay_record,
     utc,
 )
@@ -88,8 +92,9 @@ log = logging.getLogger(__name__)
 
 #: The layout this code writes; a database with a higher one is refused. Version 2
 #: added the executions, version 3 the statuses queued, scheduled and cancelled (an
-#: older database is migrated, step by step, when a store opens it).
-SCHEMA_VERSION = 3
+#: older database is migrated, step by step, when a store opens it); version 4 the
+#: payloads table.
+SCHEMA_VERSION = 4
 #: Connections kept per store; callers beyond that wait (up to ``pool_wait`` seconds).
 DEFAULT_MAX_CONNECTIONS = 4
 #: Seconds to wait for the server when connecting, unless the DSN sets connect_timeout.
@@ -143,6 +148,7 @@ class _Queries:
         self.fires = name("broker_jobs_beat_fires")
         self.leaders = name("broker_jobs_beat_leaders")
         self.executions = name("broker_jobs_executions")
+        self.payloads = name("broker_jobs_payloads")
         self.schema = sql.Identifier(schema) if schema else None
         assert _COLS is not None
 
@@ -180,6 +186,20 @@ class _Queries:
             " due_at = %(due_at)s::timestamptz" + held
         )
         self.release = q(f"UPDATE {{records}} SET worker = NULL, lease_until = {_NOW}" + held)
+        self.keep_payload = self.keep("VALUES (%(key)s, %(payload)s, %(bytes)s, %(kept_at)s)")
+        # An outcome and its payload in one statement: the count says if it was ours.
+        self.finish_keeping = sql.Composed(
+            [
+                sql.SQL("WITH done AS ("),
+                self.finish,
+                sql.SQL(" RETURNING idempotency_key, updated_at), kept AS ("),
+                self.keep("SELECT idempotency_key, %(payload)s, %(bytes)s, updated_at FROM done"),
+                sql.SQL(") SELECT count(*) FROM done"),
+            ]
+        )
+        self.kept_payload = sql.SQL(
+            "SELECT payload, bytes, kept_at FROM {payloads} WHERE idempotency_key = %(key)s"
+        ).format(payloads=self.payloads)
         self.insert_missing = q(
             "INSERT INTO {records} ({cols}) VALUES (%(idempotency_key)s, %(job_id)s,"
             " %(task)s, %(status)s, %(attempts)s, %(created_at)s, %(updated_at)s, %(worker)s,"
@@ -198,6 +218,21 @@ class _Queries:
         self.publish = q(
             "INSERT INTO {records} ({cols}) SELECT * FROM unnest(" + arrays + ")"
             " ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key"
+        )
+        # The same, keeping the payload of each record it creates (one statement).
+        self.publish_keeping = sql.Composed(
+            [
+                sql.SQL("WITH inserted AS ("),
+                self.publish,
+                sql.SQL("), kept AS ("),
+                self.keep(
+                    "SELECT p.key, p.payload, p.bytes, %(kept_at)s FROM unnest("
+                    "%(payload_keys)s::text[], %(payload_texts)s::text[],"
+                    " %(payload_bytes)s::integer[]) AS p (key, payload, bytes)"
+                    " JOIN inserted ON inserted.idempotency_key = p.key"
+                ),
+                sql.SQL(") SELECT idempotency_key FROM inserted"),
+            ]
         )
         self.get_many = q("SELECT {cols} FROM {records} WHERE idempotency_key = ANY(%(keys)s)")
         self.task_counts = self.summary(COUNTS_SQL)
@@ -231,6 +266,18 @@ class _Queries:
         self.prune = q(
             "DELETE FROM {records} WHERE status = ANY(%(terminal)s) AND updated_at < %(cutoff)s"
         )
+        # The records' payloads with them, in the same statement.
+        self.prune_keeping = sql.Composed(
+            [
+                sql.SQL("WITH doomed AS ("),
+                self.prune,
+                sql.SQL(
+                    " RETURNING idempotency_key), gone AS (DELETE FROM {payloads} WHERE"
+                    " idempotency_key IN (SELECT idempotency_key FROM doomed))"
+                    " SELECT count(*) FROM doomed"
+                ).format(payloads=self.payloads),
+            ]
+        )
 
         def beat(template: str) -> sql.Composed:
             return sql.SQL(template).format(fires=self.fires, leaders=self.leaders)
@@ -254,6 +301,27 @@ class _Queries:
             "SELECT group_name, identity, since, seen_at FROM {leaders}"
             " WHERE group_name = %(group)s"
         )
+
+    def keep(self, rows: str) -> sql.Composed:
+        """Keep the payloads of ``rows`` (a VALUES or SELECT of key, payload, bytes,
+        kept_at); a key that has one keeps it (the first one kept wins)."""
+        return sql.SQL(
+            "INSERT INTO {payloads} (idempotency_key, payload, bytes, kept_at) "
+            + rows
+            + " ON CONFLICT (idempotency_key) DO NOTHING"
+        ).format(payloads=self.payloads)
+
+    def create_payloads(self) -> sql.Composed:
+        """Version 4: the payloads the ledger keeps (docs/store.md, "Payloads"), in a
+        table of their own so the records a claim writes stay narrow. ``payload`` is the
+        JSON text, NULL when it was too large to keep (``bytes`` says how large)."""
+        return sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {payloads} ("
+            " idempotency_key text PRIMARY KEY,"
+            " payload text,"
+            " bytes integer NOT NULL,"
+            " kept_at timestamptz NOT NULL)"
+        ).format(payloads=self.payloads)
 
     def find(self, where: str) -> sql.Composed:
         return sql.SQL(
@@ -476,6 +544,7 @@ class PostgresStore(Store):
         if "application_name" not in settings:
             self._connect_options["application_name"] = "broker-jobs"
         self._q = _Queries(schema)
+        self._keeps_payloads = False  # until _migrate finds the table writable
         self._pool = _Pool(self._connect, max_connections, pool_wait, self)
         try:
             self._migrate()
@@ -569,6 +638,7 @@ class PostgresStore(Store):
                             conn.execute(statement)
                         for statement in self._q.create_executions(self._schema_name(conn)):
                             conn.execute(statement)
+                        conn.execute(self._q.create_payloads())
                         conn.execute(
                             sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(
                                 self._q.version_table
@@ -591,6 +661,9 @@ class PostgresStore(Store):
                         self._q.records, sql.Identifier(_STATUS_CHECK)
                     )
                 )
+            if version < 4:
+                self._migrate_to_4(conn)
+            self._keeps_payloads = self._can_keep_payloads(conn)
             if not self._beat_tables_exist(conn):
                 self._create_beat_tables(conn)
             if not self._ledger_indexes_exist(conn):
@@ -664,6 +737,50 @@ class PostgresStore(Store):
             )
             return False
         return True
+
+    def _migrate_to_4(self, conn: psycopg.Connection[Any]) -> None:
+        """Version 3 -> 4: add the payloads table (the records are untouched). A role
+        without CREATE on the schema still opens the database and works as before,
+        keeping no payloads, until a role with it opens the store once."""
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                if self._version(conn) != 3:
+                    return  # another store migrated it meanwhile, or an earlier step failed
+                conn.execute(self._q.create_payloads())
+                conn.execute(sql.SQL("UPDATE {} SET version = 4").format(self._q.version_table))
+        except pg_errors.InsufficientPrivilege as error:
+            log.warning(
+                "%r: cannot add the payloads table (schema version 3 -> 4): %s. Job"
+                " payloads are not kept until a role with CREATE on the schema opens the"
+                " store once (see docs/store.md)",
+                self,
+                mask_dsn(str(error).strip()),
+            )
+
+    def _can_keep_payloads(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether this store writes payloads: the table exists (version 4) and this
+        role may insert and delete there. Else payloads are left out rather than fail
+        the outcome they come with."""
+        table = self._q.payloads.as_string(conn)
+        (exists,) = _one(conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)))
+        if not exists:
+            return False
+        (allowed,) = _one(
+            conn.execute(
+                "SELECT has_table_privilege(%(t)s, 'INSERT') AND has_table_privilege(%(t)s,"
+                " 'DELETE') AND has_table_privilege(%(t)s, 'SELECT')",
+                {"t": table},
+            )
+        )
+        if not allowed:
+            log.warning(
+                "%r: this role may not write %s: job payloads are not kept (grant it"
+                " SELECT, INSERT and DELETE there, see docs/store.md)",
+                self,
+                table,
+            )
+        return bool(allowed)
 
     def _beat_tables_exist(self, conn: psycopg.Connection[Any]) -> bool:
         names = (self._q.fires.as_string(conn), self._q.leaders.as_string(conn))
@@ -768,21 +885,61 @@ class PostgresStore(Store):
         )
 
     def retry(
-        self, key: str, worker: str, error: str, due_at: datetime, *, now: datetime | None = None
+        self,
+        key: str,
+        worker: str,
+        error: str,
+        due_at: datetime,
+        *,
+        now: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
     ) -> None:
         params = _finish_params(
             key, worker, Status.RETRYING, error=error, due_at=utc(due_at), now=now
         )
-        self._update_held(self._q.finish, params, "record a retry of")
+        self._finish_keeping(params, payload, "record a retry of")
 
-    def fail(self, key: str, worker: str, error: str, *, now: datetime | None = None) -> None:
+    def fail(
+        self,
+        key: str,
+        worker: str,
+        error: str,
+        *,
+        now: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
+    ) -> None:
         params = _finish_params(key, worker, Status.FAILED, error=error, now=now)
-        self._update_held(self._q.finish, params, "record failure of")
+        self._finish_keeping(params, payload, "record failure of")
 
-    def _update_held(self, statement: sql.Composed, params: dict[str, Any], action: str) -> None:
+    def _finish_keeping(
+        self, params: dict[str, Any], payload: Mapping[str, Any] | None, action: str
+    ) -> None:
+        """The outcome of ``params``, and ``payload`` kept with it (one statement)."""
+        stored = self._storable(payload)
+        if stored is None:
+            self._update_held(self._q.finish, params, action)
+        else:
+            more = {"payload": stored.text, "bytes": stored.size}
+            self._update_held(self._q.finish_keeping, {**params, **more}, action, counted=True)
+
+    def _storable(self, payload: Mapping[str, Any] | None) -> PayloadText | None:
+        """``payload`` as stored; None when there is none or this store keeps none."""
+        return payload_text(payload) if self._keeps_payloads else None
+
+    def _update_held(
+        self,
+        statement: sql.Composed,
+        params: dict[str, Any],
+        action: str,
+        *,
+        counted: bool = False,
+    ) -> None:
+        """``counted``: the statement returns how many records it changed."""
         key = params["key"]
         with self._pool.connection() as conn, self._translate(f"{action} job key {key!r}"):
-            if conn.execute(statement, params).rowcount == 1:
+            cursor = conn.execute(statement, params)
+            changed = _one(cursor)[0] if counted else cursor.rowcount
+            if changed == 1:
                 return
             row = conn.execute(self._q.get, params).fetchone()
         raise LeaseLostError(key, params["worker"], _record(row) if row else None, action)
@@ -836,7 +993,9 @@ class PostgresStore(Store):
         job_id: str | None = None,
         task: str | None = None,
         now: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
     ) -> None:
+        stored = self._storable(payload)
         for _ in range(_CLAIM_ROUNDS):
             with self._locked(key, now, f"mark job key {key!r} dead") as (conn, record, moment):
                 new = dead_record(
@@ -853,9 +1012,11 @@ class PostgresStore(Store):
                     return
                 if record is not None:
                     conn.execute(self._q.overwrite, _record_params(new))
-                    return
-                if conn.execute(self._q.insert_missing, _record_params(new)).rowcount == 1:
-                    return
+                elif conn.execute(self._q.insert_missing, _record_params(new)).rowcount != 1:
+                    continue  # another call created the record meanwhile: decide again
+                if stored is not None:  # in the record's transaction
+                    conn.execute(self._q.keep_payload, _payload_params(key, stored, moment))
+                return
             # Another call created the record meanwhile: decide again on it.
         raise StoreError(f"PostgreSQL store {self.masked_dsn}: job key {key!r} kept changing")
 
@@ -947,7 +1108,11 @@ class PostgresStore(Store):
             moment = self._moment(conn, now)
             rows = [_record_params(published_record(job, moment)) for job in jobs]
             columns = {column: [row[column] for row in rows] for column in _COLUMNS}
-            inserted = {key for (key,) in conn.execute(self._q.publish, columns)}
+            statement, params = self._q.publish, columns
+            if self._keeps_payloads:
+                statement = self._q.publish_keeping
+                params = {**columns, **_payload_columns(jobs, moment)}
+            inserted = {key for (key,) in conn.execute(statement, params)}
             # The records of the keys seen before (and of a key's second copy).
             wanted = [k for k, n in Counter(keys).items() if n > 1 or k not in inserted]
             found = conn.execute(self._q.get_many, {"keys": wanted}).fetchall() if wanted else []
@@ -1002,10 +1167,23 @@ class PostgresStore(Store):
         ]
 
     def prune(self, older_than: datetime) -> int:
-        # The records' delete trigger deletes their executions in the same statement.
+        # The records' delete trigger deletes their executions in the same statement,
+        # and the statement their payloads.
         params = {"terminal": sorted(s.value for s in TERMINAL), "cutoff": utc(older_than)}
         with self._pool.connection() as conn, self._translate("prune records"):
-            return conn.execute(self._q.prune, params).rowcount
+            if not self._keeps_payloads:
+                return conn.execute(self._q.prune, params).rowcount
+            return int(_one(conn.execute(self._q.prune_keeping, params))[0])
+
+    def kept_payload(self, key: str) -> KeptPayload | None:
+        if not self._keeps_payloads:  # no table (a role that cannot migrate): none kept
+            return None
+        with self._pool.connection() as conn, self._translate("read a payload"):
+            row = conn.execute(self._q.kept_payload, {"key": key}).fetchone()
+        if row is None:
+            return None
+        text, size, kept_at = row
+        return read_payload(text, size, _aware(kept_at))
 
     # --- beat records -------------------------------------------------------------
 
@@ -1180,6 +1358,25 @@ def _record_params(record: JobRecord) -> dict[str, Any]:
     params = asdict(record)
     params["status"] = record.status.value
     return params
+
+
+def _payload_params(key: str, stored: PayloadText, moment: datetime) -> dict[str, Any]:
+    return {"key": key, "payload": stored.text, "bytes": stored.size, "kept_at": moment}
+
+
+def _payload_columns(jobs: Sequence[Job], moment: datetime) -> dict[str, Any]:
+    """The payloads of ``jobs`` as arrays (the first copy of a key only; a job whose
+    payload is no JSON is left out), for :attr:`_Queries.publish_keeping`."""
+    keys: list[str] = []
+    texts: list[str | None] = []
+    sizes: list[int] = []
+    for job in jobs:
+        stored = payload_text(job.payload)
+        if stored is not None and job.idempotency_key not in keys:
+            keys.append(job.idempotency_key)
+            texts.append(stored.text)
+            sizes.append(stored.size)
+    return {"payload_keys": keys, "payload_texts": texts, "payload_bytes": sizes, "kept_at": moment}
 
 
 def _finish_params(

@@ -30,7 +30,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -47,8 +47,10 @@ from broker_jobs.store.base import (
     Execution,
     ExecutionOutcome,
     JobRecord,
+    KeptPayload,
     LeaderRecord,
     LeaseLostError,
+    PayloadText,
     Records,
     Status,
     StoreError,
@@ -58,6 +60,8 @@ from broker_jobs.store.base import (
     claimed_record,
     clip_error,
     decide,
+    payload_text,
+    read_payload,
     utc,
 )
 from broker_jobs.store.ledger import (
@@ -78,7 +82,7 @@ log = logging.getLogger(__name__)
 
 #: The layout this code writes. A file with a higher version was created by a newer
 #: broker-jobs and is refused rather than misread.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: How many executions per task :meth:`SQLiteStore.task_summaries` reads for p50 and
 #: p99 (the newest of the last hour): their percentiles are computed in Python, so the
@@ -190,6 +194,23 @@ _MIGRATE_2_TO_3 = (
     "DROP TRIGGER IF EXISTS broker_jobs_executions_on_update",
     *_CREATE_TRIGGERS,
     "UPDATE broker_jobs_schema SET version = 3",
+)
+#: Version 4: the payloads the ledger keeps (docs/store.md, "Payloads"): a table of
+#: their own, so the records a claim writes stay narrow; a row is written only off the
+#: hot path (a publish with the ledger, a failure), at most one per key (the first).
+#: ``payload`` is the JSON text, NULL when it was larger than MAX_PAYLOAD_BYTES
+#: (``bytes`` says how large). Deleted with its record by prune.
+_CREATE_PAYLOADS = """CREATE TABLE broker_jobs_payloads (
+        idempotency_key TEXT PRIMARY KEY,
+        payload TEXT,
+        bytes INTEGER NOT NULL,
+        kept_at TEXT NOT NULL
+    ) WITHOUT ROWID"""
+#: Version 3 -> 4: the payloads table (the records are untouched; a job known before
+#: has no payload kept).
+_MIGRATE_3_TO_4 = (
+    _CREATE_PAYLOADS,
+    "UPDATE broker_jobs_schema SET version = 4",
 )
 
 #: The job-id index holds only the records whose key is not their job id (a chosen
@@ -430,7 +451,7 @@ class SQLiteStore(ExclusiveStore):
         conn.execute("CREATE TABLE IF NOT EXISTS broker_jobs_schema (version INTEGER NOT NULL)")
         (version,) = conn.execute("SELECT max(version) FROM broker_jobs_schema").fetchone()
         if version is None:
-            for statement in (*_CREATE, *_CREATE_EXECUTIONS):
+            for statement in (*_CREATE, *_CREATE_EXECUTIONS, _CREATE_PAYLOADS):
                 conn.execute(statement)
             conn.execute("INSERT INTO broker_jobs_schema (version) VALUES (?)", (SCHEMA_VERSION,))
         elif version < SCHEMA_VERSION:
@@ -449,7 +470,11 @@ class SQLiteStore(ExclusiveStore):
     def _upgrade(self, conn: sqlite3.Connection, version: int) -> None:
         """Migrate a file of ``version`` to :data:`SCHEMA_VERSION`, step by step, in the
         caller's transaction."""
-        steps = {1: (_MIGRATE_1_TO_2, "executions"), 2: (_MIGRATE_2_TO_3, "ledger statuses")}
+        steps = {
+            1: (_MIGRATE_1_TO_2, "executions"),
+            2: (_MIGRATE_2_TO_3, "ledger statuses"),
+            3: (_MIGRATE_3_TO_4, "payloads"),
+        }
         for start in range(version, SCHEMA_VERSION):
             statements, what = steps[start]
             for statement in statements:
@@ -534,24 +559,26 @@ class SQLiteStore(ExclusiveStore):
         status: Status,
         error: str | None = None,
         due_at: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
     ) -> None:
-        # One UPDATE guarded by the lease: atomic on its own (autocommit).
+        # One UPDATE guarded by the lease: atomic on its own (autocommit). A payload
+        # to keep is a second statement: in the store thread's batch, or in a
+        # transaction of its own (the outcome and its payload commit together).
         moment = utc(now)
-        conn = getattr(self._local, "batch", None) or self._connection()
-        started = time.monotonic()
-        try:
-            if error is None:
-                cursor = conn.execute(
-                    _FINISH, (status.value, _text(moment), _text(due_at), key, worker)
-                )
-            else:
-                cursor = conn.execute(
-                    _FINISH_ERROR,
-                    (status.value, _text(moment), clip_error(error), _text(due_at), key, worker),
-                )
-        except sqlite3.Error as exc:
-            raise self._store_error("change a record", exc, time.monotonic() - started) from exc
-        if cursor.rowcount != 1:
+        stored = payload_text(payload)
+        batch = getattr(self._local, "batch", None)
+        if batch is None and stored is not None:
+            with self._transaction("change a record") as conn:
+                updated = _finish_row(conn, key, worker, status, moment, error, due_at, stored)
+        else:
+            conn = batch or self._connection()
+            started = time.monotonic()
+            try:
+                updated = _finish_row(conn, key, worker, status, moment, error, due_at, stored)
+            except sqlite3.Error as exc:
+                waited = time.monotonic() - started
+                raise self._store_error("change a record", exc, waited) from exc
+        if not updated:
             raise LeaseLostError(key, worker, self.get(key), action)
 
     # --- group commit -----------------------------------------------------------------
@@ -731,6 +758,15 @@ class SQLiteStore(ExclusiveStore):
         found = self._select("WHERE idempotency_key = ?", (key,))
         return found[0] if found else None
 
+    def kept_payload(self, key: str) -> KeptPayload | None:
+        conn = self._connection()
+        with self._translate("read a payload"):
+            row = conn.execute(_KEPT_PAYLOAD, (key,)).fetchone()
+        if row is None:
+            return None
+        text, size, kept_at = row
+        return read_payload(text, size, _aware_time(kept_at))
+
     def get_by_job_id(self, job_id: str) -> list[JobRecord]:
         # Two lookups, each by an index: the record keyed by the job id itself, and
         # the others (the job-id index holds only those).
@@ -805,11 +841,12 @@ class SQLiteStore(ExclusiveStore):
         marks = ", ".join("?" * len(TERMINAL))
         doomed = f"status IN ({marks}) AND updated_at < ?"
         with self._transaction("prune records") as conn:
-            conn.execute(
-                "DELETE FROM broker_jobs_executions WHERE idempotency_key IN"
-                f" (SELECT idempotency_key FROM broker_jobs_records WHERE {doomed})",
-                params,
-            )
+            for table in ("broker_jobs_executions", "broker_jobs_payloads"):
+                conn.execute(
+                    f"DELETE FROM {table} WHERE idempotency_key IN"
+                    f" (SELECT idempotency_key FROM broker_jobs_records WHERE {doomed})",
+                    params,
+                )
             return conn.execute(f"DELETE FROM broker_jobs_records WHERE {doomed}", params).rowcount
 
     # --- beat records -------------------------------------------------------------
@@ -902,6 +939,9 @@ class _SQLiteRecords:
     def save(self, record: JobRecord) -> None:
         self._conn.execute(_SAVE, _row(record))
 
+    def keep_payload(self, key: str, payload: PayloadText, now: datetime) -> None:
+        self._conn.execute(_KEEP_PAYLOAD, (key, payload.text, payload.size, _text(now)))
+
 
 _SELECT_MANY = f"SELECT {_COLUMNS} FROM broker_jobs_records WHERE idempotency_key IN"
 _INSERT_FRESH = f"INSERT INTO broker_jobs_records ({_COLUMNS}) VALUES"
@@ -933,6 +973,12 @@ _FINISH_ERROR = (
     "UPDATE broker_jobs_records SET status = ?, updated_at = ?, lease_until = NULL,"
     " last_error = ?, due_at = ? WHERE idempotency_key = ? AND status = 'running' AND worker = ?"
 )
+#: The first payload kept for a key wins.
+_KEEP_PAYLOAD = (
+    "INSERT INTO broker_jobs_payloads (idempotency_key, payload, bytes, kept_at)"
+    " VALUES (?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING"
+)
+_KEPT_PAYLOAD = "SELECT payload, bytes, kept_at FROM broker_jobs_payloads WHERE idempotency_key = ?"
 
 _RECORD_FIRE = (
     "INSERT INTO broker_jobs_beat_fires (schedule, fire_at) VALUES (?, ?)"
@@ -943,6 +989,32 @@ _RECORD_LEADER = (
     "INSERT OR REPLACE INTO broker_jobs_beat_leaders (group_name, identity, since, seen_at)"
     " VALUES (?, ?, ?, ?)"
 )
+
+
+def _finish_row(  # noqa: PLR0917 - the columns of one outcome
+    conn: sqlite3.Connection,
+    key: str,
+    worker: str,
+    status: Status,
+    moment: datetime,
+    error: str | None,
+    due_at: datetime | None,
+    payload: PayloadText | None,
+) -> bool:
+    """Record the outcome of ``worker``'s hold of ``key`` (and keep ``payload`` if
+    the key has none); False when ``worker`` does not hold it (nothing written)."""
+    if error is None:
+        cursor = conn.execute(_FINISH, (status.value, _text(moment), _text(due_at), key, worker))
+    else:
+        cursor = conn.execute(
+            _FINISH_ERROR,
+            (status.value, _text(moment), clip_error(error), _text(due_at), key, worker),
+        )
+    if cursor.rowcount != 1:
+        return False
+    if payload is not None:
+        conn.execute(_KEEP_PAYLOAD, (key, payload.text, payload.size, _text(moment)))
+    return True
 
 
 def _row(record: JobRecord) -> tuple[Any, ...]:
