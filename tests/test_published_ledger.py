@@ -71,6 +71,12 @@ def test_a_publisher_given_the_ledger_records_queued_and_scheduled_jobs(
         [JobRequest("notes.write", {"text": f"b{n}"}, idempotency_key=f"b{n}") for n in range(3)]
     )
 
+    # Each job's payload is kept with the record its publish created.
+    assert store.payload(now_job.idempotency_key) == {"text": "now"}
+    assert store.payload(later.idempotency_key) == {"text": "later"}
+    assert [store.payload(job.idempotency_key) for job in batch] == [
+        {"text": f"b{n}"} for n in range(3)
+    ]
     queued = store.get(now_job.idempotency_key)
     assert queued is not None
     assert (queued.status, queued.attempts, queued.task, queued.job_id, queued.due_at) == (
@@ -152,6 +158,8 @@ def test_a_retrying_job_cancelled_between_attempts_is_not_run_again(
     assert record is not None
     assert record.status is Status.CANCELLED
     assert [e.outcome for e in store.executions(job.idempotency_key)] == ["retrying"]
+    # Published without the ledger: the worker kept the payload with the failure.
+    assert store.payload(job.idempotency_key) == {"text": "flaky"}
 
 
 def test_a_running_job_is_not_cancelled(kit: Kit) -> None:
@@ -244,3 +252,4 @@ def test_the_publish_command_records_the_job_in_the_ledger(
         assert record.status is Status.SCHEDULED
         assert record.job_id == job["id"]
         assert record.due_at == datetime.fromisoformat(job["due_at"])
+        assert store.payload(job["idempotency_key"]) == {"text": "from the shell"}

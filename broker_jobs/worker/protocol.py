@@ -434,7 +434,10 @@ class Runner:
                 await self._abandon(job, holder)
                 return None
             text = f"{type(error).__name__}: {error}"
-            await self.in_store(self._store.retry, job.idempotency_key, holder, text, due)
+            # A failure is rare: its payload is kept with it (for the job's page).
+            await self.in_store(
+                self._store.retry, job.idempotency_key, holder, text, due, payload=job.payload
+            )
             self.observer.retrying(job, run, error, due)
             return "retried"
         reason = "permanent" if "permanent" in decision.reason else "exhausted"
@@ -481,7 +484,14 @@ class Runner:
         if not record:
             pass
         elif job is not None:
-            await self.in_store(self._store.dead, job.idempotency_key, holder, cause.error, job=job)
+            await self.in_store(
+                self._store.dead,
+                job.idempotency_key,
+                holder,
+                cause.error,
+                job=job,
+                payload=job.payload,
+            )
         elif properties.message_id:
             # A poison message never became a job: the ledger still says it is dead,
             # under its idempotency key if it had a readable one, else its id.
