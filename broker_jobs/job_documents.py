@@ -11,7 +11,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.store.base import Execution, JobRecord, utc
+from broker_jobs.store.base import MAX_PAYLOAD_BYTES, Execution, JobRecord, KeptPayload, utc
+
+#: Why the ledger may have no payload of a job (the page, `jobs show`).
+PAYLOAD_NOT_KEPT = (
+    "not kept: the ledger keeps a job's payload when it was published with the ledger"
+    " or after a failure (not on every claim: that would cost throughput)"
+)
 
 
 class CursorError(BrokerJobsError, ValueError):
@@ -56,6 +62,28 @@ def execution_document(execution: Execution) -> dict[str, Any]:
         "outcome": execution.outcome.value if execution.outcome else None,
         "error": execution.error,
     }
+
+
+def payload_document(kept: KeptPayload | None) -> dict[str, Any] | None:
+    """The payload the ledger keeps, in a JSON document; None when it keeps none.
+    ``payload`` is None when it was too large to keep (``too_large``)."""
+    if kept is None:
+        return None
+    return {
+        "payload": kept.payload,
+        "bytes": kept.size,
+        "too_large": kept.too_large,
+        "max_bytes": MAX_PAYLOAD_BYTES,
+        "kept_at": iso(kept.kept_at),
+    }
+
+
+def too_large_text(kept: KeptPayload) -> str:
+    """Why a payload the ledger counted is not shown."""
+    return (
+        f"Too large to keep: its JSON is {kept.size:,} bytes, the ledger keeps up to"
+        f" {MAX_PAYLOAD_BYTES:,}"
+    )
 
 
 def encode_cursor(after: tuple[datetime, str]) -> str:

@@ -8,6 +8,7 @@ error. Usage errors exit 2, as everywhere.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,15 +31,19 @@ from broker_jobs.cli_output import (
 )
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.job_documents import (
+    PAYLOAD_NOT_KEPT,
     CursorError,
     decode_cursor,
     encode_cursor,
     execution_document,
+    payload_document,
     record_document,
+    too_large_text,
 )
 from broker_jobs.store.base import (
     CancelOutcome,
     JobRecord,
+    KeptPayload,
     Status,
     Store,
 )
@@ -161,7 +166,9 @@ def list_command(  # noqa: PLR0917 - click passes every option positionally
 @store_option
 @json_option
 def show_command(ref: str, store_url: str, as_json: bool) -> None:
-    """Show one job (by idempotency key or job id) and each of its executions. Read-only.
+    """Show one job (by idempotency key or job id), its payload when the ledger keeps
+    it (published with the ledger, or after a failure) and each of its executions.
+    Read-only.
 
     \b
     Example:
@@ -172,16 +179,19 @@ def show_command(ref: str, store_url: str, as_json: bool) -> None:
         if record is None:
             fail(f"no job with key or id {ref!r} in the ledger; {_UNKNOWN_HINT}")
         executions = store.executions(record.idempotency_key)
+        kept = store.kept_payload(record.idempotency_key)
     if as_json:
         echo_json(
             {
                 "job": record_document(record),
+                "payload": payload_document(kept),
                 "executions": [execution_document(e) for e in executions],
             }
         )
         return
     for label, value in _fields(record):
         click.echo(f"{label + ':':<12} {value}")
+    click.echo(f"{'payload:':<12} {_payload_text(kept)}")
     if not executions:
         click.echo("executions: none (no worker has claimed it)")
         return
@@ -256,6 +266,16 @@ def _fields(record: JobRecord) -> list[tuple[str, str]]:
         ("due", when(record.due_at)),
         ("last error", record.last_error or "-"),
     ]
+
+
+def _payload_text(kept: KeptPayload | None) -> str:
+    """The payload for people: indented JSON (plain text: click does not read markup)."""
+    if kept is None:
+        return PAYLOAD_NOT_KEPT
+    if kept.payload is None:
+        return too_large_text(kept)
+    text = json.dumps(kept.payload, indent=2, ensure_ascii=False)
+    return text.replace("\n", "\n" + " " * 13)  # under the value column
 
 
 def _cancel_line(record: JobRecord, outcome: CancelOutcome) -> str:

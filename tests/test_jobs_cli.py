@@ -411,3 +411,35 @@ def test_every_command_has_help_with_an_example() -> None:
         assert result.exit_code == 0, result.output
         assert "Example:" in result.output
         assert "--store" in result.output
+
+
+def test_show_prints_the_payload_the_ledger_keeps(ledger: Store, store_url: str) -> None:
+    note = {"to": "ann@example.com", "body": "<b>hi</b>\x1b[31m"}
+    ledger.record_published([job("kept", payload=note)], now=at(0))
+    ledger.claim(job("failed", payload=note), A, LEASE, now=at(0))
+    ledger.fail("failed", A, "boom", now=at(1), payload=note)
+    ledger.claim(job("plain"), A, LEASE, now=at(0))
+
+    for key in ("kept", "failed"):
+        document = json_of(jobs("show", key, "--store", store_url, "--json"))
+        assert document["payload"]["payload"] == note
+        assert document["payload"]["too_large"] is False
+        shown = jobs("show", key, "--store", store_url)
+        assert shown.exit_code == 0, shown.output
+        assert 'payload:     {\n               "to": "ann@example.com",' in shown.stdout
+        assert "\\u001b[31m" in shown.stdout  # a terminal escape is printed escaped
+        assert "\x1b" not in shown.stdout
+    plain = jobs("show", "plain", "--store", store_url)
+    assert "payload:     not kept: the ledger keeps a job's payload when it was published" in (
+        plain.stdout
+    )
+    assert json_of(jobs("show", "plain", "--store", store_url, "--json"))["payload"] is None
+
+
+def test_show_says_a_payload_was_too_large_to_keep(ledger: Store, store_url: str) -> None:
+    ledger.record_published([job("big", payload={"blob": "x" * 70_000})], now=at(0))
+    assert "payload:     Too large to keep: its JSON is 70,011 bytes" in (
+        jobs("show", "big", "--store", store_url).stdout
+    )
+    document = json_of(jobs("show", "big", "--store", store_url, "--json"))["payload"]
+    assert (document["payload"], document["too_large"], document["bytes"]) == (None, True, 70_011)

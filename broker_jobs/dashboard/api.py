@@ -11,7 +11,12 @@ from broker_jobs.dashboard import queries
 from broker_jobs.dashboard.filters import JobFilter, LetterFilter
 from broker_jobs.dashboard.pages import known_task, settings_of
 from broker_jobs.dashboard.safety import Refused
-from broker_jobs.job_documents import encode_cursor, execution_document, record_document
+from broker_jobs.job_documents import (
+    encode_cursor,
+    execution_document,
+    payload_document,
+    record_document,
+)
 
 
 async def overview(request: Request) -> JSONResponse:
@@ -45,6 +50,7 @@ async def job(request: Request) -> JSONResponse:
     return JSONResponse(
         {
             "job": record_document(view.record),
+            "payload": payload_document(view.kept_payload),  # the ledger's; None: not kept
             "executions": [execution_document(run) for run in view.executions],
             "dead_letter": view.dead_letter.to_json() if view.dead_letter else None,
             "dead_letter_problem": view.dead_letter_problem,

@@ -13,9 +13,17 @@ from broker_jobs.dashboard.filters import JobFilter, LetterFilter
 from broker_jobs.dashboard.settings import DashboardSettings
 from broker_jobs.dead_letter_queue import DeadLetter, DeadLetterQueues
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.job_documents import iso, record_document
+from broker_jobs.job_documents import iso, record_document, too_large_text
 from broker_jobs.status_report import StatusReport, TaskStatus, collect
-from broker_jobs.store.base import Execution, JobRecord, LeaderRecord, Page, Status, utc
+from broker_jobs.store.base import (
+    Execution,
+    JobRecord,
+    KeptPayload,
+    LeaderRecord,
+    Page,
+    Status,
+    utc,
+)
 from broker_jobs.urls import mask_text
 from scheduler.status import status_document
 
@@ -148,15 +156,26 @@ class JobView:
     dead_letter: DeadLetter | None
     dead_letter_problem: str | None  # why the dead letter could not be read
     timeline: list[Event] = field(default_factory=list)
+    #: The payload the ledger keeps (published with the ledger, or after a failure);
+    #: the page shows the dead letter's first, when there is one.
+    kept_payload: KeptPayload | None = None
+
+    @property
+    def too_large_note(self) -> str | None:
+        """Why the ledger's payload is not shown, when it was too large to keep."""
+        kept = self.kept_payload
+        return too_large_text(kept) if kept is not None and kept.too_large else None
 
 
 def job_view(settings: DashboardSettings, ref: str) -> JobView | None:
-    """The job of a key or job id, with its executions and, for a dead job, its dead
-    letter (the only place its payload is kept: the ledger keeps none)."""
+    """The job of a key or job id, with its executions, the payload the ledger keeps
+    and, for a dead job, its dead letter (which holds the payload as it died)."""
     record = settings.store.lookup(ref)
     if record is None:
         return None
     executions = settings.store.executions(record.idempotency_key)
+    # One lookup by key, always: the API's document has it even beside a dead letter.
+    kept = settings.store.kept_payload(record.idempotency_key)
     letter, problem = None, None
     if record.status is Status.DEAD:
         try:
@@ -165,7 +184,8 @@ def job_view(settings: DashboardSettings, ref: str) -> JobView | None:
             letter = found[0] if found else None
         except BrokerJobsError as error:
             problem = mask_text(str(error))
-    return JobView(record, executions, letter, problem, timeline(record, executions, letter))
+    events = timeline(record, executions, letter)
+    return JobView(record, executions, letter, problem, events, kept)
 
 
 def timeline(
