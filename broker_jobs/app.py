@@ -6,6 +6,7 @@ dicts by task name); a worker imports the module that defines it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping
@@ -24,6 +25,7 @@ from broker_jobs.retry import RetryPolicy
 from broker_jobs.schedule_decl import At, ScheduleDeclaration, Seconds, add_declaration
 from topology import InvalidNameError, Names, QueueOptions, Topology, namespace_topology
 from topology.names import DEFAULT_NAMESPACE, check_task_name
+from topology.priority import InvalidPriorityError, PriorityPolicy
 
 Handler = Callable[..., Any]
 HandlerT = TypeVar("HandlerT", bound=Handler)
@@ -96,9 +98,12 @@ class App:
         payload_model: type[BaseModel],
         *,
         queue: QueueOptions | None = None,
+        priorities: PriorityPolicy | str | None = None,
     ) -> TaskSpec:
-        """Declare a task type without a handler (for services that only publish)."""
-        return self._add(TaskSpec(_task_name(name), payload_model, queue or QueueOptions()))
+        """Declare a task type without a handler (for services that only publish);
+        ``priorities`` as for :meth:`task`."""
+        options = _queue_options(name, queue, priorities)
+        return self._add(TaskSpec(_task_name(name), payload_model, options))
 
     def task(
         self,
@@ -108,6 +113,7 @@ class App:
         retry: RetryPolicy | None = None,
         time_limit: float | None = None,
         transactional: bool = False,
+        priorities: PriorityPolicy | str | None = None,
     ) -> Callable[[HandlerT], HandlerT]:
         """Decorator declaring a task whose handler takes the payload model as its
         first parameter (annotated): ``@app.task("image.resize") def resize(p: Resize)``.
@@ -116,8 +122,11 @@ class App:
         is ``def handle(payload: Model, db) -> None`` and its writes through ``db``
         (the store's sqlite3 or psycopg connection) commit in one transaction with the
         job's success, so they happen exactly once (no time limit then: a transaction
-        cannot be cut short from outside).
+        cannot be cut short from outside). ``priorities`` (``"strict"`` or weights
+        such as ``"6:3:1"``): a queue per level (high, normal, low) and the order the
+        worker starts them in (docs/priorities.md); publish with ``priority=``.
         """
+        options = _queue_options(name, queue, priorities)
         if transactional and time_limit is not None:
             raise ConfigurationError(
                 f"task {name!r}: a transactional handler cannot have a time_limit; bound"
@@ -139,7 +148,7 @@ class App:
             spec = TaskSpec(
                 _task_name(name),
                 model,
-                queue or QueueOptions(),
+                options,
                 handler,
                 retry or RetryPolicy(),
                 time_limit,
@@ -218,6 +227,18 @@ class App:
 
     def __repr__(self) -> str:
         return f"App(namespace={self.namespace!r}, tasks={sorted(self._tasks)})"
+
+
+def _queue_options(
+    task: str, queue: QueueOptions | None, priorities: PriorityPolicy | str | None
+) -> QueueOptions:
+    options = queue or QueueOptions()
+    if priorities is None:
+        return options
+    try:
+        return dataclasses.replace(options, priorities=PriorityPolicy.parse(priorities))
+    except InvalidPriorityError as error:
+        raise ConfigurationError(f"task {task!r}: {error}") from None
 
 
 def _task_name(name: str) -> str:

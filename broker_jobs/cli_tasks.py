@@ -22,6 +22,8 @@ class TaskSelection:
     names: Names  # the namespace's names
     tasks: list[str]  # in the order given (the app's: sorted), each once
     app_path: str | None  # None: chosen by --namespace and --task
+    #: Those declared with priorities (a queue per level): known from the app only.
+    prioritised: frozenset[str] = frozenset()
 
 
 def task_options(purpose: str) -> Callable[[F], F]:
@@ -72,7 +74,10 @@ def chosen_tasks(
         raise click.UsageError(f"--task {unknown[0]}: not a task of {app_path} (it has {listed})")
     if not known:
         raise click.UsageError(f"--app {app_path} declares no tasks: declare some first")
-    return TaskSelection(loaded.names, list(dict.fromkeys(tasks)) or known, app_path)
+    prioritised = frozenset(spec.name for spec in loaded if spec.queue.priorities is not None)
+    return TaskSelection(
+        loaded.names, list(dict.fromkeys(tasks)) or known, app_path, prioritised
+    )
 
 
 def _app_path(app: str | None, namespace: str | None) -> str | None:

@@ -536,7 +536,9 @@ class DeadLetterQueues:
         return True
 
     def _publish(self, link: PikaLink, job: Job, message: WireMessage) -> None:
-        delivery = link.publish(self.names.work_exchange, self.names.routing_key(job.task), message)
+        # To the queue of its level (its bj-priority header; normal without one).
+        key = self.names.routing_key(job.task, job.priority)
+        delivery = link.publish(self.names.work_exchange, key, message)
         if not link.wait(lambda: delivery.settled, self._confirm_timeout):
             if not link.is_open:
                 raise BrokerConnectionError(

@@ -62,14 +62,18 @@ def due_time(now: datetime, delay: Delay | None, eta: datetime | None) -> dateti
 
 
 def route_for(names: Names, job: Job, now: datetime) -> Route:
-    """Route a job through the ladder for the whole units of its delay, if any."""
+    """Route a job through the ladder for the whole units of its delay, if any, to
+    its task's queue of its priority level."""
+    direct = Route(names.work_exchange, names.routing_key(job.task, job.priority))
     if job.due_at is None:
-        return Route(names.work_exchange, names.routing_key(job.task))
+        return direct
     units = ladder_units((job.due_at - now).total_seconds())
     if units == 0:
-        return Route(names.work_exchange, names.routing_key(job.task))
+        return direct
     return Route(
-        entry_exchange(names, units), delay_routing_key(units, job.task), via_ladder=True
+        entry_exchange(names, units),
+        delay_routing_key(units, job.task, job.priority),
+        via_ladder=True,
     )
 
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from broker_jobs.errors import DecodeError, describe_validation_error
 from topology import names as n
+from topology.priority import Priority
 
 #: AMQP delivery mode 2: the broker writes the message to disk.
 PERSISTENT = 2
@@ -66,6 +67,8 @@ class Job(BaseModel):
     due_at: datetime | None = None
     traceparent: str | None = None
     tracestate: str | None = None
+    #: Its task's queue of this level (tasks declared with priorities; else normal).
+    priority: Priority = Priority.NORMAL
 
     @field_validator("task")
     @classmethod
@@ -125,6 +128,8 @@ def encode(job: Job) -> WireMessage:
     }
     if job.due_at is not None:
         headers[n.HEADER_DUE_AT] = _iso(job.due_at)
+    if job.priority is not Priority.NORMAL:
+        headers[n.HEADER_PRIORITY] = job.priority.value
     if job.traceparent:
         headers[n.HEADER_TRACEPARENT] = job.traceparent
     if job.tracestate:
@@ -172,6 +177,7 @@ def decode(message: WireMessage) -> Job:
         "due_at": _text_header(headers, n.HEADER_DUE_AT),
         "traceparent": _text_header(headers, n.HEADER_TRACEPARENT),
         "tracestate": _text_header(headers, n.HEADER_TRACESTATE),
+        "priority": _priority_header(headers),
     }
     created = _text_header(headers, n.HEADER_CREATED_AT)
     if created is not None:
@@ -233,6 +239,19 @@ def _text_header(headers: Mapping[str, Any], name: str) -> str | None:
             f" UTF-8), got {type(value).__name__} {value!r}",
         )
     return value
+
+
+def _priority_header(headers: Mapping[str, Any]) -> Priority:
+    text = _text_header(headers, n.HEADER_PRIORITY)
+    if text is None:
+        return Priority.NORMAL
+    try:
+        return Priority(text)
+    except ValueError:
+        raise DecodeError(
+            "header",
+            f"header {n.HEADER_PRIORITY!r} must be 'high', 'normal' or 'low', got {text!r}",
+        ) from None
 
 
 def _integer_header(headers: Mapping[str, Any], name: str, default: int) -> int:

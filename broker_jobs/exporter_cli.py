@@ -98,7 +98,13 @@ def exporter_command(  # noqa: PLR0917 - click passes every option positionally
         chosen = chosen_tasks(app_option, namespace, tasks, "to export")
         registry = CollectorRegistry()
         exporter = Exporter(
-            url, chosen.names, chosen.tasks, registry, store_url=store_url, interval=interval
+            url,
+            chosen.names,
+            chosen.tasks,
+            registry,
+            store_url=store_url,
+            interval=interval,
+            prioritised=chosen.prioritised,
         )
         if once:
             _once(exporter, registry)

@@ -41,6 +41,11 @@ from topology.names import DEFAULT_NAMESPACE
     help="Run it at this time: ISO 8601 with a time zone, e.g. 2026-12-24T18:00:00Z.",
 )
 @click.option(
+    "--priority",
+    help="high, normal, low or 0-9 (7-9 high, 0-2 low), for a task declared with"
+    " priorities (its queue of that level).",
+)
+@click.option(
     "--no-declare",
     is_flag=True,
     help="With --app: declare nothing (the topology is operator-managed). Without --app"
@@ -64,6 +69,7 @@ def publish_command(  # noqa: PLR0917 - click passes every option positionally
     idempotency_key: str | None,
     delay: float | None,
     eta: str | None,
+    priority: str | None,
     no_declare: bool,
     ledger_url: str | None,
     as_json: bool,
@@ -86,7 +92,12 @@ def publish_command(  # noqa: PLR0917 - click passes every option positionally
             publisher, used = _publisher(url, app_path, namespace, no_declare, ledger)
             with publisher:
                 job = publisher.publish(
-                    task, data, idempotency_key=idempotency_key, delay=delay, eta=_eta(eta)
+                    task,
+                    data,
+                    idempotency_key=idempotency_key,
+                    delay=delay,
+                    eta=_eta(eta),
+                    priority=priority,
                 )
     except UnroutableError as error:
         click.echo(

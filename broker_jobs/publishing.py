@@ -35,6 +35,7 @@ from broker_jobs.published_ledger import PublishedLedger
 from broker_jobs.store.base import Store
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs
 from topology import DEFAULT_NAMESPACE, InvalidNameError, Names, Topology, namespace_topology
+from topology.priority import InvalidPriorityError, Priority
 
 Payload = BaseModel | Mapping[str, Any]
 
@@ -64,7 +65,9 @@ class PublisherSettings:
 class JobOptions(TypedDict, total=False):
     """Per-job options of ``publish``: ``job_id`` (default: a new UUID),
     ``idempotency_key`` (default: the job id), W3C trace context, and when to run:
-    ``delay`` (seconds or a timedelta) or ``eta`` (a timezone-aware datetime)."""
+    ``delay`` (seconds or a timedelta) or ``eta`` (a timezone-aware datetime), and
+    ``priority`` (``"high"``, ``"normal"``, ``"low"`` or 0-9; for tasks declared with
+    priorities)."""
 
     job_id: str | None
     idempotency_key: str | None
@@ -74,6 +77,7 @@ class JobOptions(TypedDict, total=False):
     eta: datetime | None
     #: Which execution this is (1 by default); workers publish retries with it.
     attempt: int | None
+    priority: Priority | str | int | None
 
 
 @dataclass(frozen=True)
@@ -252,6 +256,7 @@ class JobRequest:
     tracestate: str | None = None
     delay: Delay | None = None
     eta: datetime | None = None
+    priority: Priority | str | int | None = None
 
 
 class JobFactory:
@@ -289,6 +294,7 @@ class JobFactory:
         for option, field_name in _OPTION_FIELDS.items():
             if value := options.get(option):
                 fields[field_name] = value
+        fields["priority"] = self._priority(task, options.get("priority"))
         try:
             job = Job.model_validate(fields)
         except ValidationError as error:
@@ -311,6 +317,7 @@ class JobFactory:
             tracestate=request.tracestate,
             delay=request.delay,
             eta=request.eta,
+            priority=request.priority,
         )
 
     def current_route(self, prepared: Prepared) -> Route:
@@ -323,6 +330,23 @@ class JobFactory:
     def unroutable(self, job: Job) -> UnroutableError:
         names = self.names
         return UnroutableError(job.task, names.work_exchange, names.task_queue(job.task))
+
+    def _priority(self, task: str, value: Priority | str | int | None) -> Priority:
+        """The level, refused for a task of the app declared without priorities (it
+        has no queue of that level: the broker would return the job)."""
+        try:
+            level = Priority.of(value)
+        except InvalidPriorityError as error:
+            raise JobError(f"job for task {task!r}: {error}") from None
+        if level is Priority.NORMAL or self.app is None:
+            return level
+        if self.app.get(task).queue.priorities is None:
+            raise JobError(
+                f"task {task!r} has no priorities, so no queue for {level.value!r} jobs:"
+                f" declare it with priorities='6:3:1' (or 'strict'), apply the topology,"
+                " or publish without a priority"
+            )
+        return level
 
     def _payload_data(self, task: str, payload: Payload) -> dict[str, Any]:
         if self.app is not None:

@@ -69,7 +69,9 @@ def status_command(  # noqa: PLR0917 - click passes every option positionally
     try:
         chosen = chosen_tasks(app_option, namespace, tasks, "to show")
         with open_store(store_url, must_exist=True) as store:
-            report = collect(url, chosen.names, chosen.tasks, store)
+            report = collect(
+                url, chosen.names, chosen.tasks, store, prioritised=chosen.prioritised
+            )
     except (BrokerJobsError, InvalidNameError) as error:
         fail(str(error))
     if as_json:

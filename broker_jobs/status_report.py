@@ -22,7 +22,7 @@ raised: a status is most wanted when something is wrong.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,6 +37,7 @@ from broker_jobs.store.base import Status, Store, TaskSummary, utc
 from broker_jobs.urls import AnyBrokerURLs, mask_text
 from topology.delay import DELAY_LEVELS
 from topology.names import Names
+from topology.priority import Priority
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -175,6 +176,7 @@ def collect(
     connection_name: str = "broker-jobs status",
     now: datetime | None = None,
     summaries: Mapping[str, TaskSummary] | None = None,
+    prioritised: Collection[str] = (),
 ) -> StatusReport:
     """Connect to the first node of ``urls`` that answers, :func:`gather`, disconnect.
 
@@ -185,7 +187,14 @@ def collect(
     )
     try:
         return gather(
-            connection, names, tasks, store, node=node.masked, now=now, summaries=summaries
+            connection,
+            names,
+            tasks,
+            store,
+            node=node.masked,
+            now=now,
+            summaries=summaries,
+            prioritised=prioritised,
         )
     finally:
         if connection.is_open:
@@ -201,11 +210,13 @@ def gather(
     node: str = "",
     now: datetime | None = None,
     summaries: Mapping[str, TaskSummary] | None = None,
+    prioritised: Collection[str] = (),
 ) -> StatusReport:
     """The report of ``tasks`` in ``names``' namespace, on an open connection (left
     open). ``now`` is when ages are measured from (default: now); ``summaries``: the
     ledger's, if the caller has them already (the dashboard keeps them for a few
-    seconds on a large ledger), else read from ``store``."""
+    seconds on a large ledger), else read from ``store``. ``prioritised``: tasks
+    declared with priorities, whose level queues are read and added up."""
     moment = utc(now)
     if summaries is None:
         summaries = store.task_summaries(now=moment)
@@ -214,7 +225,7 @@ def gather(
         statuses = tuple(
             TaskStatus(
                 task,
-                probe.queue(names.task_queue(task)),
+                _task_queue_state(probe, names, task, task in prioritised),
                 probe.queue(names.dead_letter_queue(task)),
                 summaries.get(task) or empty_summary(task),
             )
@@ -225,6 +236,23 @@ def gather(
     finally:
         probe.close()
     return StatusReport(names.namespace, node, moment, statuses, ladder, unroutable)
+
+
+def _task_queue_state(probe: _Probe, names: Names, task: str, prioritised: bool) -> QueueState:
+    """The task's queue; for a task with priorities, its levels' queues as one: ready
+    messages added up, consumers the fewest of any level (a level nobody consumes
+    shows 0), missing if any level is."""
+    if not prioritised:
+        return probe.queue(names.task_queue(task))
+    states = [probe.queue(names.task_queue(task, level)) for level in Priority]
+    if not all(state.exists for state in states):
+        return next(state for state in states if not state.exists)
+    return QueueState(
+        names.task_queue(task),
+        exists=True,
+        messages=sum(state.messages or 0 for state in states),
+        consumers=min(state.consumers or 0 for state in states),
+    )
 
 
 def empty_summary(task: str) -> TaskSummary:

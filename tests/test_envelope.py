@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from broker_jobs import DecodeError, Job, WireMessage, decode, encode
 from broker_jobs.envelope import new_job_id
 from topology import names as n
+from topology.priority import Priority
 
 
 def make_job(**fields: object) -> Job:
@@ -147,6 +148,7 @@ def test_every_string_header_may_be_a_byte_array_of_utf8(kind: type) -> None:
         n.HEADER_IDEMPOTENCY_KEY: "invoice-42-é",
         n.HEADER_CREATED_AT: "2026-11-29T10:00:00.000000Z",
         n.HEADER_DUE_AT: "2026-11-29T10:00:05.000000Z",
+        n.HEADER_PRIORITY: "high",
         n.HEADER_TRACEPARENT: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         n.HEADER_TRACESTATE: "congo=t61rcWkgMzE",
     }
@@ -155,6 +157,7 @@ def test_every_string_header_may_be_a_byte_array_of_utf8(kind: type) -> None:
     assert job.idempotency_key == values[n.HEADER_IDEMPOTENCY_KEY]
     assert job.created_at == datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
     assert job.due_at == datetime(2026, 11, 29, 10, 0, 5, tzinfo=UTC)
+    assert job.priority is Priority.HIGH
     assert (job.traceparent, job.tracestate) == (
         values[n.HEADER_TRACEPARENT],
         values[n.HEADER_TRACESTATE],
@@ -207,3 +210,13 @@ def test_new_job_ids_are_uuid7_carrying_the_millisecond_they_were_made_in() -> N
     # made one after another, they sort one after another (by millisecond)
     assert [job_id[:13] for job_id in ids] == sorted(job_id[:13] for job_id in ids)
     assert Job(task="image.resize").id[14] == "7"
+
+
+def test_a_priority_travels_in_its_header_and_normal_adds_none() -> None:
+    job = Job(task="image.resize", priority=Priority.LOW)
+    message = encode(job)
+    assert message.headers[n.HEADER_PRIORITY] == "low"
+    assert decode(message).priority is Priority.LOW
+    assert n.HEADER_PRIORITY not in encode(Job(task="image.resize")).headers
+    with pytest.raises(DecodeError, match="must be 'high', 'normal' or 'low'"):
+        decode(wire(headers={n.HEADER_PRIORITY: "urgent"}))

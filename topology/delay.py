@@ -40,6 +40,7 @@ from typing import Any
 
 from topology import names as n
 from topology.model import BindingSpec, ExchangeSpec, QueueSpec, QueueType, Topology
+from topology.priority import Priority
 
 #: Levels of the ladder; level k holds 2**k seconds.
 DELAY_LEVELS = 25
@@ -61,17 +62,18 @@ def ladder_units(delay: float) -> int:
     return max(0, math.floor((delay - EARLY_MARGIN) / DELAY_UNIT))
 
 
-def delay_routing_key(units: int, task: str) -> str:
-    """The routing key for ``units`` in the ladder, most significant level first."""
+def delay_routing_key(units: int, task: str, priority: Priority = Priority.NORMAL) -> str:
+    """The routing key for ``units`` in the ladder, most significant level first, then
+    the task's routing key (with its priority level's suffix)."""
     if not 0 <= units < 2**DELAY_LEVELS:
         raise ValueError(f"{units} units do not fit in {DELAY_LEVELS} levels")
     digits = format(units, f"0{DELAY_LEVELS}b")
-    return ".".join(digits) + "." + n.check_task_name(task)
+    return ".".join(digits) + "." + n.check_task_name(task) + priority.suffix
 
 
-def delivery_binding_key(task: str) -> str:
+def delivery_binding_key(task: str, priority: Priority = Priority.NORMAL) -> str:
     """Binding of a task queue on the out exchange: any digits, then the task."""
-    return "*." * DELAY_LEVELS + n.check_task_name(task)
+    return "*." * DELAY_LEVELS + n.check_task_name(task) + priority.suffix
 
 
 def entry_exchange(names: n.Names, units: int) -> str:

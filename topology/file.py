@@ -7,6 +7,7 @@ The file names what the app would register, and nothing the model cannot derive:
     [tasks."image.resize"]             # quote task names: they contain dots
     queue_type = "quorum"              # optional: "quorum" (default) or "classic"
     delivery_limit = 10                # optional, quorum queues only
+    priorities = "6:3:1"               # optional: "strict" or weights high:normal:low
 
     [tasks."mail.send"]                # a task with every default
 
@@ -29,9 +30,10 @@ from typing import Any
 from topology.model import QueueOptions, QueueType, Topology
 from topology.names import DEFAULT_NAMESPACE, InvalidNameError, Names, check_task_name
 from topology.namespace import namespace_topology
+from topology.priority import InvalidPriorityError, PriorityPolicy
 
 _TOP_KEYS = {"namespace", "tasks", "ladder"}
-_TASK_KEYS = {"queue_type", "delivery_limit"}
+_TASK_KEYS = {"queue_type", "delivery_limit", "priorities"}
 _LADDER_KEYS = {"queue_type"}
 
 
@@ -113,8 +115,9 @@ def _task_options(name: str, value: Any, source: str) -> QueueOptions:
             )
     _no_unknown_keys(options, _TASK_KEYS, where, source)
     queue_type = _queue_type(options.get("queue_type", QueueType.QUORUM.value), where, source)
+    priorities = _priorities(options.get("priorities"), where, source)
     if "delivery_limit" not in options:
-        return QueueOptions(queue_type=queue_type)
+        return QueueOptions(queue_type=queue_type, priorities=priorities)
     limit = options["delivery_limit"]
     # bool is an int in Python; "delivery_limit = true" is a mistake, not 1.
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -126,7 +129,21 @@ def _task_options(name: str, value: Any, source: str) -> QueueOptions:
             f"{source}: {where} delivery_limit applies to quorum queues only; remove it"
             ' or use queue_type = "quorum"'
         )
-    return QueueOptions(queue_type=queue_type, delivery_limit=limit)
+    return QueueOptions(queue_type=queue_type, delivery_limit=limit, priorities=priorities)
+
+
+def _priorities(value: Any, where: str, source: str) -> PriorityPolicy | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TopologyFileError(
+            f'{source}: {where} priorities must be a string: "strict" or weights such as'
+            f' "6:3:1", got {value!r}'
+        )
+    try:
+        return PriorityPolicy.parse(value)
+    except InvalidPriorityError as error:
+        raise TopologyFileError(f"{source}: {where} {error}") from None
 
 
 def _queue_type(value: Any, where: str, source: str) -> QueueType:

@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from topology import names as n
+from topology.priority import Priority, PriorityPolicy
 
 #: Redeliveries of one message before a quorum queue dead-letters it. A job that
 #: crashes its worker every time (segfault, OOM kill) stops here instead of looping;
@@ -32,9 +33,14 @@ class QueueOptions:
 
     queue_type: QueueType = QueueType.QUORUM
     delivery_limit: int = DEFAULT_DELIVERY_LIMIT
+    #: None: one queue. A policy (or ``"strict"``, ``"6:3:1"``): a queue per priority
+    #: level, picked between by the worker so (:mod:`topology.priority`).
+    priorities: PriorityPolicy | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "queue_type", QueueType(self.queue_type))
+        if self.priorities is not None:
+            object.__setattr__(self, "priorities", PriorityPolicy.parse(self.priorities))
         if self.delivery_limit < 1:
             raise ValueError(f"delivery_limit must be at least 1, got {self.delivery_limit}")
 
@@ -89,6 +95,7 @@ def task_queue_arguments(names: n.Names, task: str, options: QueueOptions) -> di
     arguments: dict[str, Any] = {
         n.ARG_QUEUE_TYPE: options.queue_type.value,
         n.ARG_DEAD_LETTER_EXCHANGE: names.dead_letter_exchange,
+        # Every level's queue dead-letters to the task's one dead-letter queue.
         n.ARG_DEAD_LETTER_ROUTING_KEY: names.routing_key(task),
     }
     if options.queue_type is QueueType.QUORUM:
@@ -99,6 +106,11 @@ def task_queue_arguments(names: n.Names, task: str, options: QueueOptions) -> di
         arguments[n.ARG_DEAD_LETTER_STRATEGY] = "at-least-once"
         arguments[n.ARG_OVERFLOW] = "reject-publish"
     return arguments
+
+
+def levels(options: QueueOptions) -> tuple[Priority, ...]:
+    """The priority levels a task's queues are declared for, high first."""
+    return tuple(Priority) if options.priorities is not None else (Priority.NORMAL,)
 
 
 def dead_letter_queue_arguments(options: QueueOptions) -> dict[str, Any]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from topology.priority import Priority
+
 #: Version of the message format, sent in :data:`HEADER_WIRE_VERSION`.
 WIRE_VERSION = 1
 
@@ -34,6 +36,10 @@ HEADER_CREATED_AT = "bj-created-at"
 HEADER_DUE_AT = "bj-due-at"
 #: Version of this message format.
 HEADER_WIRE_VERSION = "bj-wire-version"
+#: Priority level of a job of a task with priorities: ``high`` or ``low`` (absent or
+#: ``normal``: normal). The routing key chose its queue; the header keeps the level
+#: for its retries and a replay from the dead-letter queue (topology/priority.py).
+HEADER_PRIORITY = "bj-priority"
 #: W3C trace context, passed through unchanged.
 HEADER_TRACEPARENT = "traceparent"
 HEADER_TRACESTATE = "tracestate"
@@ -45,6 +51,7 @@ STRING_HEADERS = (
     HEADER_IDEMPOTENCY_KEY,
     HEADER_CREATED_AT,
     HEADER_DUE_AT,
+    HEADER_PRIORITY,
     HEADER_TRACEPARENT,
     HEADER_TRACESTATE,
 )
@@ -167,8 +174,14 @@ class Names:
         """What every task queue's name starts with (for permission patterns)."""
         return f"{self.namespace}.task."
 
-    def task_queue(self, task: str) -> str:
-        return f"{self.namespace}.task.{check_task_name(task)}"
+    def task_queue(self, task: str, priority: Priority = Priority.NORMAL) -> str:
+        """The task's queue of ``priority`` (normal: the only queue of a task declared
+        without priorities; see :mod:`topology.priority`)."""
+        return f"{self.namespace}.task.{check_task_name(task)}{priority.suffix}"
+
+    def task_queues(self, task: str) -> tuple[str, ...]:
+        """Every level's queue of ``task``, high first (permissions grant them all)."""
+        return tuple(self.task_queue(task, level) for level in Priority)
 
     def dead_letter_queue(self, task: str) -> str:
         return f"{self.namespace}.dead.{check_task_name(task)}"
@@ -201,6 +214,6 @@ class Names:
         """Holds what :attr:`unroutable_exchange` receives, for an operator to see."""
         return f"{self.namespace}.unroutable"
 
-    def routing_key(self, task: str) -> str:
-        """Routing key of a job for ``task`` on the work exchange."""
-        return check_task_name(task)
+    def routing_key(self, task: str, priority: Priority = Priority.NORMAL) -> str:
+        """Routing key of a job for ``task`` (at ``priority``) on the work exchange."""
+        return check_task_name(task) + priority.suffix

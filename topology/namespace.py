@@ -13,6 +13,7 @@ from topology.model import (
     QueueType,
     Topology,
     dead_letter_queue_arguments,
+    levels,
     task_queue_arguments,
 )
 from topology.names import Names
@@ -43,20 +44,19 @@ def namespace_topology(
 
 
 def task_topology(names: Names, task: str, options: QueueOptions) -> Topology:
-    """One task's queues and bindings (its exchanges belong to the namespace)."""
-    queue = names.task_queue(task)
+    """One task's queues and bindings (its exchanges belong to the namespace): a
+    queue per priority level when it has priorities, one dead-letter queue."""
     dead = names.dead_letter_queue(task)
-    return Topology(
-        queues=(
-            QueueSpec(dead, dead_letter_queue_arguments(options)),
-            QueueSpec(queue, task_queue_arguments(names, task, options)),
-        ),
-        bindings=(
-            BindingSpec(names.work_exchange, queue, names.routing_key(task)),
-            BindingSpec(names.dead_letter_exchange, dead, names.routing_key(task)),
-            BindingSpec(names.delay_out_exchange, queue, delay.delivery_binding_key(task)),
-        ),
-    )
+    queues = [QueueSpec(dead, dead_letter_queue_arguments(options))]
+    bindings = [BindingSpec(names.dead_letter_exchange, dead, names.routing_key(task))]
+    for level in levels(options):
+        queue = names.task_queue(task, level)
+        queues.append(QueueSpec(queue, task_queue_arguments(names, task, options)))
+        bindings.append(BindingSpec(names.work_exchange, queue, names.routing_key(task, level)))
+        bindings.append(
+            BindingSpec(names.delay_out_exchange, queue, delay.delivery_binding_key(task, level))
+        )
+    return Topology(queues=tuple(queues), bindings=tuple(bindings))
 
 
 def ladder_topology(names: Names, queue_type: QueueType = QueueType.QUORUM) -> Topology:

@@ -79,7 +79,7 @@ def role_permissions(role: Role, names: Names, tasks: Sequence[str] | None) -> P
             read = "^" + escape(names.task_queue_prefix) + ".+$"
             reads = "read: consume every task queue of the namespace"
         else:
-            read = exact(names.task_queue(task) for task in tasks)
+            read = exact(queue for task in tasks for queue in names.task_queues(task))
             reads = "read: consume the task queues" if tasks else "read: nothing (no tasks)"
         writes = [names.work_exchange, names.dead_letter_exchange]
         return Permissions(

@@ -50,6 +50,13 @@ class DashboardSettings:
         check_binding(self.host, allow_actions=self.allow_actions, token=self.token)
         object.__setattr__(self, "summaries", LedgerSummaries(self.store))
 
+    @property
+    def prioritised(self) -> frozenset[str]:
+        """The tasks declared with priorities (known from the app only)."""
+        if self.app is None:
+            return frozenset()
+        return frozenset(spec.name for spec in self.app if spec.queue.priorities is not None)
+
     def served_hosts(self) -> tuple[str, ...]:
         """Which ``Host`` headers are answered. Bound to loopback, only loopback names:
         a web page whose own host name an attacker points at 127.0.0.1 (DNS

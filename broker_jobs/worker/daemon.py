@@ -49,6 +49,8 @@ from broker_jobs.worker.protocol import Runner
 from broker_jobs.worker.session import Cancelled, Lost, Session, SessionEnded, describe_loss
 from broker_jobs.worker.settings import ProtocolSettings, WorkerSettings
 from topology.delay import MAX_HOLD
+from topology.model import levels
+from topology.priority import AGING_SHARE, PriorityPolicy
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,7 @@ class Worker:
         self._settings = settings
         self._tasks = self._select_tasks()
         self._check_time_limits()
+        self._priorities = priority_policy(app, self._tasks)
         self._worker_id = settings.worker_id or (
             f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         )
@@ -181,7 +184,11 @@ class Worker:
         publisher = AsyncPublisher(
             self._urls, self._app, declare=False, connection_name=f"{name} (retries)"
         )
-        executor = Executor(settings.concurrency)
+        executor = Executor(
+            settings.concurrency,
+            self._priorities,
+            max_wait=settings.consumer_timeout * AGING_SHARE,
+        )
         runner = self._runner = Runner(
             self._app,
             self._store,
@@ -237,7 +244,7 @@ class Worker:
                         link.url, self._app.topology(), f"broker-jobs worker {self._worker_id}"
                     )
                     declared = True
-                queues = {self._app.names.task_queue(task): task for task in self._tasks}
+                queues = task_queues(self._app, self._tasks)
                 await session.open(queues, self._settings.prefetch_count, fast_path.deliver)
             except LINK_DOWN as error:
                 link.could_not_consume(describe_loss(error))
@@ -304,8 +311,7 @@ class Worker:
         passive declare of a missing queue, say a ladder never declared, closes its
         channel: reopening aio-pika channels at that pace made the broker see one
         opened twice); depths are then read on one channel."""
-        names = self._app.names
-        queues = [names.task_queue(task) for task in self._tasks]
+        queues = list(task_queues(self._app, self._tasks))
         queues += [queue.name for queue in self._app.topology().queues if ".delay." in queue.name]
         queues = await asyncio.to_thread(
             existing_queues,
@@ -373,3 +379,29 @@ class Worker:
                     f"task {task!r} has no handler in this app: declare it with @app.task"
                 )
         return self._settings.tasks
+
+
+def task_queues(app: App, tasks: tuple[str, ...]) -> dict[str, str]:
+    """The queues of ``tasks`` (every priority level's) and the task of each."""
+    return {
+        app.names.task_queue(task, level): task
+        for task in tasks
+        for level in levels(app.get(task).queue)
+    }
+
+
+def priority_policy(app: App, tasks: tuple[str, ...]) -> PriorityPolicy | None:
+    """The one priority policy of ``tasks`` (None if none has priorities; tasks
+    without any run at normal). Tasks of different policies need workers of their
+    own: one worker picks its next job by one rule."""
+    policies = {task: app.get(task).queue.priorities for task in tasks}
+    chosen = {policy for policy in policies.values() if policy is not None}
+    if len(chosen) > 1:
+        described = ", ".join(
+            f"{task}: {policy.describe()}" for task, policy in policies.items() if policy
+        )
+        raise ConfigurationError(
+            f"these tasks have different priority policies ({described}): run each in a"
+            " worker of its own (--task), or give them the same policy"
+        )
+    return next(iter(chosen), None)

@@ -11,6 +11,7 @@ from aiormq.abc import DeliveredMessage
 from broker_jobs.envelope import Job, WireMessage, decode
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.worker.acks import ChannelAcks
+from topology.priority import level_of_routing_key
 
 
 class WrongQueueError(BrokerJobsError):
@@ -30,12 +31,17 @@ class WrongQueueError(BrokerJobsError):
         )
 
 
-def decode_for_queue(message: WireMessage, queue_task: str) -> Job:
+def decode_for_queue(message: WireMessage, queue_task: str, routing_key: str | None) -> Job:
     """The job in a delivery from ``queue_task``'s queue: :class:`DecodeError` if it is
-    not a valid job, :class:`WrongQueueError` if it names another task."""
+    not a valid job, :class:`WrongQueueError` if it names another task. Its priority
+    is the level of the queue it came from (``routing_key`` names it), whatever its
+    ``bj-priority`` header says: its retries go back to that queue, which exists."""
     job = decode(message)
     if job.task != queue_task:
         raise WrongQueueError(job.task)
+    level = level_of_routing_key(routing_key)
+    if job.priority is not level:
+        job = job.copy(priority=level)
     return job
 
 

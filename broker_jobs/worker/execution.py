@@ -19,9 +19,13 @@ import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from pydantic import BaseModel
+
+from broker_jobs.worker.levels import LevelCalls, LevelPicker, LevelSlots
+from topology.priority import Priority, PriorityPolicy
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +44,10 @@ class HandlerThreads(concurrent.futures.Executor):
     call in a future; a future cancelled before a thread takes its call never runs it.
     """
 
-    def __init__(self, size: int, name: str) -> None:
-        self._calls: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
+    def __init__(self, size: int, name: str, picker: LevelPicker | None = None) -> None:
+        self._calls: _FifoCalls | LevelCalls = (
+            _FifoCalls() if picker is None else LevelCalls(picker)
+        )
         #: Held while posting and while shutting down: a call is queued before the
         #: threads' end marks (and runs) or refused, never queued behind them.
         self._posting = threading.Lock()
@@ -53,11 +59,14 @@ class HandlerThreads(concurrent.futures.Executor):
         for thread in self._threads:
             thread.start()
 
-    def post(self, call: Callable[[], object]) -> None:
-        """Run ``call()`` on one of the threads; it reports its own outcome."""
-        self._put_all((call,))
+    def post(self, call: Callable[[], object], level: Priority = Priority.NORMAL) -> None:
+        """Run ``call()`` on one of the threads; it reports its own outcome. With a
+        picker, waiting calls start by level; without, in order."""
+        self._put_all((call,), (level,))
 
-    def post_all(self, calls: Sequence[Callable[[], object]]) -> None:
+    def post_all(
+        self, calls: Sequence[Callable[[], object]], levels: Sequence[Priority] | None = None
+    ) -> None:
         """:meth:`post` each call, then let a thread take the GIL at once.
 
         A thread woken by a post still waits for the GIL, and the posting thread (the
@@ -67,20 +76,32 @@ class HandlerThreads(concurrent.futures.Executor):
         now (~0.2 ms); the poster waits for it only while the job runs Python code
         without blocking, at most the interpreter's switch interval.
         """
-        self._put_all(calls)
+        self._put_all(calls, levels)
         if calls:
             time.sleep(0)
 
-    def _put_all(self, calls: Sequence[Callable[[], object]]) -> None:
+    def _put_all(
+        self, calls: Sequence[Callable[[], object]], levels: Sequence[Priority] | None
+    ) -> None:
         with self._posting:
             if self._shut:
                 raise RuntimeError("the handler threads are shut down")
-            for call in calls:
-                self._calls.put(call)
+            if levels is None:
+                for call in calls:
+                    self._calls.put(call, Priority.NORMAL)
+            else:
+                for call, level in zip(calls, levels, strict=True):
+                    self._calls.put(call, level)
 
     def submit(
         self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:
+        return self.submit_at(Priority.NORMAL, fn, *args, **kwargs)
+
+    def submit_at(
+        self, level: Priority, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        """:meth:`submit`, waiting for a thread at ``level``."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
         def run() -> None:
@@ -93,7 +114,7 @@ class HandlerThreads(concurrent.futures.Executor):
             else:
                 future.set_result(result)
 
-        self.post(run)
+        self.post(run, level)
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -102,27 +123,56 @@ class HandlerThreads(concurrent.futures.Executor):
         with self._posting:
             self._shut = True
             for _ in self._threads:
-                self._calls.put(None)
+                self._calls.end()
         if wait:
             for thread in self._threads:
                 thread.join()
 
     def _serve(self) -> None:
-        while (call := self._calls.get()) is not None:
+        calls = self._calls
+        while (call := calls.get()) is not None:
             try:
                 call()
             except BaseException:  # posted calls report their own outcomes: a bug
                 log.exception("a call on a handler thread failed")
 
 
-class Executor:
-    """Runs handlers; at most ``concurrency`` at once."""
+class _FifoCalls:
+    """The handler threads' queue without priorities: in order (a SimpleQueue)."""
 
-    def __init__(self, concurrency: int) -> None:
-        self._pool = HandlerThreads(concurrency, "broker-jobs-handler")
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
+
+    def put(self, call: Callable[[], object], level: Priority) -> None:
+        self._queue.put(call)
+
+    def end(self) -> None:
+        self._queue.put(None)
+
+    def get(self) -> Callable[[], object] | None:
+        return self._queue.get()
+
+
+class Executor:
+    """Runs handlers; at most ``concurrency`` at once. Given a priority policy, jobs
+    waiting for a thread or a slot start by level (:mod:`broker_jobs.worker.levels`)."""
+
+    def __init__(
+        self, concurrency: int, priorities: PriorityPolicy | None = None, max_wait: float = 900
+    ) -> None:
+        picker = None if priorities is None else LevelPicker(priorities, max_wait)
+        self._pool = HandlerThreads(concurrency, "broker-jobs-handler", picker)
         #: Held from before a job is claimed until it is settled, so a job waiting
         #: for a slot holds no claim (and, on shutdown, can go back unclaimed).
-        self.slots = asyncio.Semaphore(concurrency)
+        self._slots: asyncio.Semaphore | LevelSlots = (
+            asyncio.Semaphore(concurrency) if picker is None else LevelSlots(concurrency, picker)
+        )
+
+    def slot(self, level: Priority = Priority.NORMAL) -> AbstractAsyncContextManager[Any]:
+        """``async with executor.slot(level):`` holds one of the ``concurrency`` slots."""
+        if isinstance(self._slots, LevelSlots):
+            return self._slots.at(level)
+        return self._slots
 
     async def run(
         self,
@@ -131,13 +181,15 @@ class Executor:
         time_limit: float | None,
         renew_lease: Callable[[], Awaitable[None]],
         renew_every: float,
+        *,
+        level: Priority = Priority.NORMAL,
     ) -> Any:
         """Run ``handler(payload)``; raise what it raises, or TimeLimitExceeded. The
-        caller holds one of :attr:`slots`."""
+        caller holds a :meth:`slot`."""
         renewer = asyncio.create_task(_renew_forever(renew_lease, renew_every))
         try:
             async with asyncio.timeout(time_limit) as limit:
-                return await self.start(handler, payload)
+                return await self.start(handler, payload, level)
         except TimeoutError:
             if limit.expired():  # else the handler's own TimeoutError: its failure
                 raise TimeLimitExceeded(f"ran longer than {time_limit:g} s") from None
@@ -147,22 +199,25 @@ class Executor:
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
 
-    def start(self, handler: Callable[..., Any], payload: BaseModel) -> Awaitable[Any]:
+    def start(
+        self, handler: Callable[..., Any], payload: BaseModel, level: Priority = Priority.NORMAL
+    ) -> Awaitable[Any]:
         """Start ``handler(payload)``: a sync handler on the pool, an async one as a
-        coroutine to await. The caller holds one of :attr:`slots`."""
+        coroutine to await. The caller holds a :meth:`slot`."""
         if inspect.iscoroutinefunction(handler):
             return handler(payload)  # type: ignore[no-any-return]
-        loop = asyncio.get_running_loop()
         # In the caller's context: the job's execution span stays current in the
         # thread, so spans the handler starts are its children.
         context = contextvars.copy_context()
-        return loop.run_in_executor(self._pool, context.run, handler, payload)
+        return asyncio.wrap_future(self._pool.submit_at(level, context.run, handler, payload))
 
-    def post_all(self, calls: Sequence[Callable[[], object]]) -> None:
-        """Run each call on a handler thread; callable from any thread. The calls
-        report their own outcomes (the fast path starts claimed jobs this way, from
-        the loop or the store's thread)."""
-        self._pool.post_all(calls)
+    def post_all(
+        self, calls: Sequence[Callable[[], object]], levels: Sequence[Priority] | None = None
+    ) -> None:
+        """Run each call on a handler thread (at its level); callable from any thread.
+        The calls report their own outcomes (the fast path starts claimed jobs this
+        way, from the loop or the store's thread)."""
+        self._pool.post_all(calls, levels)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False)

@@ -167,7 +167,7 @@ class FastPath:
         (decoded already where it could be: a message is decoded once)."""
         runner = self._runner
         try:
-            job = decode_for_queue(delivered_wire_message(delivered), task)
+            job = decode_for_queue(delivered_wire_message(delivered), task, delivered.routing_key)
             spec = runner.app.get(job.task)
             payload = spec.validate(job.payload)
         except Exception:  # BrokerJobsError, or anything odd: the runner's path decides
@@ -277,7 +277,7 @@ class FastPath:
         ]
         calls = [functools.partial(self._run, item) for item in starting]
         try:
-            self._runner.executor.post_all(calls)
+            self._runner.executor.post_all(calls, [item.job.priority for item in starting])
         except RuntimeError:  # the pool is shut down: the worker is exiting
             for item in starting:
                 self._report(item, _SKIPPED)
@@ -309,7 +309,7 @@ class FastPath:
         runner = self._runner
         handler = item.spec.handler
         assert handler is not None  # checked by _fast
-        async with runner.executor.slots:
+        async with runner.executor.slot(item.job.priority):
             if item.must_not_start(runner):  # not started: the claim goes back, the delivery too
                 self._give_claim_back(item)
                 return

@@ -261,7 +261,7 @@ class Runner:
     async def process(self, message: Delivery, task: str) -> str | None:
         """The whole protocol for a delivery of ``task``'s queue."""
         try:
-            job = decode_for_queue(wire_message(message), task)
+            job = decode_for_queue(wire_message(message), task, message.routing_key)
             spec = self._app.get(job.task)
             payload = spec.validate(job.payload)
         except DecodeError as error:
@@ -310,7 +310,7 @@ class Runner:
         settings = self._settings
         deadline = asyncio.get_running_loop().time() + settings.hold_busy_for
         while True:
-            async with self._executor.slots:
+            async with self._executor.slot(job.priority):
                 if self.must_not_start(message):
                     return None
                 outcome = await self._claim_and_run(message, job, spec, payload)
@@ -372,6 +372,7 @@ class Runner:
                     spec.time_limit,
                     self._renewer(job, holder),
                     settings.lease / 3,
+                    level=job.priority,
                 )
         except Exception as error:  # the handler's failure, decided by its policy
             return await self.after_failure(message, job, spec, error, holder, run=run)
@@ -525,6 +526,7 @@ class Runner:
                 tracestate=job.tracestate,
                 delay=delay,
                 eta=eta,
+                priority=job.priority,
             )
 
         await self._confirmed(publish)
