@@ -1,6 +1,6 @@
 """Open a store from a URL (settings, the command line):
 
-    memory://                          MemoryStore (unit tests only)
+    memory://[?max_finished=N]         MemoryStore (tests, jobs needing no durability)
     sqlite:///relative/path.db         SQLiteStore, path relative to the working directory
     sqlite:////absolute/path.db        SQLiteStore, absolute path
     postgresql://user:pass@host:5432/db[?schema=name&...]   PostgresStore (also postgres://)
@@ -12,7 +12,7 @@ A PostgreSQL URL is handed to libpq as it is (so every libpq parameter works, e.
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from broker_jobs.store.base import Store, StoreError, mask_dsn
 from broker_jobs.store.memory import MemoryStore
@@ -29,6 +29,26 @@ ACCEPTED = (
 )
 
 
+def _memory_store(url: str, rest: str) -> MemoryStore:
+    """``memory://``, or ``memory://?max_finished=N`` (finished jobs kept)."""
+    where, _, query = rest.partition("?")
+    if where.strip("/"):
+        raise StoreError(f"memory:// takes no host or path, got {mask_dsn(url)!r}")
+    options = parse_qs(query, keep_blank_values=True)
+    unknown = sorted(set(options) - {"max_finished"})
+    if unknown:
+        raise StoreError(f"memory:// takes only ?max_finished=N, got {unknown[0]!r} in {url!r}")
+    if "max_finished" not in options:
+        return MemoryStore()
+    value = options["max_finished"][-1]
+    if not value.isdigit() or int(value) < 1:
+        raise StoreError(
+            f"memory://?max_finished= must be a whole number >= 1 (finished jobs kept),"
+            f" got {value!r}"
+        )
+    return MemoryStore(int(value))
+
+
 def open_store(url: str, *, must_exist: bool = False) -> Store:
     """The store ``url`` names; :class:`StoreError` for a URL it cannot open.
 
@@ -39,9 +59,7 @@ def open_store(url: str, *, must_exist: bool = False) -> Store:
     if not sep:
         scheme = ""
     if scheme == "memory":
-        if rest.strip("/"):
-            raise StoreError(f"memory:// takes no host or path, got {mask_dsn(url)!r}")
-        return MemoryStore()
+        return _memory_store(url, rest)
     if scheme == "sqlite":
         path = _sqlite_path(url, rest)
         if must_exist and not Path(path).is_file():
