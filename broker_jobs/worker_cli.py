@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import click
@@ -20,7 +22,7 @@ from broker_jobs.cli_options import (
     store_option,
     url_option,
 )
-from broker_jobs.errors import BrokerJobsError
+from broker_jobs.errors import BrokerJobsError, ConfigurationError
 from broker_jobs.observe.logs import configure_logging
 from broker_jobs.observe.server import Health, serving
 from broker_jobs.observe.worker_metrics import WorkerMetrics
@@ -28,6 +30,44 @@ from broker_jobs.store.base import DEFAULT_RETENTION, Store
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
 from broker_jobs.worker import Worker, WorkerSettings
+from broker_jobs.worker.supervisor import Supervisor, parse_processes
+
+
+class ProcessCount(click.ParamType):  # type: ignore[type-arg]
+    """``--processes``: a number of worker processes (1 or more) or ``auto``."""
+
+    name = "N|auto"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_processes(str(value))
+        except ConfigurationError as error:
+            self.fail(str(error), param, ctx)
+
+
+@dataclass(frozen=True)
+class WorkerRun:
+    """Everything one worker process needs, as parsed options: picklable, so that a
+    supervisor hands it to the children it spawns."""
+
+    url: BrokerURLs
+    app_path: str
+    store_url: str
+    settings: WorkerSettings
+    log_level: str
+    log_format: str
+    metrics_port: int | None
+
+    def for_child(self, index: int) -> WorkerRun:
+        """Child ``index``'s run: it serves metrics on ``--metrics-port`` + index (port
+        0, any free port, stays 0)."""
+        if not self.metrics_port:
+            return self
+        return replace(self, metrics_port=self.metrics_port + index)
 
 
 @click.command("worker")
@@ -78,6 +118,17 @@ from broker_jobs.worker import Worker, WorkerSettings
     " worker prunes them; a pruned job runs again if it is delivered again, so keep"
     " it longer than any redelivery or replay.",
 )
+@click.option(
+    "--processes",
+    type=ProcessCount(),
+    default="1",
+    show_default=True,
+    envvar="BROKER_JOBS_PROCESSES",
+    show_envvar=True,
+    help="Worker processes run by one supervisor (auto: one per CPU); each has its own"
+    " broker connection and store handle, and serves --metrics-port + its index"
+    " (docs/worker.md, Processes).",
+)
 @log_options
 @metrics_port_option
 def worker_command(  # noqa: PLR0917 - click passes every option positionally
@@ -95,6 +146,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     reconnect_timeout: float | None,
     consumer_timeout: float,
     retention: float,
+    processes: int,
     log_level: str,
     log_format: str,
     metrics_port: int | None,
@@ -108,26 +160,56 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     \b
     Exit codes: 0 stopped by SIGTERM/SIGINT (or drained, with --burst); 1 an error
     the message explains; 69 the broker cancelled a consumer (its queue was
-    deleted); 75 no broker for --reconnect-timeout seconds.
+    deleted); 75 no broker for --reconnect-timeout seconds. With --processes N > 1:
+    0 when every process exited 0, else the first non-zero exit (docs/worker.md).
     """
-    app_path = chosen_app(app_option, app_argument)
-    configure_logging(log_level.lower(), log_format)
-    try:
-        app = load_app(app_path)
-        settings = WorkerSettings(
-            tasks=tasks or None,
-            concurrency=concurrency,
-            prefetch=prefetch,
-            burst=burst,
-            grace=grace,
-            declare=not no_declare,
-            lease=lease,
-            consumer_timeout=consumer_timeout,
-            reconnect_timeout=reconnect_timeout,
-            retention=timedelta(days=retention),
+    settings = WorkerSettings(
+        tasks=tasks or None,
+        concurrency=concurrency,
+        prefetch=prefetch,
+        burst=burst,
+        grace=grace,
+        declare=not no_declare,
+        lease=lease,
+        consumer_timeout=consumer_timeout,
+        reconnect_timeout=reconnect_timeout,
+        retention=timedelta(days=retention),
+    )
+    run = WorkerRun(
+        url=url,
+        app_path=chosen_app(app_option, app_argument),
+        store_url=store_url,
+        settings=settings,
+        log_level=log_level.lower(),
+        log_format=log_format,
+        metrics_port=metrics_port,
+    )
+    if processes == 1:
+        run_worker(run)  # as it always was: no supervisor process
+        return
+    if metrics_port and metrics_port + processes - 1 > 65535:
+        raise click.BadParameter(
+            f"{metrics_port} + {processes - 1}: the last process's port would exceed 65535",
+            param_hint="--metrics-port",
         )
-        with open_store(store_url) as store:
-            outcomes = asyncio.run(_run(url, app, store, settings, metrics_port))
+    configure_logging(run.log_level, log_format)
+    supervisor = Supervisor(functools.partial(run_child, run), processes, grace=grace)
+    sys.exit(supervisor.run())
+
+
+def run_child(run: WorkerRun, index: int) -> None:
+    """A supervised child process's work (module-level: the spawn context pickles it)."""
+    run_worker(run.for_child(index))
+
+
+def run_worker(run: WorkerRun) -> None:
+    """One worker in this process; exits with the error's code on a BrokerJobsError,
+    prints the outcomes' summary at its end."""
+    configure_logging(run.log_level, run.log_format)
+    try:
+        app = load_app(run.app_path)
+        with open_store(run.store_url) as store:
+            outcomes = asyncio.run(_run(run.url, app, store, run.settings, run.metrics_port))
     except BrokerJobsError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(error.exit_code)
