@@ -24,6 +24,7 @@ from broker_jobs.errors import (
 from broker_jobs.retry import RetryPolicy
 from broker_jobs.schedule_decl import At, ScheduleDeclaration, Seconds, add_declaration
 from topology import InvalidNameError, Names, QueueOptions, Topology, namespace_topology
+from topology.lanes import InvalidShardsError
 from topology.names import DEFAULT_NAMESPACE, check_task_name
 from topology.priority import InvalidPriorityError, PriorityPolicy
 
@@ -99,10 +100,11 @@ class App:
         *,
         queue: QueueOptions | None = None,
         priorities: PriorityPolicy | str | None = None,
+        shards: int | None = None,
     ) -> TaskSpec:
         """Declare a task type without a handler (for services that only publish);
-        ``priorities`` as for :meth:`task`."""
-        options = _queue_options(name, queue, priorities)
+        ``priorities`` and ``shards`` as for :meth:`task`."""
+        options = _queue_options(name, queue, priorities, shards)
         return self._add(TaskSpec(_task_name(name), payload_model, options))
 
     def task(
@@ -114,6 +116,7 @@ class App:
         time_limit: float | None = None,
         transactional: bool = False,
         priorities: PriorityPolicy | str | None = None,
+        shards: int | None = None,
     ) -> Callable[[HandlerT], HandlerT]:
         """Decorator declaring a task whose handler takes the payload model as its
         first parameter (annotated): ``@app.task("image.resize") def resize(p: Resize)``.
@@ -125,8 +128,10 @@ class App:
         cannot be cut short from outside). ``priorities`` (``"strict"`` or weights
         such as ``"6:3:1"``): a queue per level (high, normal, low) and the order the
         worker starts them in (docs/priorities.md); publish with ``priority=``.
+        ``shards=N``: N queues (per level), a job going to its key's shard, so one hot
+        task is spread over several queues and their leaders (docs/scaling.md).
         """
-        options = _queue_options(name, queue, priorities)
+        options = _queue_options(name, queue, priorities, shards)
         if transactional and time_limit is not None:
             raise ConfigurationError(
                 f"task {name!r}: a transactional handler cannot have a time_limit; bound"
@@ -213,6 +218,15 @@ class App:
     def __len__(self) -> int:
         return len(self._tasks)
 
+    def queue_names(self, task: str) -> tuple[str, ...]:
+        """The task's queues: one, or one per lane (priority level, shard)."""
+        return tuple(self.names.lane_queue(task, lane) for lane in self.get(task).queue.lanes)
+
+    def lanes_by_task(self) -> dict[str, tuple[str, ...]]:
+        """The queues of each task that has more than one (status reads them all)."""
+        found = {spec.name: self.queue_names(spec.name) for spec in self}
+        return {task: queues for task, queues in found.items() if len(queues) > 1}
+
     def topology(self, *, ladder: bool = True) -> Topology:
         """The broker objects this app's tasks need; ``ladder=False`` leaves out the
         delay ladder (declared on first use of a delay)."""
@@ -230,14 +244,22 @@ class App:
 
 
 def _queue_options(
-    task: str, queue: QueueOptions | None, priorities: PriorityPolicy | str | None
+    task: str,
+    queue: QueueOptions | None,
+    priorities: PriorityPolicy | str | None,
+    shards: int | None,
 ) -> QueueOptions:
     options = queue or QueueOptions()
-    if priorities is None:
+    changes: dict[str, object] = {}
+    if priorities is not None:
+        changes["priorities"] = priorities
+    if shards is not None:
+        changes["shards"] = shards
+    if not changes:
         return options
     try:
-        return dataclasses.replace(options, priorities=PriorityPolicy.parse(priorities))
-    except InvalidPriorityError as error:
+        return dataclasses.replace(options, **changes)  # type: ignore[arg-type]
+    except (InvalidPriorityError, InvalidShardsError) as error:
         raise ConfigurationError(f"task {task!r}: {error}") from None
 
 

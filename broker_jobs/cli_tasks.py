@@ -4,8 +4,8 @@ without the app's code). One rule for ``status``, ``exporter`` and ``dlq``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import click
@@ -22,8 +22,9 @@ class TaskSelection:
     names: Names  # the namespace's names
     tasks: list[str]  # in the order given (the app's: sorted), each once
     app_path: str | None  # None: chosen by --namespace and --task
-    #: Those declared with priorities (a queue per level): known from the app only.
-    prioritised: frozenset[str] = frozenset()
+    #: The queues of each task that has several (priority levels, shards): known
+    #: from the app only.
+    lanes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def task_options(purpose: str) -> Callable[[F], F]:
@@ -74,9 +75,8 @@ def chosen_tasks(
         raise click.UsageError(f"--task {unknown[0]}: not a task of {app_path} (it has {listed})")
     if not known:
         raise click.UsageError(f"--app {app_path} declares no tasks: declare some first")
-    prioritised = frozenset(spec.name for spec in loaded if spec.queue.priorities is not None)
     return TaskSelection(
-        loaded.names, list(dict.fromkeys(tasks)) or known, app_path, prioritised
+        loaded.names, list(dict.fromkeys(tasks)) or known, app_path, loaded.lanes_by_task()
     )
 
 

@@ -17,6 +17,7 @@ from broker_jobs.envelope import Job
 from broker_jobs.errors import JobError
 from topology import Names
 from topology.delay import MAX_DELAY, delay_routing_key, entry_exchange, ladder_units
+from topology.lanes import Lane, shard_of
 
 Delay = float | int | timedelta
 
@@ -61,10 +62,11 @@ def due_time(now: datetime, delay: Delay | None, eta: datetime | None) -> dateti
     return now + timedelta(seconds=seconds) if seconds > 0 else None
 
 
-def route_for(names: Names, job: Job, now: datetime) -> Route:
+def route_for(names: Names, job: Job, now: datetime, shards: int = 1) -> Route:
     """Route a job through the ladder for the whole units of its delay, if any, to
-    its task's queue of its priority level."""
-    direct = Route(names.work_exchange, names.routing_key(job.task, job.priority))
+    its task's queue of its priority level and of its key's shard (of ``shards``)."""
+    lane = Lane(job.priority, shard_of(job.idempotency_key, shards))
+    direct = Route(names.work_exchange, names.routing_key(job.task, lane.level, lane.shard))
     if job.due_at is None:
         return direct
     units = ladder_units((job.due_at - now).total_seconds())
@@ -72,7 +74,7 @@ def route_for(names: Names, job: Job, now: datetime) -> Route:
         return direct
     return Route(
         entry_exchange(names, units),
-        delay_routing_key(units, job.task, job.priority),
+        delay_routing_key(units, job.task, lane),
         via_ladder=True,
     )
 

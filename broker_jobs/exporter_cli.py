@@ -104,7 +104,7 @@ def exporter_command(  # noqa: PLR0917 - click passes every option positionally
             registry,
             store_url=store_url,
             interval=interval,
-            prioritised=chosen.prioritised,
+            lanes=chosen.lanes,
         )
         if once:
             _once(exporter, registry)

@@ -305,7 +305,7 @@ class JobFactory:
             message = encode(job)
         except (TypeError, ValueError) as error:
             raise PayloadEncodingError(task, str(error)) from None
-        return Prepared(job, message, route_for(self.names, job, now))
+        return Prepared(job, message, route_for(self.names, job, now, self._shards(task)))
 
     def build_request(self, request: JobRequest) -> Prepared:
         return self.build(
@@ -325,11 +325,19 @@ class JobFactory:
         be sent (a first connection, the ladder's declaration)."""
         if prepared.job.due_at is None:
             return prepared.route
-        return route_for(self.names, prepared.job, utc_now())
+        job = prepared.job
+        return route_for(self.names, job, utc_now(), self._shards(job.task))
 
     def unroutable(self, job: Job) -> UnroutableError:
         names = self.names
         return UnroutableError(job.task, names.work_exchange, names.task_queue(job.task))
+
+    def _shards(self, task: str) -> int:
+        """The task's shards: the app's declaration, else one (a publisher without the
+        app sends every job to shard 0, which is always correct)."""
+        if self.app is None or task not in self.app:
+            return 1
+        return self.app.get(task).queue.shards
 
     def _priority(self, task: str, value: Priority | str | int | None) -> Priority:
         """The level, refused for a task of the app declared without priorities (it

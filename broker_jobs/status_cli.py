@@ -70,7 +70,7 @@ def status_command(  # noqa: PLR0917 - click passes every option positionally
         chosen = chosen_tasks(app_option, namespace, tasks, "to show")
         with open_store(store_url, must_exist=True) as store:
             report = collect(
-                url, chosen.names, chosen.tasks, store, prioritised=chosen.prioritised
+                url, chosen.names, chosen.tasks, store, lanes=chosen.lanes
             )
     except (BrokerJobsError, InvalidNameError) as error:
         fail(str(error))

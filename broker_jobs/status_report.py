@@ -22,7 +22,7 @@ raised: a status is most wanted when something is wrong.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,7 +37,6 @@ from broker_jobs.store.base import Status, Store, TaskSummary, utc
 from broker_jobs.urls import AnyBrokerURLs, mask_text
 from topology.delay import DELAY_LEVELS
 from topology.names import Names
-from topology.priority import Priority
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -176,7 +175,7 @@ def collect(
     connection_name: str = "broker-jobs status",
     now: datetime | None = None,
     summaries: Mapping[str, TaskSummary] | None = None,
-    prioritised: Collection[str] = (),
+    lanes: Mapping[str, Sequence[str]] | None = None,
 ) -> StatusReport:
     """Connect to the first node of ``urls`` that answers, :func:`gather`, disconnect.
 
@@ -194,7 +193,7 @@ def collect(
             node=node.masked,
             now=now,
             summaries=summaries,
-            prioritised=prioritised,
+            lanes=lanes,
         )
     finally:
         if connection.is_open:
@@ -210,13 +209,14 @@ def gather(
     node: str = "",
     now: datetime | None = None,
     summaries: Mapping[str, TaskSummary] | None = None,
-    prioritised: Collection[str] = (),
+    lanes: Mapping[str, Sequence[str]] | None = None,
 ) -> StatusReport:
     """The report of ``tasks`` in ``names``' namespace, on an open connection (left
     open). ``now`` is when ages are measured from (default: now); ``summaries``: the
     ledger's, if the caller has them already (the dashboard keeps them for a few
-    seconds on a large ledger), else read from ``store``. ``prioritised``: tasks
-    declared with priorities, whose level queues are read and added up."""
+    seconds on a large ledger), else read from ``store``. ``lanes``: the queues of
+    each task that has several (priority levels, shards: ``App.lanes_by_task``),
+    read and added up."""
     moment = utc(now)
     if summaries is None:
         summaries = store.task_summaries(now=moment)
@@ -225,7 +225,7 @@ def gather(
         statuses = tuple(
             TaskStatus(
                 task,
-                _task_queue_state(probe, names, task, task in prioritised),
+                _task_queue_state(probe, names.task_queue(task), (lanes or {}).get(task)),
                 probe.queue(names.dead_letter_queue(task)),
                 summaries.get(task) or empty_summary(task),
             )
@@ -238,17 +238,19 @@ def gather(
     return StatusReport(names.namespace, node, moment, statuses, ladder, unroutable)
 
 
-def _task_queue_state(probe: _Probe, names: Names, task: str, prioritised: bool) -> QueueState:
-    """The task's queue; for a task with priorities, its levels' queues as one: ready
-    messages added up, consumers the fewest of any level (a level nobody consumes
-    shows 0), missing if any level is."""
-    if not prioritised:
-        return probe.queue(names.task_queue(task))
-    states = [probe.queue(names.task_queue(task, level)) for level in Priority]
+def _task_queue_state(
+    probe: _Probe, queue: str, lanes: Sequence[str] | None
+) -> QueueState:
+    """The task's queue; for a task of several lanes, their queues as one: ready
+    messages added up, consumers the fewest of any lane (a lane nobody consumes shows
+    0), missing if any lane is."""
+    if not lanes:
+        return probe.queue(queue)
+    states = [probe.queue(lane) for lane in lanes]
     if not all(state.exists for state in states):
         return next(state for state in states if not state.exists)
     return QueueState(
-        names.task_queue(task),
+        queue,
         exists=True,
         messages=sum(state.messages or 0 for state in states),
         consumers=min(state.consumers or 0 for state in states),

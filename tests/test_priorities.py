@@ -24,11 +24,11 @@ from broker_jobs.worker.levels import LevelCalls, LevelPicker
 from tests.support import Broker, wait_until
 from tests.test_worker_recovery import WorkerThread
 from topology.file import TopologyFileError, parse
+from topology.lanes import Lane, lane_of_routing_key
 from topology.priority import (
     InvalidPriorityError,
     Priority,
     PriorityPolicy,
-    level_of_routing_key,
 )
 
 HIGH, NORMAL, LOW = Priority.HIGH, Priority.NORMAL, Priority.LOW
@@ -66,11 +66,12 @@ def test_policies_parse_strict_and_weights_and_refuse_zero_weights() -> None:
 
 
 def test_the_routing_key_names_the_level_in_every_path() -> None:
-    assert level_of_routing_key("image.resize@high") is HIGH
-    assert level_of_routing_key("0.1.1.image.resize@low") is LOW  # out of the ladder
-    assert level_of_routing_key("jobs.task.image.resize@high") is HIGH  # default exchange
-    assert level_of_routing_key("image.resize") is NORMAL
-    assert level_of_routing_key(None) is NORMAL
+    assert lane_of_routing_key("image.resize@high") == Lane(HIGH)
+    assert lane_of_routing_key("0.1.1.image.resize@low:3") == Lane(LOW, 3)  # from the ladder
+    assert lane_of_routing_key("jobs.task.image.resize@high") == Lane(HIGH)  # default exchange
+    assert lane_of_routing_key("image.resize:12") == Lane(NORMAL, 12)
+    assert lane_of_routing_key("image.resize") == Lane()
+    assert lane_of_routing_key(None) == Lane()
 
 
 def _waiting(*counts: int, at: float = 0.0) -> list[deque[tuple[float, int]]]:
@@ -264,7 +265,7 @@ def test_a_delayed_job_leaves_the_ladder_into_its_levels_queue_and_status_adds_l
     wait_until(lambda: _queue_depth(connection, high) == 1, within=10, what="out of the ladder")
     assert _queue_depth(connection, app.names.task_queue("later.work", LOW)) == 1
     report = collect(
-        broker.url, app.names, ["later.work"], MemoryStore(), prioritised={"later.work"}
+        broker.url, app.names, ["later.work"], MemoryStore(), lanes=app.lanes_by_task()
     )
     assert report.tasks[0].queue.messages == 3
     assert report.tasks[0].queue.consumers == 0

@@ -539,11 +539,9 @@ def test_permissions_print_escaped_least_privilege_patterns() -> None:
         "^$",
     )
     worker = role_permissions(Role.WORKER, names, ["a.b", "c"])
-    # Every level's queue of each task (those of tasks without priorities never exist).
-    assert worker.read == (
-        r"^(ns-1\.task\.a\.b@high|ns-1\.task\.a\.b|ns-1\.task\.a\.b@low"
-        r"|ns-1\.task\.c@high|ns-1\.task\.c|ns-1\.task\.c@low)$"
-    )
+    # Each task's queue and its lanes' (priority levels, shards), if it has any.
+    lanes = r"(@(high|low))?(:[0-9]+)?"
+    assert worker.read == rf"^(ns-1\.task\.a\.b{lanes}|ns-1\.task\.c{lanes})$"
     assert worker.write == r"^(ns-1\.work|ns-1\.dead|ns-1\.delay\.[0-9]{2})$"
     assert role_permissions(Role.WORKER, names, None).read == r"^ns-1\.task\..+$"
     beat = role_permissions(Role.BEAT, names, None)

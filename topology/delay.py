@@ -39,8 +39,8 @@ import math
 from typing import Any
 
 from topology import names as n
+from topology.lanes import ONLY_LANE, Lane
 from topology.model import BindingSpec, ExchangeSpec, QueueSpec, QueueType, Topology
-from topology.priority import Priority
 
 #: Levels of the ladder; level k holds 2**k seconds.
 DELAY_LEVELS = 25
@@ -62,18 +62,18 @@ def ladder_units(delay: float) -> int:
     return max(0, math.floor((delay - EARLY_MARGIN) / DELAY_UNIT))
 
 
-def delay_routing_key(units: int, task: str, priority: Priority = Priority.NORMAL) -> str:
+def delay_routing_key(units: int, task: str, lane: Lane = ONLY_LANE) -> str:
     """The routing key for ``units`` in the ladder, most significant level first, then
-    the task's routing key (with its priority level's suffix)."""
+    the task's routing key (with its lane's suffix: priority level, shard)."""
     if not 0 <= units < 2**DELAY_LEVELS:
         raise ValueError(f"{units} units do not fit in {DELAY_LEVELS} levels")
     digits = format(units, f"0{DELAY_LEVELS}b")
-    return ".".join(digits) + "." + n.check_task_name(task) + priority.suffix
+    return ".".join(digits) + "." + n.check_task_name(task) + lane.suffix
 
 
-def delivery_binding_key(task: str, priority: Priority = Priority.NORMAL) -> str:
+def delivery_binding_key(task: str, lane: Lane = ONLY_LANE) -> str:
     """Binding of a task queue on the out exchange: any digits, then the task."""
-    return "*." * DELAY_LEVELS + n.check_task_name(task) + priority.suffix
+    return "*." * DELAY_LEVELS + n.check_task_name(task) + lane.suffix
 
 
 def entry_exchange(names: n.Names, units: int) -> str:

@@ -8,6 +8,7 @@ The file names what the app would register, and nothing the model cannot derive:
     queue_type = "quorum"              # optional: "quorum" (default) or "classic"
     delivery_limit = 10                # optional, quorum queues only
     priorities = "6:3:1"               # optional: "strict" or weights high:normal:low
+    shards = 4                         # optional: queues per level (default 1)
 
     [tasks."mail.send"]                # a task with every default
 
@@ -27,13 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from topology.lanes import InvalidShardsError, check_shards
 from topology.model import QueueOptions, QueueType, Topology
 from topology.names import DEFAULT_NAMESPACE, InvalidNameError, Names, check_task_name
 from topology.namespace import namespace_topology
 from topology.priority import InvalidPriorityError, PriorityPolicy
 
 _TOP_KEYS = {"namespace", "tasks", "ladder"}
-_TASK_KEYS = {"queue_type", "delivery_limit", "priorities"}
+_TASK_KEYS = {"queue_type", "delivery_limit", "priorities", "shards"}
 _LADDER_KEYS = {"queue_type"}
 
 
@@ -116,8 +118,9 @@ def _task_options(name: str, value: Any, source: str) -> QueueOptions:
     _no_unknown_keys(options, _TASK_KEYS, where, source)
     queue_type = _queue_type(options.get("queue_type", QueueType.QUORUM.value), where, source)
     priorities = _priorities(options.get("priorities"), where, source)
+    shards = _shards(options.get("shards", 1), where, source)
     if "delivery_limit" not in options:
-        return QueueOptions(queue_type=queue_type, priorities=priorities)
+        return QueueOptions(queue_type=queue_type, priorities=priorities, shards=shards)
     limit = options["delivery_limit"]
     # bool is an int in Python; "delivery_limit = true" is a mistake, not 1.
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -129,7 +132,16 @@ def _task_options(name: str, value: Any, source: str) -> QueueOptions:
             f"{source}: {where} delivery_limit applies to quorum queues only; remove it"
             ' or use queue_type = "quorum"'
         )
-    return QueueOptions(queue_type=queue_type, delivery_limit=limit, priorities=priorities)
+    return QueueOptions(
+        queue_type=queue_type, delivery_limit=limit, priorities=priorities, shards=shards
+    )
+
+
+def _shards(value: Any, where: str, source: str) -> int:
+    try:
+        return check_shards(value)
+    except InvalidShardsError as error:
+        raise TopologyFileError(f"{source}: {where} {error}") from None
 
 
 def _priorities(value: Any, where: str, source: str) -> PriorityPolicy | None:

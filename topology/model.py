@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from topology import names as n
+from topology.lanes import Lane, check_shards, task_lanes
 from topology.priority import Priority, PriorityPolicy
 
 #: Redeliveries of one message before a quorum queue dead-letters it. A job that
@@ -36,11 +37,21 @@ class QueueOptions:
     #: None: one queue. A policy (or ``"strict"``, ``"6:3:1"``): a queue per priority
     #: level, picked between by the worker so (:mod:`topology.priority`).
     priorities: PriorityPolicy | None = None
+    #: Queues per level, a job going to the shard of its key (:mod:`topology.lanes`):
+    #: one hot task spread over several queues, led by several nodes.
+    shards: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "queue_type", QueueType(self.queue_type))
         if self.priorities is not None:
             object.__setattr__(self, "priorities", PriorityPolicy.parse(self.priorities))
+        check_shards(self.shards)
+
+    @property
+    def lanes(self) -> tuple[Lane, ...]:
+        """The task's queues: each priority level's (if any), each shard's."""
+        levels = tuple(Priority) if self.priorities is not None else (Priority.NORMAL,)
+        return task_lanes(levels, self.shards)
         if self.delivery_limit < 1:
             raise ValueError(f"delivery_limit must be at least 1, got {self.delivery_limit}")
 
@@ -106,11 +117,6 @@ def task_queue_arguments(names: n.Names, task: str, options: QueueOptions) -> di
         arguments[n.ARG_DEAD_LETTER_STRATEGY] = "at-least-once"
         arguments[n.ARG_OVERFLOW] = "reject-publish"
     return arguments
-
-
-def levels(options: QueueOptions) -> tuple[Priority, ...]:
-    """The priority levels a task's queues are declared for, high first."""
-    return tuple(Priority) if options.priorities is not None else (Priority.NORMAL,)
 
 
 def dead_letter_queue_arguments(options: QueueOptions) -> dict[str, Any]:

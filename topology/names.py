@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from topology.lanes import Lane
 from topology.priority import Priority
 
 #: Version of the message format, sent in :data:`HEADER_WIRE_VERSION`.
@@ -174,14 +175,13 @@ class Names:
         """What every task queue's name starts with (for permission patterns)."""
         return f"{self.namespace}.task."
 
-    def task_queue(self, task: str, priority: Priority = Priority.NORMAL) -> str:
-        """The task's queue of ``priority`` (normal: the only queue of a task declared
-        without priorities; see :mod:`topology.priority`)."""
-        return f"{self.namespace}.task.{check_task_name(task)}{priority.suffix}"
+    def task_queue(self, task: str, priority: Priority = Priority.NORMAL, shard: int = 0) -> str:
+        """The task's queue of ``priority`` and ``shard`` (normal, 0: the only queue of
+        a task declared without priorities or shards; see :mod:`topology.lanes`)."""
+        return f"{self.namespace}.task.{check_task_name(task)}{Lane(priority, shard).suffix}"
 
-    def task_queues(self, task: str) -> tuple[str, ...]:
-        """Every level's queue of ``task``, high first (permissions grant them all)."""
-        return tuple(self.task_queue(task, level) for level in Priority)
+    def lane_queue(self, task: str, lane: Lane) -> str:
+        return self.task_queue(task, lane.level, lane.shard)
 
     def dead_letter_queue(self, task: str) -> str:
         return f"{self.namespace}.dead.{check_task_name(task)}"
@@ -214,6 +214,7 @@ class Names:
         """Holds what :attr:`unroutable_exchange` receives, for an operator to see."""
         return f"{self.namespace}.unroutable"
 
-    def routing_key(self, task: str, priority: Priority = Priority.NORMAL) -> str:
-        """Routing key of a job for ``task`` (at ``priority``) on the work exchange."""
-        return check_task_name(task) + priority.suffix
+    def routing_key(self, task: str, priority: Priority = Priority.NORMAL, shard: int = 0) -> str:
+        """Routing key of a job for ``task`` (at ``priority``, to ``shard``) on the
+        work exchange."""
+        return check_task_name(task) + Lane(priority, shard).suffix

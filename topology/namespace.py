@@ -13,7 +13,6 @@ from topology.model import (
     QueueType,
     Topology,
     dead_letter_queue_arguments,
-    levels,
     task_queue_arguments,
 )
 from topology.names import Names
@@ -49,12 +48,13 @@ def task_topology(names: Names, task: str, options: QueueOptions) -> Topology:
     dead = names.dead_letter_queue(task)
     queues = [QueueSpec(dead, dead_letter_queue_arguments(options))]
     bindings = [BindingSpec(names.dead_letter_exchange, dead, names.routing_key(task))]
-    for level in levels(options):
-        queue = names.task_queue(task, level)
+    for lane in options.lanes:
+        queue = names.lane_queue(task, lane)
+        key = names.routing_key(task, lane.level, lane.shard)
         queues.append(QueueSpec(queue, task_queue_arguments(names, task, options)))
-        bindings.append(BindingSpec(names.work_exchange, queue, names.routing_key(task, level)))
+        bindings.append(BindingSpec(names.work_exchange, queue, key))
         bindings.append(
-            BindingSpec(names.delay_out_exchange, queue, delay.delivery_binding_key(task, level))
+            BindingSpec(names.delay_out_exchange, queue, delay.delivery_binding_key(task, lane))
         )
     return Topology(queues=tuple(queues), bindings=tuple(bindings))
 

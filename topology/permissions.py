@@ -79,7 +79,9 @@ def role_permissions(role: Role, names: Names, tasks: Sequence[str] | None) -> P
             read = "^" + escape(names.task_queue_prefix) + ".+$"
             reads = "read: consume every task queue of the namespace"
         else:
-            read = exact(queue for task in tasks for queue in names.task_queues(task))
+            # Each task's queue and its lanes' (priority levels, shards), which the
+            # task names alone do not tell: every lane a task can have.
+            read = exact((), [escape(names.task_queue(task)) + LANES for task in tasks])
             reads = "read: consume the task queues" if tasks else "read: nothing (no tasks)"
         writes = [names.work_exchange, names.dead_letter_exchange]
         return Permissions(
@@ -105,6 +107,10 @@ def role_permissions(role: Role, names: Names, tasks: Sequence[str] | None) -> P
             f"read: consume {leader} and bind it to its exchange",
         ),
     )
+
+
+#: What a lane adds to a task queue's name (topology/lanes.py): ``@high``, ``:3``...
+LANES = r"(@(high|low))?(:[0-9]+)?"
 
 
 def escape(name: str) -> str:

@@ -84,22 +84,6 @@ class Priority(StrEnum):
 _RANKS = {level: rank for rank, level in enumerate(Priority)}
 
 
-def level_of_routing_key(routing_key: str | None) -> Priority:
-    """The level a delivery was queued at, from its routing key: ``<task>@high`` on the
-    work exchange, ``<digits>.<task>@high`` out of the delay ladder, or the queue's
-    name through the default exchange. Only a binding of that level's queue matches
-    such a key, so the key names the queue it came from."""
-    if not routing_key:
-        return Priority.NORMAL
-    _, separator, level = routing_key.rpartition(LEVEL_SEPARATOR)
-    if not separator:
-        return Priority.NORMAL
-    try:
-        return Priority(level)
-    except ValueError:
-        return Priority.NORMAL
-
-
 _WEIGHTS = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*:\s*(\d+)\s*$")
 
 

@@ -98,7 +98,7 @@ def overview(settings: DashboardSettings, tasks: tuple[str, ...] | None = None) 
         settings.store,
         connection_name=CONNECTION_NAME,
         summaries=summaries,
-        prioritised=settings.prioritised,
+        lanes=settings.lanes,
     )
     leader = settings.store.leader(settings.names.namespace)
     return Overview(report, leader, ledger_taken_at, last_hour_buckets(settings, ledger_taken_at))

@@ -51,11 +51,9 @@ class DashboardSettings:
         object.__setattr__(self, "summaries", LedgerSummaries(self.store))
 
     @property
-    def prioritised(self) -> frozenset[str]:
-        """The tasks declared with priorities (known from the app only)."""
-        if self.app is None:
-            return frozenset()
-        return frozenset(spec.name for spec in self.app if spec.queue.priorities is not None)
+    def lanes(self) -> dict[str, tuple[str, ...]]:
+        """The queues of each task that has several (known from the app only)."""
+        return {} if self.app is None else self.app.lanes_by_task()
 
     def served_hosts(self) -> tuple[str, ...]:
         """Which ``Host`` headers are answered. Bound to loopback, only loopback names:

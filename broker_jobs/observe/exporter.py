@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import pika
@@ -61,12 +61,12 @@ class Exporter:
         interval: float = POLL_EVERY,
         connection_name: str = "broker-jobs exporter",
         clock: Callable[[], float] = time.monotonic,
-        prioritised: Collection[str] = (),
+        lanes: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self._urls = urls
         self._names = names
         self._tasks = tuple(tasks)
-        self._prioritised = frozenset(prioritised)
+        self._lanes = dict(lanes or {})
         self._store_url = store_url
         self._interval = interval
         self._connection_name = connection_name
@@ -144,7 +144,7 @@ class Exporter:
     def _gather_on(self, connection: pika.BlockingConnection, store: Store) -> StatusReport:
         node = "" if self._node is None else self._node.masked
         return gather(
-            connection, self._names, self._tasks, store, node=node, prioritised=self._prioritised
+            connection, self._names, self._tasks, store, node=node, lanes=self._lanes
         )
 
     def _ledger(self) -> Store:

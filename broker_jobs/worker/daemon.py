@@ -49,7 +49,6 @@ from broker_jobs.worker.protocol import Runner
 from broker_jobs.worker.session import Cancelled, Lost, Session, SessionEnded, describe_loss
 from broker_jobs.worker.settings import ProtocolSettings, WorkerSettings
 from topology.delay import MAX_HOLD
-from topology.model import levels
 from topology.priority import AGING_SHARE, PriorityPolicy
 
 log = logging.getLogger(__name__)
@@ -382,12 +381,9 @@ class Worker:
 
 
 def task_queues(app: App, tasks: tuple[str, ...]) -> dict[str, str]:
-    """The queues of ``tasks`` (every priority level's) and the task of each."""
-    return {
-        app.names.task_queue(task, level): task
-        for task in tasks
-        for level in levels(app.get(task).queue)
-    }
+    """The queues of ``tasks`` (every lane's: priority levels, shards) and the task of
+    each."""
+    return {queue: task for task in tasks for queue in app.queue_names(task)}
 
 
 def priority_policy(app: App, tasks: tuple[str, ...]) -> PriorityPolicy | None:

@@ -11,7 +11,7 @@ from aiormq.abc import DeliveredMessage
 from broker_jobs.envelope import Job, WireMessage, decode
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.worker.acks import ChannelAcks
-from topology.priority import level_of_routing_key
+from topology.lanes import lane_of_routing_key
 
 
 class WrongQueueError(BrokerJobsError):
@@ -39,7 +39,7 @@ def decode_for_queue(message: WireMessage, queue_task: str, routing_key: str | N
     job = decode(message)
     if job.task != queue_task:
         raise WrongQueueError(job.task)
-    level = level_of_routing_key(routing_key)
+    level = lane_of_routing_key(routing_key).level
     if job.priority is not level:
         job = job.copy(priority=level)
     return job
