@@ -213,6 +213,10 @@ class RabbitNode:
         (self.base_dir / "enabled_plugins").write_text("[].\n")
         (self.base_dir / "rabbitmq-env.conf").write_text("")
 
+    def beam_pid(self) -> int | None:
+        """The running node's Erlang VM process (for benchmarks that read its CPU)."""
+        return self._read_pid()
+
     def _read_pid(self) -> int | None:
         try:
             return int(self.pid_file.read_text().strip())
