@@ -167,11 +167,15 @@ def worker_cpu(url: str, store_url: str, workdir: Path, jobs: int) -> float:
         "--burst", "--concurrency", "8", "--log-level", "warning", "cost_app:app",
     ]
     env = {**os.environ, "PYTHONPATH": f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run(command, cwd=workdir, env=env, check=True, capture_output=True, text=True)
+    done = subprocess.run(
+        command, cwd=workdir, env=env, check=True, capture_output=True, text=True
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "no output"
     if f"succeeded: {jobs}" not in summary:  # a figure of a worker that ran nothing is no figure
-        raise SystemExit(f"the worker did not run the {jobs} jobs: {summary}\n{done.stderr[-3000:]}")
+        raise SystemExit(
+            f"the worker did not run the {jobs} jobs: {summary}\n{done.stderr[-3000:]}"
+        )
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
