@@ -625,6 +625,7 @@ def print_config(config: dict[str, Any], peers: Sequence[Peer]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
+    began = time.monotonic()
     from bench.peers.report import report  # noqa: PLC0415 - matplotlib: bench extra
 
     needs_postgres = "consume" in options.only
@@ -644,6 +645,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not delayed_existed:  # Celery declared them for this run's quorum queues
                 celery_peer.delete_delayed_delivery(url)
     config["machine"]["load_avg_end"] = load()
+    config["elapsed_min"] = round((time.monotonic() - began) / 60, 1)
     summary = report(options, config, peers, bench.results)
     print(json.dumps(summary))
     return 0
