@@ -183,7 +183,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per run (20,000)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--stores", default=",".join(STORES), help=f"comma-separated ({','.join(STORES)})"
+    )
+    options = parser.parse_args(argv)
+    options.stores = [store for store in options.stores.split(",") if store]
+    unknown = set(options.stores) - set(STORES)
+    if unknown:
+        parser.error(f"unknown store {sorted(unknown)[0]!r}: use {', '.join(STORES)}")
+    return options
 
 
 def bench(options: argparse.Namespace) -> dict[str, Any]:
@@ -203,7 +211,7 @@ def bench(options: argparse.Namespace) -> dict[str, Any]:
         runs: dict[str, list[dict[str, float]]] = {}
         for index in range(options.rounds):
             for queue_type in QUEUE_TYPES:
-                for store in STORES:
+                for store in options.stores:
                     label = f"{queue_type.value}, {store}"
                     found = run_once(
                         url, beam, store=store, queue_type=queue_type, jobs=options.jobs, pg=pg
