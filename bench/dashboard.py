@@ -480,7 +480,7 @@ def _store_without_indexes(path: Path) -> SQLiteStore:
     from broker_jobs.store import sqlite as s  # noqa: PLC0415
 
     saved = s._CREATE_LEDGER_INDEXES
-    s._CREATE_LEDGER_INDEXES = ()
+    s._CREATE_LEDGER_INDEXES = ()  # type: ignore[assignment]
     try:
         return SQLiteStore(path)
     finally:

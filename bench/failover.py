@@ -52,8 +52,8 @@ from pydantic import BaseModel
 
 from bench.publish import Admin, add_url_argument, broker, describe_broker, percentile
 from broker_jobs import App
-from broker_jobs.cli_options import configure_logging
 from broker_jobs.envelope import Job
+from broker_jobs.observe.logs import configure_logging
 from broker_jobs.store.urls import open_store
 from broker_jobs.testing.rabbit_node import RabbitNode
 from scheduler import Beat, BeatSettings, Schedule, load_schedules

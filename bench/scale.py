@@ -192,7 +192,7 @@ def pg_execute(dsn: str, sql: str) -> list[tuple[Any, ...]]:
     import psycopg  # noqa: PLC0415
 
     with psycopg.connect(dsn, autocommit=True) as db:
-        cursor = db.execute(sql)  # type: ignore[arg-type]
+        cursor = db.execute(sql)  # type: ignore[arg-type,unused-ignore]
         return cursor.fetchall() if cursor.description else []
 
 
@@ -519,8 +519,51 @@ def bench(options: Options) -> dict[str, Any]:
     }
 
 
+#: Where the plot of jobs/s against processes per store goes (docs/scaling.md shows it).
+PLOT = Path(__file__).resolve().parent.parent / "docs" / "images" / "scaling-processes.png"
+
+
+def plot(summary: dict[str, Any], config: dict[str, Any], path: Path = PLOT) -> Path | None:
+    """Jobs/s against processes, a line per store (matplotlib from the ``bench`` extra;
+    without it, no plot and a line saying so)."""
+    try:
+        import matplotlib  # noqa: PLC0415 - optional: only the plot needs it
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot  # noqa: PLC0415
+    except ImportError:
+        print("no plot: matplotlib is missing (pip install -e '.[bench]')")
+        return None
+    figure, axes = pyplot.subplots(figsize=(6.4, 4.0))
+    for store in dict.fromkeys(row["store"] for row in summary.values()):
+        rows = sorted((r for r in summary.values() if r["store"] == store), key=_processes)
+        axes.plot(
+            [r["processes"] for r in rows], [r["jobs_per_s"] for r in rows], "o-", label=store
+        )
+    axes.set_xlabel("worker processes (--processes)")
+    axes.set_ylabel("drain, jobs/s (median)")
+    axes.set_title(
+        f"broker-jobs worker, {config['jobs']:,} no-op jobs, {config['cpus']} CPUs,"
+        f" RabbitMQ {config['rabbitmq']}",
+        fontsize=9,
+    )
+    axes.set_ylim(bottom=0)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    pyplot.close(figure)
+    print(f"plot: {path}")
+    return path
+
+
+def _processes(row: dict[str, Any]) -> int:
+    return int(row["processes"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     result = bench(parse_args(argv))
+    plot(result["summary"], result["config"])
     print(json.dumps(result))
     failed = [label for label, row in result["summary"].items() if row["exit_codes"] != [0]]
     return 1 if failed else 0
