@@ -526,6 +526,8 @@ def guarded(bench: Bench, what: str, row: str, queue_type: str, index: int, *, w
 
 def mark_not_applicable(bench: Bench, peer: Peer, queue_type: str, why: str) -> None:
     for figure, (_unit, _more, kind) in FIGURES.items():
+        if figure == "rss":  # measured once, on classic queues: run_rss says n/a itself
+            continue
         if kind == "publisher":
             bench.results.not_applicable(figure, queue_type, peer.publisher_row, why)
         else:
