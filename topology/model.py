@@ -46,14 +46,14 @@ class QueueOptions:
         if self.priorities is not None:
             object.__setattr__(self, "priorities", PriorityPolicy.parse(self.priorities))
         check_shards(self.shards)
+        if self.delivery_limit < 1:
+            raise ValueError(f"delivery_limit must be at least 1, got {self.delivery_limit}")
 
     @property
     def lanes(self) -> tuple[Lane, ...]:
         """The task's queues: each priority level's (if any), each shard's."""
         levels = tuple(Priority) if self.priorities is not None else (Priority.NORMAL,)
         return task_lanes(levels, self.shards)
-        if self.delivery_limit < 1:
-            raise ValueError(f"delivery_limit must be at least 1, got {self.delivery_limit}")
 
 
 @dataclass(frozen=True)
