@@ -157,11 +157,14 @@ def test_tasks_of_different_policies_need_workers_of_their_own(
 
 
 class Starts:
-    """The order jobs started in (thread-safe: sync handlers run in threads)."""
+    """The order jobs started in (thread-safe: sync handlers run in threads). The
+    handlers wait at ``gate`` until the whole backlog is in the worker's hands, so the
+    order after the first starts is the picker's alone, however busy the machine."""
 
     def __init__(self) -> None:
         self.levels: list[str] = []
         self.keys: Counter[str] = Counter()
+        self.gate = threading.Event()
         self._lock = threading.Lock()
 
     def record(self, payload: Step) -> None:
@@ -173,12 +176,13 @@ class Starts:
 def _backlog_app(make_app: Callable[[], App], policy: str, starts: Starts) -> App:
     app = make_app()
 
-    @app.task("mixed.work", priorities=policy)
+    @app.task("mixed.work", priorities=policy, time_limit=60)
     def work(payload: Step) -> None:
         starts.record(payload)
-        # Long enough that jobs wait for the handler threads: priorities order the
-        # jobs that wait (docs/priorities.md, what it does not promise).
-        time.sleep(0.003)
+        assert starts.gate.wait(60), "the backlog never reached the worker"
+        # A job of some length, which lets the GIL go: a thread that took the next job
+        # records its start soon, instead of after the other thread's run of no-ops.
+        time.sleep(0.001)
 
     return app
 
@@ -196,11 +200,31 @@ def _publish_backlog(broker: Broker, app: App, per_level: int) -> list[str]:
     return [str(request.payload["key"]) for request in requests]  # type: ignore[index]
 
 
-def _drain(broker: Broker, app: App, concurrency: int, per_level: int) -> Counter[str]:
-    # A prefetch that holds the whole backlog: the order the worker picks in, not the
-    # moments between two refills from the broker (measured by bench/priorities.py).
-    settings = WorkerSettings(burst=True, concurrency=concurrency, prefetch=per_level + 10)
-    return asyncio.run(Worker(broker.url, app, MemoryStore(), settings).run())
+def _drain(broker: Broker, app: App, starts: Starts, jobs: int) -> Counter[str]:
+    """A burst worker with a prefetch that holds the whole backlog; the gate opens once
+    every job is claimed (the fast path hands a job to the handler threads right
+    after its claim), so all of them wait for the two threads together. The moments
+    between refills from the broker are bench/priorities.py's to measure."""
+    store = MemoryStore()
+    settings = WorkerSettings(burst=True, concurrency=2, prefetch=jobs // 3 + 10)
+    worker = Worker(broker.url, app, store, settings)
+    outcomes: list[Counter[str]] = []
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(
+        target=lambda: outcomes.append(loop.run_until_complete(worker.run()))
+    )
+    thread.start()
+    try:
+        wait_until(lambda: store.counts()[Status.RUNNING] == jobs, within=60, what="all claimed")
+        # The loop hands claimed jobs to the threads in the callback that claimed them:
+        # once it has run one more, the last claimed are in the threads' queue too.
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(30)
+    finally:
+        starts.gate.set()
+        thread.join(120)
+        loop.close()
+    assert outcomes, "the worker did not finish"
+    return outcomes[0]
 
 
 def _queue_depth(connection: pika.BlockingConnection, queue: str) -> int:
@@ -215,13 +239,14 @@ def test_a_strict_backlog_runs_high_then_normal_then_low_each_once(
     keys = _publish_backlog(broker, app, per_level=150)
     for level in Priority:
         assert _queue_depth(connection, app.names.task_queue("mixed.work", level)) == 150
-    outcomes = _drain(broker, app, concurrency=2, per_level=150)
+    outcomes = _drain(broker, app, starts, len(keys))
     assert outcomes["succeeded"] == len(keys)
     assert starts.keys == Counter(dict.fromkeys(keys, 1)), "a job lost or run twice"
-    # The first starts may precede the rest's arrival; after them the order is strict.
-    settled = starts.levels[4:]
-    ranks = [Priority(level).rank for level in settled]
-    assert ranks == sorted(ranks), f"out of order: {_runs(settled)}"
+    # The first two started before the rest arrived; after them the order is strict,
+    # but for a thread that took its job and waited for the GIL before its handler's
+    # first line: a start recorded a place or two late (never more than the threads).
+    settled = starts.levels[2:]
+    assert _early_starts(settled) <= 2, f"out of order: {_runs(settled)}"
 
 
 def test_a_weighted_backlog_runs_in_proportion_and_never_starves_low(
@@ -230,15 +255,25 @@ def test_a_weighted_backlog_runs_in_proportion_and_never_starves_low(
     starts = Starts()
     app = _backlog_app(make_app, "6:3:1", starts)
     keys = _publish_backlog(broker, app, per_level=300)
-    outcomes = _drain(broker, app, concurrency=2, per_level=300)
+    outcomes = _drain(broker, app, starts, len(keys))
     assert outcomes["succeeded"] == len(keys)
     assert starts.keys == Counter(dict.fromkeys(keys, 1)), "a job lost or run twice"
-    # While every level still waits (high runs out first, after ~300 / 0.6 starts):
-    window = Counter(starts.levels[20:420])
-    shares = {level: window[level] / 400 for level in ("high", "normal", "low")}
-    assert shares["high"] == pytest.approx(0.6, abs=0.08), shares
-    assert shares["normal"] == pytest.approx(0.3, abs=0.08), shares
-    assert shares["low"] == pytest.approx(0.1, abs=0.05), shares
+    # While every level still waits (high runs out first, after ~300 / 0.6 starts),
+    # the smooth weighted round robin gives 6:3:1 in every ten picks.
+    window = Counter(starts.levels[2:402])
+    expected = {"high": 240, "normal": 120, "low": 40}
+    assert all(abs(window[level] - count) <= 2 for level, count in expected.items()), window
+
+
+def _early_starts(levels: list[str]) -> int:
+    """Starts of a level before the last start of a higher one (0: strict order)."""
+    last = {level: index for index, level in enumerate(levels)}
+    rank = {level: Priority(level).rank for level in last}
+    return sum(
+        1
+        for index, level in enumerate(levels)
+        if any(rank[other] < rank[level] and last[other] > index for other in last)
+    )
 
 
 def _runs(levels: list[str]) -> list[tuple[str, int]]:
