@@ -78,11 +78,17 @@ async def main():
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await leadership.start()
-    connected = False
+    # The connection object, not only the flag: a session lost and replaced between
+    # two polls (a busy machine) still shows as DISCONNECTED, then CONNECTED.
+    current = None
     while not stop.is_set():
-        if leadership.connected != connected:
-            connected = not connected
-            say("CONNECTED" if connected else "DISCONNECTED", time.time())
+        live = leadership.connection if leadership.connected else None
+        if live is not current:
+            if current is not None:
+                say("DISCONNECTED", time.time())
+            if live is not None:
+                say("CONNECTED", time.time())
+            current = live
         if leadership.is_leader():  # just before each emit, as beat's emitter does
             await emit(leadership, time.time())
         with contextlib.suppress(TimeoutError):
