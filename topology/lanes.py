@@ -76,8 +76,10 @@ def lane_of_routing_key(routing_key: str | None) -> Lane:
     the work exchange, ``<digits>.<task>@high:3`` out of the delay ladder, or the
     queue's name through the default exchange. Only a binding of that lane's queue
     matches such a key, so the key names the queue it came from."""
-    if not routing_key:
-        return Lane()
+    if not routing_key or (
+        LEVEL_SEPARATOR not in routing_key and SHARD_SEPARATOR not in routing_key
+    ):
+        return ONLY_LANE  # every delivery of a task of one lane: no regex on the hot path
     shard = 0
     found = _SHARD_SUFFIX.search(routing_key)
     if found:
