@@ -145,12 +145,19 @@ def test_two_workers_drain_through_a_broker_restart_each_effect_exactly_once(
 ) -> None:
     node = broker.controllable()
     database = EffectsDatabase("postgres", tmp_path, request)
+    # Jobs after the first 300 wait for this file, which the test writes once the
+    # node is down: the fault lands mid-drain however fast the machine drains.
+    gate = tmp_path / "fault-injected"
     write_app(
         tmp_path,
         namespace,
         f"""
+        import pathlib, time
+
         @app.task("counter.add", transactional=True)
         def add(payload: Add, db) -> None:
+            while int(payload.key[1:]) >= 300 and not pathlib.Path({str(gate)!r}).exists():
+                time.sleep(0.01)
             db.execute("INSERT INTO {database.table} (key) VALUES (%s)", (payload.key,))
         """,
     )
@@ -170,10 +177,9 @@ def test_two_workers_drain_through_a_broker_restart_each_effect_exactly_once(
             node.kill()
         else:
             node.stop()
-        # Counted while the node is down: after the restart the workers may finish the
-        # rest before node.start() returns (it waits for the whole boot).
         run_before_restart = effects()
     finally:
+        gate.touch()
         node.start()
     assert run_before_restart < len(keys), "the workers finished before the fault"
     wait_until(lambda: effects() >= len(keys), within=180, what="every job run after the fault")
