@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +72,7 @@ class PikaLink:
         parameters.socket_timeout = connect_timeout
         parameters.stack_timeout = connect_timeout
         parameters.client_properties = {"connection_name": connection_name}
-        self._connection = SelectConnection(
+        self._connection = _OneWriteConnection(
             parameters,
             on_open_callback=self._on_connection_open,
             on_open_error_callback=self._on_open_error,
@@ -144,9 +144,7 @@ class PikaLink:
             timestamp=message.timestamp,
             headers=dict(message.headers),
         )
-        self._channel.basic_publish(
-            exchange, routing_key, message.body, properties, mandatory=True
-        )
+        self._channel.basic_publish(exchange, routing_key, message.body, properties, mandatory=True)
         delivery = Delivery(message.message_id or "")
         self._state.deliveries[self._state.next_tag] = delivery
         self._state.next_tag += 1
@@ -304,6 +302,24 @@ class PikaLink:
             if delivery is not None and not delivery.settled:
                 break
             self._state.lowest_unsettled += 1
+
+
+class _OneWriteConnection(SelectConnection):
+    """A ``SelectConnection`` that hands a message's frames (method, header, body) to
+    its transport as one buffer: pika writes each buffer with a ``send(2)`` of its own,
+    so a confirmed publish cost three system calls and three TCP segments for the
+    broker to read (measured, single confirmed publishes: 222 -> 204 us of CPU each).
+    Both methods are pika's internals (not in its type stubs): pika is pinned below 2,
+    and tests/test_publishing.py fails if the override stops taking effect."""
+
+    def _output_marshaled_frames(self, marshaled_frames: Sequence[bytes]) -> None:
+        if len(marshaled_frames) < 2:
+            super()._output_marshaled_frames(marshaled_frames)  # type: ignore[misc]
+            return
+        # What pika's own method counts, for its statistics.
+        self.bytes_sent += sum(len(frame) for frame in marshaled_frames)
+        self.frames_sent += len(marshaled_frames)
+        self._adapter_emit_data(b"".join(marshaled_frames))  # type: ignore[attr-defined]
 
 
 def _nothing() -> None:

@@ -225,3 +225,24 @@ def test_one_sync_publisher_shared_by_threads(
     stored = drain(connection, app.names.task_queue("image.resize"))
     assert sorted(job.id for job in stored) == sorted(ids)
     assert len(set(ids)) == 400
+
+
+def test_a_message_goes_to_the_socket_as_one_buffer(broker: Broker, app: App) -> None:
+    """Method, header and body frames are handed to pika's transport as one buffer:
+    one send(2) per publish instead of three (``pika_link._OneWriteConnection``,
+    which relies on pika's ``_output_marshaled_frames``: this fails if pika changes it)."""
+    from broker_jobs.envelope import Job, encode  # noqa: PLC0415
+    from broker_jobs.pika_link import PikaLink  # noqa: PLC0415
+    from broker_jobs.urls import BrokerURL  # noqa: PLC0415
+
+    link = PikaLink(BrokerURL(broker.url), connect_timeout=10, connection_name="test")
+    try:
+        transport = link._connection._transport  # type: ignore[attr-defined]
+        assert not transport._tx_buffers
+        frames_before = link._connection.frames_sent
+        message = encode(Job(task="greet.hello", payload={"name": "x"}))
+        link.publish("", "nowhere.at.all", message)
+        assert link._connection.frames_sent == frames_before + 3
+        assert len(transport._tx_buffers) == 1
+    finally:
+        link.close()

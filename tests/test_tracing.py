@@ -375,6 +375,34 @@ def test_without_an_sdk_the_trace_context_passes_through_unchanged(
     assert drain(connection, app.names.task_queue("trace.ok")) == [given, plain, batched]
 
 
+def test_without_an_sdk_a_current_context_from_elsewhere_still_travels(
+    broker: Broker, app: App, make_publisher: MakePublisher
+) -> None:
+    """No SDK, but a span context extracted from an incoming request is current: the
+    job carries it (spans are skipped only when they would change nothing)."""
+    tracing.set_tracer_provider(trace.NoOpTracerProvider())
+    incoming = trace.NonRecordingSpan(
+        trace.SpanContext(
+            trace_id=0x0AF7651916CD43DD8448EB211C80319C,
+            span_id=0xB7AD6B7169203331,
+            is_remote=True,
+            trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+        )
+    )
+    try:
+        publisher = make_publisher(app)
+        with trace.use_span(incoming):
+            single = publisher.publish("trace.ok", Item(n=1))
+            [batched] = publisher.publish_many([JobRequest("trace.ok", {"n": 2})])
+        outside = publisher.publish("trace.ok", Item(n=3))
+    finally:
+        tracing.set_tracer_provider(None)
+    expected = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert single.traceparent == expected
+    assert batched.traceparent == expected
+    assert outside.traceparent is None
+
+
 @pytest.fixture
 def without_opentelemetry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """As if the ``otel`` extra were not installed: importing it fails."""

@@ -26,16 +26,26 @@ NAME = "broker-jobs"
 TASK = "bench.noop"
 CONCURRENCY = 8
 NAMESPACE_ENV, QUEUE_TYPE_ENV = "BENCH_BJ_NAMESPACE", "BENCH_BJ_QUEUE_TYPE"
+#: ``async`` for an ``async def`` handler (run on the worker's event loop), else sync.
+HANDLER_ENV = "BENCH_BJ_HANDLER"
 
 
 class Seq(BaseModel):
     seq: int
 
 
-def make_app(namespace: str, queue_type: str, *, handler: bool = False) -> App:
+def make_app(
+    namespace: str, queue_type: str, *, handler: bool = False, on_loop: bool = False
+) -> App:
     app = App(namespace=namespace)
     options = QueueOptions(queue_type=queue_type)  # type: ignore[arg-type]  # str -> enum
-    if handler:
+    if handler and on_loop:
+
+        @app.task(TASK, queue=options)
+        async def noop_on_loop(payload: Seq) -> None:
+            record(payload.seq)
+
+    elif handler:
 
         @app.task(TASK, queue=options)
         def noop(payload: Seq) -> None:
@@ -49,7 +59,10 @@ def make_app(namespace: str, queue_type: str, *, handler: bool = False) -> App:
 @functools.cache
 def worker_app() -> App:
     """What ``broker-jobs worker --app bench.peers.bj:app`` loads (in the worker only)."""
-    return make_app(os.environ[NAMESPACE_ENV], os.environ[QUEUE_TYPE_ENV], handler=True)
+    on_loop = os.environ.get(HANDLER_ENV) == "async"
+    return make_app(
+        os.environ[NAMESPACE_ENV], os.environ[QUEUE_TYPE_ENV], handler=True, on_loop=on_loop
+    )
 
 
 def __getattr__(name: str) -> App:
