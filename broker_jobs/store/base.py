@@ -851,14 +851,25 @@ class ExclusiveStore(Store):
     def claim(self, job: Job, worker: str, lease: float, *, now: datetime | None = None) -> Claim:
         lease, moment = check_lease(lease), utc(now)
         with self._exclusive() as records:
-            record = records.load(job.idempotency_key)
-            outcome = decide(record, job, worker, moment)
-            if outcome is not ClaimOutcome.CLAIMED:
-                assert record is not None  # only a missing record is claimed without one
-                return Claim(outcome, record)
-            new = claimed_record(record, job, worker, lease, moment)
-            records.save(new)
-            return Claim(outcome, new)
+            return _claim_in(records, job, worker, lease, moment)
+
+    def claim_many(self, claims: Sequence[tuple[Job, str]], lease: float) -> list[Claim]:
+        # One section for the batch: one lock (a transaction) for the worker's
+        # batches, not one per job.
+        lease, moment = check_lease(lease), utc(None)
+        with self._exclusive() as records:
+            return [_claim_in(records, job, worker, lease, moment) for job, worker in claims]
+
+    def succeed_many(self, finished: Sequence[tuple[str, str]]) -> list[str]:
+        moment, lost = utc(None), []
+        with self._exclusive() as records:
+            for key, worker in finished:
+                record = records.load(key)
+                if record is None or not holds(record, worker):
+                    lost.append(key)
+                    continue
+                records.save(_finished_record(record, Status.SUCCEEDED, moment))
+        return lost
 
     def renew(self, key: str, worker: str, lease: float, *, now: datetime | None = None) -> None:
         lease, moment = check_lease(lease), utc(now)
@@ -879,15 +890,7 @@ class ExclusiveStore(Store):
         moment = utc(now)
         with self._held(key, worker, "record success of") as (records, record):
             effects(records.connection)
-            records.save(
-                replace(
-                    record,
-                    status=Status.SUCCEEDED,
-                    updated_at=moment,
-                    lease_until=None,
-                    due_at=None,
-                )
-            )
+            records.save(_finished_record(record, Status.SUCCEEDED, moment))
 
     def retry(
         self,
@@ -943,16 +946,7 @@ class ExclusiveStore(Store):
     ) -> None:
         moment = utc(now)
         with self._held(key, worker, action) as (records, record):
-            records.save(
-                replace(
-                    record,
-                    status=status,
-                    updated_at=moment,
-                    lease_until=None,
-                    last_error=clip_error(error) if error is not None else record.last_error,
-                    due_at=due_at,
-                )
-            )
+            records.save(_finished_record(record, status, moment, error, due_at))
             _keep(records, key, payload, moment)
 
     def dead(
@@ -1032,6 +1026,36 @@ class ExclusiveStore(Store):
             if record is None or not holds(record, worker):
                 raise LeaseLostError(key, worker, record, action)
             yield records, record
+
+
+def _claim_in(records: Records, job: Job, worker: str, lease: float, moment: datetime) -> Claim:
+    """:meth:`Store.claim` in the exclusive section of ``records``."""
+    record = records.load(job.idempotency_key)
+    outcome = decide(record, job, worker, moment)
+    if outcome is not ClaimOutcome.CLAIMED:
+        assert record is not None  # only a missing record is claimed without one
+        return Claim(outcome, record)
+    new = claimed_record(record, job, worker, lease, moment)
+    records.save(new)
+    return Claim(outcome, new)
+
+
+def _finished_record(
+    record: JobRecord,
+    status: Status,
+    moment: datetime,
+    error: str | None = None,
+    due_at: datetime | None = None,
+) -> JobRecord:
+    """``record`` (held) ended with ``status``: its lease given up."""
+    return replace(
+        record,
+        status=status,
+        updated_at=moment,
+        lease_until=None,
+        last_error=clip_error(error) if error is not None else record.last_error,
+        due_at=due_at,
+    )
 
 
 def _keep(records: Records, key: str, payload: Mapping[str, Any] | None, moment: datetime) -> None:
