@@ -136,6 +136,8 @@ class BjLane:
         if variant.processes > 1:
             argv += ["--processes", str(variant.processes)]
         env = {NAMESPACE_ENV: self.app.namespace, QUEUE_TYPE_ENV: self.queue_type}
+        if variant.pool == "async":
+            env[HANDLER_ENV] = "async"
         return WorkerProcess(variant.name, argv, workdir, env)
 
     def cleanup(self) -> None:
@@ -182,12 +184,14 @@ class BjFamily:
             f" --prefetch (2 x concurrency + 64 = {2 * CONCURRENCY + 64}); --processes 2 when"
             " the command has it; ledger rows: --store sqlite:///... (WAL, synchronous=FULL)"
             " and postgresql://... (a throwaway cluster, fsync off)",
+            "async": "the same worker with the no-op handler written `async def` (it runs"
+            " on the worker's event loop: no hand-over to a handler thread)",
             "queue": "QueueOptions(queue_type=classic|quorum), topology declared up front",
         }
 
 
 def variants() -> tuple[Variant, ...]:
-    found = [Variant("broker-jobs 1x8", NAME)]
+    found = [Variant("broker-jobs 1x8", NAME), Variant("broker-jobs async", NAME, pool="async")]
     if has_processes_option():
         found.append(Variant("broker-jobs 2x8", NAME, processes=2))
     found += [
