@@ -552,6 +552,21 @@ def test_try_claim_many_claims_new_keys_at_once_or_leaves_it_to_claim_many(
     assert store.get("k5") is None
 
 
+def test_try_succeed_many_records_at_once_only_in_memory(kit: Kit) -> None:
+    """The memory store records successes on the caller's thread (the worker's loop);
+    the durable stores leave it to succeed_many, whose commit may wait for the disk."""
+    store = kit.store
+    store.claim_many([(job("k1"), "a#1"), (job("k2"), "a#2")], LEASE)
+    lost = store.try_succeed_many([("k1", "a#1"), ("k2", "someone else")])
+    if kit.kind != "memory":
+        assert lost is None
+        assert store.get("k1").status is Status.RUNNING  # type: ignore[union-attr]
+        return
+    assert lost == ["k2"]
+    assert store.get("k1").status is Status.SUCCEEDED  # type: ignore[union-attr]
+    assert store.get("k2").status is Status.RUNNING  # type: ignore[union-attr]
+
+
 def test_sqlite_try_claim_many_never_waits_for_another_writer(tmp_path: Path) -> None:
     path = tmp_path / "jobs.db"
     with SQLiteStore(path, busy_timeout=60) as store:

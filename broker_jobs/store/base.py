@@ -284,6 +284,13 @@ class Store(ABC):
         a hop through the store's thread. This default never claims at once."""
         return None
 
+    def try_succeed_many(self, finished: Sequence[tuple[str, str]]) -> list[str] | None:
+        """:meth:`succeed_many` done at once on the caller's thread if that needs no
+        waiting, else None (and the caller calls :meth:`succeed_many`, where waiting
+        is harmless). Like :meth:`try_claim_many`, for the worker's event loop; this
+        default never records at once (a durable store's commit waits for the disk)."""
+        return None
+
     def succeed_many(self, finished: Sequence[tuple[str, str]]) -> list[str]:
         """:meth:`succeed` for several ``(key, worker)`` pairs, as one call; return the
         keys whose lease was lost (not raised: the others are recorded all the same)."""

@@ -135,6 +135,9 @@ class MemoryStore(ExclusiveStore):
         # A dict under a lock held only for dict operations: never a wait worth a hop.
         return self.claim_many(claims, lease)
 
+    def try_succeed_many(self, finished: Sequence[tuple[str, str]]) -> list[str] | None:
+        return self.succeed_many(finished)
+
     def get(self, key: str) -> JobRecord | None:
         with self._exclusive() as records:
             return records.load(key)
