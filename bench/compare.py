@@ -55,7 +55,7 @@ from bench.peers.common import (
     running,
     wait_for_jobs,
 )
-from bench.publish import Admin, add_url_argument, broker, percentile
+from bench.publish import Admin, add_url_argument, broker, percentile, throwaway_postgres
 from broker_jobs import mask_url
 from broker_jobs.testing.postgres_node import PostgresNode
 
@@ -538,16 +538,12 @@ def mark_not_applicable(bench: Bench, peer: Peer, queue_type: str, why: str) -> 
 
 @contextlib.contextmanager
 def postgres(needed: bool) -> Iterator[str | None]:
-    """A throwaway PostgreSQL (broker_jobs.testing.postgres_node) for the ledger row."""
+    """A throwaway PostgreSQL for the ledger row, if one can be started."""
     if not needed or not PostgresNode.available():
         yield None
         return
-    node = PostgresNode.create()
-    try:
-        node.start()
+    with throwaway_postgres() as node:
         yield node.dsn
-    finally:
-        node.cleanup()
 
 
 # -- describing the run --------------------------------------------------------------------

@@ -32,14 +32,13 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from bench.publish import Admin, broker, describe_broker
+from bench.publish import Admin, broker, describe_broker, throwaway_postgres
 from broker_jobs import App, JobRequest, Publisher, QueueOptions
 from broker_jobs.testing.postgres_node import PostgresNode
 from topology.model import QueueType
@@ -90,16 +89,6 @@ def _safe_cpu(pid: int) -> float:
         return process_cpu(pid)
     except OSError:  # exited meanwhile: counted in the postmaster's cutime
         return 0.0
-
-
-@contextmanager
-def postgres() -> Iterator[PostgresNode]:
-    node = PostgresNode.create()
-    node.start()
-    try:
-        yield node
-    finally:
-        node.cleanup()
 
 
 APP_SOURCE = textwrap.dedent(
@@ -196,7 +185,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def bench(options: argparse.Namespace) -> dict[str, Any]:
     # A throwaway node of our own: its Erlang VM's CPU is this run's alone.
-    with broker(None) as (url, node), postgres() as pg:
+    with broker(None) as (url, node), throwaway_postgres() as pg:
         assert node is not None
         beam = node.beam_pid()
         assert beam is not None, "the throwaway node has no pid"

@@ -43,6 +43,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from bench.publish import throwaway_postgres
 from broker_jobs.store import SQLiteStore, Store
 from broker_jobs.store.base import Status
 from broker_jobs.store.ledger import Filters
@@ -668,15 +669,8 @@ def postgres(store: str) -> Iterator[str | None]:
     if store != "postgres":
         yield store
         return
-    from broker_jobs.testing.postgres_node import PostgresNode  # noqa: PLC0415
-
-    node = PostgresNode.create(Path(tempfile.mkdtemp(prefix="bench-pg-")))
-    try:
-        node.start()
-        print(f"Throwaway PostgreSQL on port {node.port}; it is removed at the end")
+    with throwaway_postgres() as node:
         yield node.dsn
-    finally:
-        node.cleanup()
 
 
 def one_case(

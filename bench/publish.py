@@ -42,6 +42,7 @@ from pydantic import BaseModel
 
 from broker_jobs import App, AsyncPublisher, JobRequest, Publisher, mask_url
 from broker_jobs.store import SQLiteStore, Store
+from broker_jobs.testing.postgres_node import PostgresNode
 from broker_jobs.testing.rabbit_node import RabbitNode
 from topology import Topology, declare
 from topology import names as n
@@ -156,6 +157,19 @@ def broker(url: str | None) -> Iterator[tuple[str, RabbitNode | None]]:
         node.start()
         print(f"Throwaway node up at {mask_url(node.url)}; it is removed at the end")
         yield node.url, node
+    finally:
+        node.cleanup()
+
+
+@contextlib.contextmanager
+def throwaway_postgres() -> Iterator[PostgresNode]:
+    """A PostgreSQL cluster started for this run from the installed server, removed
+    after (also when its start fails half-way)."""
+    node = PostgresNode.create()
+    try:
+        node.start()
+        print(f"Throwaway PostgreSQL on port {node.port}; it is removed at the end")
+        yield node
     finally:
         node.cleanup()
 

@@ -49,7 +49,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench.publish import Admin, add_url_argument, broker, describe_broker
+from bench.publish import Admin, add_url_argument, broker, describe_broker, throwaway_postgres
 from broker_jobs import App, JobRequest, Publisher
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import mask_url
@@ -179,13 +179,8 @@ def postgres(options: Options) -> Iterator[tuple[str | None, bool]]:
 
     if not PostgresNode.available():
         raise SystemExit("no --postgres and no local PostgreSQL: use --stores memory,sqlite")
-    node = PostgresNode.create(Path(tempfile.mkdtemp(prefix="bench-scale-pg-")))
-    try:
-        node.start()
-        print(f"Throwaway PostgreSQL on port {node.port}; it is removed at the end")
+    with throwaway_postgres() as node:
         yield node.dsn, True
-    finally:
-        node.cleanup()
 
 
 def pg_execute(dsn: str, sql: str) -> list[tuple[Any, ...]]:
