@@ -25,17 +25,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import logging
 import math
 import os
 import re
 import secrets
-import signal
 import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,11 +40,12 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from bench import workers as bench_workers
 from bench.publish import URL_ENV, Admin, describe_broker, percentile
+from bench.workers import Record, WorkerProcess, stop_workers
 from broker_jobs import App, Job, JobRequest, PublishBatchError, Publisher
 from broker_jobs.store.urls import open_store
 from broker_jobs.testing.rabbit_node import RabbitNode
@@ -90,7 +88,6 @@ EXPECTED_WARNINGS = (
     "still no broker after ",
     f"task {TASK} has no time limit",
 )
-LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (\w+) (\S+): (.*)$")
 BACK_AFTER = re.compile(r"broker link back at .* after ([\d.]+) s without it")
 
 APP_SOURCE = '''\
@@ -204,7 +201,9 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 class Effects:
     """The table the handler writes, in the store's database: SQLite or PostgreSQL."""
 
-    def __init__(self, workdir: Path, dsn: str | None) -> None:
+    def __init__(self, workdir: Path, dsn: str | None, *, prefix: str = "brec") -> None:
+        """SQLite: the file ``workdir/store.db``; PostgreSQL: a fresh schema
+        ``<prefix>_<hex>`` of ``dsn``."""
         self.dsn = dsn
         if dsn is None:
             self.path = workdir / "store.db"
@@ -212,7 +211,7 @@ class Effects:
             self.table = "effects"
             self.mark = "?"
         else:
-            self.schema = f"brec_{secrets.token_hex(4)}"
+            self.schema = f"{prefix}_{secrets.token_hex(4)}"
             separator = "&" if "?" in dsn else "?"
             self.store_url = f"{dsn}{separator}schema={self.schema}"
             self.table = f'"{self.schema}".effects'
@@ -272,16 +271,8 @@ class Effects:
 
 def write_app(workdir: Path, namespace: str, effects: Effects) -> App:
     """Write the app module the workers load (``recovery_app:app``) and load it here."""
-    path = workdir / f"{APP_MODULE}.py"
-    path.write_text(APP_SOURCE.format(namespace=namespace, task=TASK, insert=effects.insert_sql()))
-    spec = importlib.util.spec_from_file_location(APP_MODULE, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    app = module.app
-    assert isinstance(app, App)
-    return app
+    source = APP_SOURCE.format(namespace=namespace, task=TASK, insert=effects.insert_sql())
+    return bench_workers.write_app(workdir, APP_MODULE, source)
 
 
 # -- the load -----------------------------------------------------------------------------
@@ -290,16 +281,33 @@ def write_app(workdir: Path, namespace: str, effects: Effects) -> App:
 class Load:
     """A thread publishing ``rate`` confirmed jobs per second, on schedule: each tick
     publishes the jobs due since the last one. A publish that fails (the broker is
-    down) counts its jobs as not published; the next tick tries again with new jobs."""
+    down) counts its jobs as not published; the next tick tries again with new jobs.
 
-    def __init__(self, url: str, app: App, rate: float) -> None:
+    Each job is ``task`` with a unique key, ``prefix`` and a number (``bench.faults``
+    runs one load per task, with prefixes of their own); with ``limit`` the thread
+    ends after that many jobs (published or not)."""
+
+    def __init__(
+        self,
+        url: str,
+        app: App,
+        rate: float,
+        *,
+        task: str = TASK,
+        prefix: str = "k",
+        limit: int | None = None,
+        name: str = "bench.recovery publisher",
+    ) -> None:
         self.url, self.app, self.rate = url, app, rate
+        self.task, self.prefix, self.limit, self.name = task, prefix, limit, name
         self.lock = threading.Lock()
         #: Confirmed keys and the wall time of their confirm.
         self.confirmed: dict[str, float] = {}
         #: Keys whose publish failed (not counted as published).
         self.failed: dict[str, float] = {}
         self.errors: Counter[str] = Counter()
+        #: The first error message of each kind in :attr:`errors`.
+        self.messages: dict[str, str] = {}
         self.attempted = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
@@ -321,13 +329,17 @@ class Load:
             self.app,
             confirm_timeout=CONFIRM_TIMEOUT,
             connect_timeout=CONNECT_TIMEOUT,
-            connection_name="bench.recovery publisher",
+            connection_name=self.name,
         )
         try:
             started = time.monotonic()
             next_tick = started
             while not self._stop.is_set():
                 due = int((time.monotonic() - started) * self.rate) - self.attempted
+                if self.limit is not None:
+                    if self.attempted >= self.limit:
+                        break
+                    due = min(due, self.limit - self.attempted)
                 if due > 0:
                     self._publish(publisher, due)
                 next_tick += TICK
@@ -341,7 +353,7 @@ class Load:
                 publisher.close()
 
     def _publish(self, publisher: Publisher, count: int) -> None:
-        keys = [f"k{self.attempted + index:07d}" for index in range(count)]
+        keys = [f"{self.prefix}{self.attempted + index:07d}" for index in range(count)]
         self.attempted += count
 
         def confirmed(job: Job) -> None:
@@ -350,7 +362,7 @@ class Load:
 
         try:
             publisher.publish_many(
-                [JobRequest(TASK, {"key": key}) for key in keys], on_confirmed=confirmed
+                [JobRequest(self.task, {"key": key}) for key in keys], on_confirmed=confirmed
             )
         except Exception as error:  # whatever the broker's state: count it, go on
             kind = type(error).__name__
@@ -360,6 +372,7 @@ class Load:
             now = time.time()
             with self.lock:
                 self.errors[kind] += 1
+                self.messages.setdefault(kind, str(error))
                 for key in keys:
                     if key not in self.confirmed:
                         self.failed[key] = now
@@ -368,111 +381,35 @@ class Load:
 # -- the workers --------------------------------------------------------------------------
 
 
-@dataclass
-class Record:
-    """One log record of a worker: its first line and any lines that followed it."""
-
-    at: float  # the log line's own time (asctime), else when it was read
-    level: str  # "?" for output that is not a log line
-    message: str
-    more: list[str] = field(default_factory=list)
-
-    @property
-    def expected(self) -> bool:
-        if any("Traceback" in line for line in self.more):
-            return False
-        if self.level == "INFO":
-            return True
-        return self.level == "WARNING" and self.message.startswith(EXPECTED_WARNINGS)
-
-
-@dataclass(eq=False)
-class WorkerProcess:
-    name: str
-    process: subprocess.Popen[bytes]
-    stdout_path: Path
-    records: list[Record] = field(default_factory=list)
-
-    @property
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def first(self, fragment: str, after: float) -> Record | None:
-        return next((r for r in list(self.records) if r.at > after and fragment in r.message), None)
-
-
 class Workers:
     """The worker processes, their stderr read (and parsed) by one thread each."""
 
     def __init__(self, url: str, store_url: str, options: Options, workdir: Path) -> None:
-        self.every: list[WorkerProcess] = []
-        for index in range(1, options.workers + 1):
-            name = f"w{index}"
-            stdout_path = workdir / f"{name}.stdout"
-            command = [
-                sys.executable, "-c", "from broker_jobs.cli import main; main()",
-                "worker", "--url", url, f"{APP_MODULE}:app", "--store", store_url,
-                "--concurrency", str(options.concurrency),
-            ]  # fmt: skip
-            with stdout_path.open("wb") as stdout:
-                process = subprocess.Popen(
-                    command,
-                    cwd=workdir,
-                    stdin=subprocess.DEVNULL,
-                    stdout=stdout,
-                    stderr=subprocess.PIPE,
-                )
-            worker = WorkerProcess(name, process, stdout_path)
-            self.every.append(worker)
-            assert process.stderr is not None
-            threading.Thread(
-                target=self._read, args=(worker, process.stderr), name=name, daemon=True
-            ).start()
-
-    @staticmethod
-    def _read(worker: WorkerProcess, stream: IO[bytes]) -> None:
-        for raw in stream:
-            line = raw.decode(errors="replace").rstrip("\n")
-            found = LOG_LINE.match(line)
-            if found is None:
-                if worker.records and worker.records[-1].level != "?":
-                    worker.records[-1].more.append(line)
-                else:
-                    worker.records.append(Record(time.time(), "?", line))
-                continue
-            stamp, level, _logger, message = found.groups()
-            try:
-                at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            except ValueError:
-                at = time.time()
-            worker.records.append(Record(at, level, message))
+        args = ["--url", url, f"{APP_MODULE}:app", "--store", store_url]
+        args += ["--concurrency", str(options.concurrency)]
+        self.every = [
+            WorkerProcess.spawn(f"w{index}", args, workdir)
+            for index in range(1, options.workers + 1)
+        ]
 
     def exited(self) -> list[WorkerProcess]:
         return [worker for worker in self.every if not worker.alive]
 
     def stop(self) -> dict[str, int | None]:
         """SIGTERM each worker; their exit codes (None: still running, then killed)."""
-        for worker in self.every:
-            if worker.alive:
-                worker.process.send_signal(signal.SIGTERM)
-        codes: dict[str, int | None] = {}
-        deadline = time.monotonic() + STOP_TIMEOUT
-        for worker in self.every:
-            try:
-                codes[worker.name] = worker.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                codes[worker.name] = None
-                worker.process.kill()
-                worker.process.wait()
-        time.sleep(0.2)  # the reader threads take the last lines
-        return codes
+        return stop_workers(self.every, STOP_TIMEOUT)
 
     def levels(self) -> dict[str, dict[str, int]]:
         """Each worker's log records by level ("?": output that is not a log line)."""
         return {w.name: dict(Counter(r.level for r in list(w.records))) for w in self.every}
 
     def stray(self) -> list[tuple[str, Record]]:
-        return [(w.name, r) for w in self.every for r in list(w.records) if not r.expected]
+        return [
+            (w.name, r)
+            for w in self.every
+            for r in list(w.records)
+            if not r.expected(EXPECTED_WARNINGS)
+        ]
 
 
 # -- rounds -------------------------------------------------------------------------------
