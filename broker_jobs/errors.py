@@ -164,6 +164,24 @@ class ReconnectTimeoutError(BrokerConnectionError):
     exit_code = 75
 
 
+class HandlerStuckError(BrokerJobsError):
+    """A sync handler ran past its time limit and did not return within the overrun
+    grace after being interrupted: its thread cannot be stopped, so the worker
+    process must be replaced (its attempt is recorded as failed by its time limit)."""
+
+    #: EX_SOFTWARE (sysexits.h): restart the process (``--processes``' supervisor,
+    #: systemd ``Restart=on-failure``, Kubernetes do).
+    exit_code = 70
+
+    def __init__(self, jobs: Sequence[str]) -> None:
+        self.jobs = tuple(jobs)
+        super().__init__(
+            f"handler threads stuck past their time limit ({', '.join(self.jobs)}): their"
+            " attempts were recorded as failed by the time limit; this process must exit"
+            " (the threads cannot be stopped otherwise) and be started again"
+        )
+
+
 class TopologyError(BrokerJobsError):
     """The broker's objects cannot be declared as wanted."""
 

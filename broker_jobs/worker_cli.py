@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import os
 import sys
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -22,7 +24,7 @@ from broker_jobs.cli_options import (
     store_option,
     url_option,
 )
-from broker_jobs.errors import BrokerJobsError, ConfigurationError
+from broker_jobs.errors import BrokerJobsError, ConfigurationError, HandlerStuckError
 from broker_jobs.observe.logs import configure_logging
 from broker_jobs.observe.server import Health, serving
 from broker_jobs.observe.worker_metrics import WorkerMetrics
@@ -94,6 +96,17 @@ class WorkerRun:
     help="Seconds a claim lasts without renewal; a dead worker's jobs wait this long.",
 )
 @click.option(
+    "--overrun-grace",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    envvar="BROKER_JOBS_OVERRUN_GRACE",
+    show_envvar=True,
+    help="Seconds a sync handler interrupted at its time limit has to return; one still"
+    " running then makes the worker exit with code 70 to be replaced (docs/worker.md,"
+    " Time limits).",
+)
+@click.option(
     "--reconnect-timeout",
     type=click.FloatRange(min=0, min_open=True),
     envvar="BROKER_JOBS_RECONNECT_TIMEOUT",
@@ -143,6 +156,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     grace: float,
     no_declare: bool,
     lease: float,
+    overrun_grace: float,
     reconnect_timeout: float | None,
     consumer_timeout: float,
     retention: float,
@@ -160,7 +174,8 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     \b
     Exit codes: 0 stopped by SIGTERM/SIGINT (or drained, with --burst); 1 an error
     the message explains; 69 the broker cancelled a consumer (its queue was
-    deleted); 75 no broker for --reconnect-timeout seconds. With --processes N > 1:
+    deleted); 70 a handler stuck past its time limit and --overrun-grace (restart
+    the worker); 75 no broker for --reconnect-timeout seconds. With --processes N > 1:
     0 when every process exited 0, else the first non-zero exit (docs/worker.md).
     """
     settings = WorkerSettings(
@@ -171,6 +186,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
         grace=grace,
         declare=not no_declare,
         lease=lease,
+        overrun_grace=overrun_grace,
         consumer_timeout=consumer_timeout,
         reconnect_timeout=reconnect_timeout,
         retention=timedelta(days=retention),
@@ -210,6 +226,12 @@ def run_worker(run: WorkerRun) -> None:
         app = load_app(run.app_path)
         with open_store(run.store_url) as store:
             outcomes = asyncio.run(_run(run.url, app, store, run.settings, run.metrics_port))
+    except HandlerStuckError as error:
+        # At once: a stuck handler thread would hold up the interpreter's exit, and
+        # its job's next attempt is due a few seconds from now.
+        click.echo(f"error: {error}", err=True)
+        logging.shutdown()
+        os._exit(error.exit_code)
     except BrokerJobsError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(error.exit_code)

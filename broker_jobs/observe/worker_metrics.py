@@ -32,7 +32,7 @@ class TaskMetrics:
     """The children of one ``(namespace, task)``: what is counted per job."""
 
     __slots__ = ("_dead", "_jobs", "_labels", "_metrics", "busy", "duration", "in_flight",
-                 "lag", "lease_lost", "renewals")  # fmt: skip
+                 "lag", "lease_lost", "overrunning", "renewals", "stuck")  # fmt: skip
 
     def __init__(self, metrics: WorkerMetrics, namespace: str, task: str) -> None:
         self._metrics = metrics
@@ -46,6 +46,8 @@ class TaskMetrics:
         self.busy = metrics.claims_busy.labels(namespace, task)
         self.renewals = metrics.lease_renewals.labels(namespace, task)
         self.lease_lost = metrics.leases_lost.labels(namespace, task)
+        self.overrunning = metrics.overrunning.labels(namespace, task)
+        self.stuck = metrics.stuck.labels(namespace, task)
 
     def settled(self, outcome: str, count: int = 1) -> None:
         """``count`` deliveries settled with ``outcome`` (one of :data:`OUTCOMES`)."""
@@ -89,6 +91,31 @@ class WorkerMetrics:
         )
         self.lease_renewals = counter("broker_jobs_lease_renewals", "Lease renewals")
         self.leases_lost = counter("broker_jobs_leases_lost", "Leases another worker took over")
+        self.overrunning = Gauge(
+            "broker_jobs_handlers_overrunning",
+            "Sync handlers interrupted at their time limit that have not returned yet",
+            labels,
+            registry=registry,
+        )
+        self.stuck = Gauge(
+            "broker_jobs_handlers_stuck",
+            "Sync handlers still running past their time limit and the overrun grace"
+            " (the worker is being replaced)",
+            labels,
+            registry=registry,
+        )
+        self.ledger_up = Gauge(
+            "broker_jobs_ledger_up",
+            "1 while the worker's ledger (store) answers, 0 while its calls fail",
+            ("namespace",),
+            registry=registry,
+        )
+        self.ledger_down_seconds = Counter(
+            "broker_jobs_ledger_down_seconds",
+            "Seconds the worker spent without a working ledger (jobs held, not run)",
+            ("namespace",),
+            registry=registry,
+        )
         self.link = LinkMetrics(registry)
         self._tasks: dict[tuple[str, str], TaskMetrics] = {}
 

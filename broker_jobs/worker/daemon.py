@@ -36,6 +36,7 @@ from broker_jobs.errors import (
     BrokerConnectionError,
     ConfigurationError,
     ConsumerCancelledError,
+    HandlerStuckError,
     ReconnectTimeoutError,
 )
 from broker_jobs.observe.worker_metrics import WorkerMetrics
@@ -59,6 +60,8 @@ LINK_DOWN: tuple[type[BaseException], ...] = (*CONNECT_ERRORS, BrokerConnectionE
 BURST_POLL = 0.1
 #: Seconds between prunings of the ledger.
 PRUNE_EVERY = 3600.0
+#: Seconds between looks at whether the other jobs settled, before a replacement.
+REPLACE_POLL = 0.05
 
 
 class Drained(SessionEnded):
@@ -67,6 +70,10 @@ class Drained(SessionEnded):
 
 class Stopped(SessionEnded):
     """The worker was asked to stop."""
+
+
+class Replacing(SessionEnded):
+    """A handler thread is stuck past its time limit: the process is to be replaced."""
 
 
 class Worker:
@@ -149,6 +156,10 @@ class Worker:
         """``/readyz``: connected and consuming every task queue, or what it waits
         for. Only reads flags: asked on the metrics server's thread."""
         url = self.connected_to
+        runner = self._runner
+        stuck = runner.overruns.describe() if runner is not None else None
+        if stuck is not None:
+            return False, stuck
         if self._stopping.is_set():
             return False, "stopping"
         if url is None or not self._consuming:
@@ -194,7 +205,9 @@ class Worker:
             executor=executor,
             publisher=publisher,
             link=link,
-            settings=ProtocolSettings(self._worker_id, lease=settings.lease),
+            settings=ProtocolSettings(
+                self._worker_id, lease=settings.lease, overrun_grace=settings.overrun_grace
+            ),
             observer=JobObserver(self._app.namespace, self._worker_id, metrics, self._tasks),
         )
         runner.stopping = self._stopping.is_set()
@@ -213,9 +226,13 @@ class Worker:
             if session is not None:
                 await session.cancel_consumers()
             runner.stopping = True
+            if isinstance(why, Replacing):
+                await self._replace(runner, fast_path, settings.grace)
             await self._finish(runner, fast_path, settings.grace)
             if isinstance(why, Cancelled):
                 raise ConsumerCancelledError(why.queue)
+            if isinstance(why, Replacing):
+                raise HandlerStuckError(runner.overruns.ever_stuck)
             return runner.outcomes.counts
         finally:
             pruner.cancel()
@@ -274,7 +291,11 @@ class Worker:
         self, session: Session, connection: aio_pika.abc.AbstractConnection
     ) -> SessionEnded:
         """Why the session ended: lost, a consumer cancelled, stopped, or drained."""
-        watchers = [asyncio.create_task(session.ended()), asyncio.create_task(self._stop_asked())]
+        watchers = [
+            asyncio.create_task(session.ended()),
+            asyncio.create_task(self._stop_asked()),
+            asyncio.create_task(self._stuck_seen()),
+        ]
         if self._settings.burst:
             watchers.append(asyncio.create_task(self._until_drained(connection)))
         try:
@@ -291,6 +312,27 @@ class Worker:
     async def _stop_asked(self) -> SessionEnded:
         await self._stopping.wait()
         return Stopped()
+
+    async def _stuck_seen(self) -> SessionEnded:
+        assert self._runner is not None  # made before consuming
+        await self._runner.overruns.seen_stuck.wait()
+        return Replacing()
+
+    async def _replace(self, runner: Runner, fast_path: FastPath, grace: float) -> None:
+        """A handler is stuck: consuming stopped, the other running jobs get ``grace``
+        seconds to settle; then the stuck jobs' attempts are settled as failed by
+        their time limit (their next attempt published, or dead-lettered; recorded;
+        acked) and the worker exits, the stuck threads with it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        overruns = runner.overruns
+        while (
+            fast_path.in_hand + runner.in_hand > len(overruns.stuck)
+            and loop.time() < deadline
+        ):
+            await asyncio.sleep(REPLACE_POLL)
+        overruns.settle_stuck.set()
+        fast_path.settle_stuck()
 
     async def _finish(self, runner: Runner, fast_path: FastPath, grace: float) -> None:
         """After ``stopping`` was set: let running jobs settle within ``grace`` seconds;

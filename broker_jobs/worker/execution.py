@@ -1,10 +1,11 @@
 """Running one handler: sync ones in a bounded thread pool, async ones on the loop,
-each under a time limit, with the store's lease renewed while it runs.
+each under a time limit that starts when the handler starts, with the store's lease
+renewed while it runs.
 
 Sync handlers run in threads so that a CPU-bound handler never starves the event
 loop, which keeps AMQP heartbeats flowing. A sync handler that overruns its time
-limit cannot be killed: the job is failed (and retried or dead-lettered) at the
-limit, and the thread finishes in the background while the pool slot stays taken.
+limit is interrupted (:mod:`broker_jobs.worker.overrun`) and keeps its thread, its
+lease and its record until it really returns; an async one is cancelled.
 """
 
 from __future__ import annotations
@@ -24,14 +25,39 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from broker_jobs.envelope import Job
+from broker_jobs.store.base import LeaseLostError
 from broker_jobs.worker.levels import LevelCalls, LevelPicker, LevelSlots
+from broker_jobs.worker.observer import Run
+from broker_jobs.worker.overrun import Overruns, RunGuard
 from topology.priority import Priority, PriorityPolicy
 
 log = logging.getLogger(__name__)
 
 
 class TimeLimitExceeded(Exception):
-    """The handler ran longer than its task's time limit."""
+    """The handler ran longer than its task's time limit. ``stuck``: it did not
+    return within the overrun grace after being interrupted, and the worker was
+    replaced (its next attempt is then due no sooner than :data:`STUCK_RETRY_FLOOR`)."""
+
+    def __init__(self, message: str, *, stuck: bool = False) -> None:
+        super().__init__(message)
+        self.stuck = stuck
+
+
+def stuck_error(seconds: float, grace: float) -> TimeLimitExceeded:
+    """The failure of an attempt whose handler was stuck past its limit and ``grace``."""
+    return TimeLimitExceeded(
+        f"ran longer than {seconds:g} s and did not stop within {grace:g} s of being"
+        " interrupted; the worker was replaced",
+        stuck=True,
+    )
+
+
+#: Seconds: the least delay of a stuck job's next attempt. The worker that records it
+#: exits at once after; the floor keeps the attempt from starting elsewhere before
+#: this process (and the stuck thread) is gone.
+STUCK_RETRY_FLOOR = 5.0
 
 
 class HandlerThreads(concurrent.futures.Executor):
@@ -178,38 +204,57 @@ class Executor:
         self,
         handler: Callable[..., Any],
         payload: BaseModel,
-        time_limit: float | None,
+        run: Run,
+        limit: RunLimit,
+        *,
         renew_lease: Callable[[], Awaitable[None]],
         renew_every: float,
-        *,
         level: Priority = Priority.NORMAL,
     ) -> Any:
-        """Run ``handler(payload)``; raise what it raises, or TimeLimitExceeded. The
-        caller holds a :meth:`slot`."""
+        """Run ``handler(payload)`` inside ``run``; raise what it raises, or
+        TimeLimitExceeded. The caller holds a :meth:`slot`."""
         renewer = asyncio.create_task(_renew_forever(renew_lease, renew_every))
         try:
-            async with asyncio.timeout(time_limit) as limit:
-                return await self.start(handler, payload, level)
-        except TimeoutError:
-            if limit.expired():  # else the handler's own TimeoutError: its failure
-                raise TimeLimitExceeded(f"ran longer than {time_limit:g} s") from None
-            raise
+            if inspect.iscoroutinefunction(handler):
+                return await run_async_handler(handler, payload, run, limit.seconds)
+            return await self._run_in_thread(handler, payload, run, limit, level)
         finally:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
 
-    def start(
-        self, handler: Callable[..., Any], payload: BaseModel, level: Priority = Priority.NORMAL
-    ) -> Awaitable[Any]:
-        """Start ``handler(payload)``: a sync handler on the pool, an async one as a
-        coroutine to await. The caller holds a :meth:`slot`."""
-        if inspect.iscoroutinefunction(handler):
-            return handler(payload)  # type: ignore[no-any-return]
+    async def _run_in_thread(
+        self,
+        handler: Callable[..., Any],
+        payload: BaseModel,
+        run: Run,
+        limit: RunLimit,
+        level: Priority,
+    ) -> Any:
+        """A sync handler on a pool thread: its limit counts from its start on the
+        thread, never while it waits for one; past it, it is interrupted and waited
+        for (its thread, lease and record stay taken) until it returns, or until the
+        worker, replacing itself, settles it as stuck."""
+        loop = asyncio.get_running_loop()
+        started = loop.create_future()
+        guard = RunGuard()
+
+        def on_thread() -> Any:
+            loop.call_soon_threadsafe(_set_started, started)
+            with run:
+                return guard.call(handler, payload)
+
         # In the caller's context: the job's execution span stays current in the
         # thread, so spans the handler starts are its children.
         context = contextvars.copy_context()
-        return asyncio.wrap_future(self._pool.submit_at(level, context.run, handler, payload))
+        ran = asyncio.wrap_future(self._pool.submit_at(level, context.run, on_thread))
+        if limit.seconds is None:
+            return await ran
+        await asyncio.wait((ran, started), return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait((ran,), timeout=limit.seconds)
+        if done:
+            return ran.result()
+        return await limit.overrun(ran, guard)
 
     def post_all(
         self, calls: Sequence[Callable[[], object]], levels: Sequence[Priority] | None = None
@@ -223,11 +268,77 @@ class Executor:
         self._pool.shutdown(wait=False)
 
 
+class RunLimit:
+    """One run's time limit (``seconds``, None: none) and what happens past it: the
+    handler is interrupted, then waited for; ``overruns`` hears of both."""
+
+    def __init__(self, seconds: float | None, job: Job, overruns: Overruns) -> None:
+        self.seconds = seconds
+        self._job = job
+        self._overruns = overruns
+
+    def exceeded(self, *, stuck: bool = False) -> TimeLimitExceeded:
+        assert self.seconds is not None  # only a limited run overruns
+        if stuck:
+            return stuck_error(self.seconds, self._overruns.grace)
+        return TimeLimitExceeded(f"ran longer than {self.seconds:g} s")
+
+    async def overrun(self, ran: asyncio.Future[Any], guard: RunGuard) -> Any:
+        """``ran`` passed the limit: interrupt it and wait for it to return (raising
+        TimeLimitExceeded whatever it raises), or, stuck, until the worker settles it."""
+        overruns, job = self._overruns, self._job
+        assert self.seconds is not None
+        if guard.interrupt():
+            overruns.interrupted(job, self.seconds)
+        try:
+            done, _ = await asyncio.wait((ran,), timeout=overruns.grace)
+            if not done:
+                overruns.became_stuck(job, self.seconds)
+                settle = asyncio.ensure_future(overruns.settle_stuck.wait())
+                try:
+                    done, _ = await asyncio.wait((ran, settle), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    settle.cancel()
+                if ran not in done:
+                    raise self.exceeded(stuck=True)
+            try:
+                return ran.result()  # it returned before the interrupt landed: done
+            except BaseException:
+                raise self.exceeded() from None
+        finally:
+            overruns.returned(job)
+
+
+async def run_async_handler(
+    handler: Callable[..., Any], payload: BaseModel, run: Run, seconds: float | None
+) -> Any:
+    """An async handler on the loop inside ``run``, cancelled at its limit (both
+    delivery paths run theirs so)."""
+    try:
+        async with asyncio.timeout(seconds) as scope:
+            with run:
+                return await handler(payload)
+    except TimeoutError:
+        if scope.expired():  # else the handler's own TimeoutError: its failure
+            raise TimeLimitExceeded(f"ran longer than {seconds:g} s") from None
+        raise
+
+
+def _set_started(started: asyncio.Future[None]) -> None:
+    if not started.done():
+        started.set_result(None)
+
+
 async def _renew_forever(renew: Callable[[], Awaitable[None]], every: float) -> None:
+    """Renew every ``every`` seconds until cancelled or the lease is lost; a renewal
+    that met an unreachable store is tried again at the next turn (stopping would let
+    the lease lapse under a running handler once the store is back)."""
     while True:
         await asyncio.sleep(every)
         try:
             await renew()
-        except Exception:  # a lost lease or an unreachable store: recording will tell
-            log.warning("renewing a job's lease failed; it may run elsewhere", exc_info=True)
+        except LeaseLostError:
+            log.warning("a running job's lease was taken over; it may run elsewhere")
             return
+        except Exception:  # the store unreachable: the ledger's gate says so once
+            continue

@@ -47,8 +47,9 @@ from broker_jobs.envelope import Job, utc_now
 from broker_jobs.store.base import Claim, ClaimOutcome, LeaseLostError
 from broker_jobs.worker.acks import ChannelAcks
 from broker_jobs.worker.delivery import Delivery, decode_for_queue, delivered_wire_message
-from broker_jobs.worker.execution import TimeLimitExceeded
+from broker_jobs.worker.execution import TimeLimitExceeded, run_async_handler, stuck_error
 from broker_jobs.worker.observer import Run
+from broker_jobs.worker.overrun import RunGuard
 from broker_jobs.worker.protocol import Runner, skipped
 from topology import names as n
 
@@ -73,6 +74,10 @@ class _Item:
     settled: bool = False
     #: The handler's run (set when it starts): its duration for the outcome's line.
     run: Run | None = None
+    #: A sync handler's call on its thread (set when it starts), to interrupt it.
+    guard: RunGuard | None = None
+    #: Interrupted at its time limit: whatever it reports, its attempt timed out.
+    overran: bool = False
 
     @functools.cached_property
     def message(self) -> Delivery:
@@ -118,6 +123,8 @@ class FastPath:
         self._tasks: list[asyncio.Task[None]] = []
         #: Claimed jobs not settled yet (running, or waiting for a handler thread).
         self._claimed_jobs: set[_Item] = set()
+        #: Sync jobs whose handler did not return within the overrun grace.
+        self._stuck_jobs: set[_Item] = set()
 
     @property
     def busy(self) -> bool:
@@ -289,6 +296,7 @@ class FastPath:
         if item.must_not_start(self._runner):
             self._report(item, _SKIPPED)
             return
+        item.guard = guard = RunGuard()
         limit = item.spec.time_limit
         if limit is not None:
             self._call_soon(self._arm_time_limit, item, limit)
@@ -297,7 +305,7 @@ class FastPath:
         item.run = run = self._runner.observer.run(item.job)
         try:
             with run:
-                handler(item.payload)
+                guard.call(handler, item.payload)
         except BaseException as error:  # reported; the loop decides (retry, dead letter)
             self._report(item, error)
         else:
@@ -314,16 +322,9 @@ class FastPath:
                 self._give_claim_back(item)
                 return
             error: BaseException | None = None
-            limit = item.spec.time_limit
             item.run = run = runner.observer.run(item.job)
             try:
-                async with asyncio.timeout(limit) as scope:
-                    with run:
-                        await handler(item.payload)
-            except TimeoutError as raised:  # the limit's, or the handler's own
-                error = raised
-                if scope.expired():
-                    error = TimeLimitExceeded(f"ran longer than {limit:g} s")
+                await run_async_handler(handler, item.payload, run, item.spec.time_limit)
             except asyncio.CancelledError:  # the worker is going: left unsettled
                 raise
             except BaseException as raised:  # reported; the loop decides (retry, dead letter)
@@ -359,8 +360,36 @@ class FastPath:
             item.timers.append(loop.call_later(limit, self._timed_out, item, limit))
 
     def _timed_out(self, item: _Item, limit: float) -> None:
-        # The thread cannot be stopped: it finishes in the background (docs/worker.md).
-        self._settle(item, TimeLimitExceeded(f"ran longer than {limit:g} s"))
+        """Past its limit: interrupted, and settled only once its thread reports (it
+        keeps its thread, lease and record), or as stuck when the worker is replaced."""
+        if item.settled:
+            return
+        assert item.guard is not None  # armed by the started handler
+        overruns = self._runner.overruns
+        if item.guard.interrupt():
+            item.overran = True
+            overruns.interrupted(item.job, limit)
+            loop = asyncio.get_running_loop()
+            item.timers.append(loop.call_later(overruns.grace, self._stuck, item, limit))
+
+    def _stuck(self, item: _Item, limit: float) -> None:
+        if not item.settled:
+            self._stuck_jobs.add(item)
+            self._runner.overruns.became_stuck(item.job, limit)
+
+    def settle_stuck(self) -> None:
+        """The worker replaces itself: each stuck job's attempt failed by its time
+        limit (retried or dead-lettered, recorded, acked); their threads die with
+        the process."""
+        for item in list(self._stuck_jobs):
+            limit = item.spec.time_limit
+            assert limit is not None  # only a limited run gets stuck
+            self._settle(item, stuck_error(limit, self._runner.overruns.grace))
+
+    @property
+    def in_hand(self) -> int:
+        """Deliveries taken from the queue and not yet settled or left."""
+        return self._in_hand
 
     def _renew(self, item: _Item) -> None:
         if item.settled:
@@ -386,8 +415,15 @@ class FastPath:
 
     def _settle(self, item: _Item, error: BaseException | None) -> None:
         if item.settled:
-            return  # timed out earlier; this is the thread finishing late
+            return  # settled as stuck earlier; this is the thread finishing late
         item.settled = True
+        if item.overran:
+            self._runner.overruns.returned(item.job)
+            self._stuck_jobs.discard(item)
+            if error is not None and not isinstance(error, TimeLimitExceeded):
+                limit = item.spec.time_limit
+                assert limit is not None  # only a limited run is interrupted
+                error = TimeLimitExceeded(f"ran longer than {limit:g} s")
         self._claimed_jobs.discard(item)
         for timer in item.timers:
             timer.cancel()

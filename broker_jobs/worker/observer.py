@@ -143,6 +143,16 @@ class JobObserver:
         if (metrics := self._task(task)) is not None:
             metrics.lease_lost.inc()
 
+    def overrunning(self, task: str, change: int) -> None:
+        """Sync handlers of ``task`` interrupted at their time limit, not returned yet."""
+        if (metrics := self._task(task)) is not None:
+            metrics.overrunning.inc(change)
+
+    def stuck(self, task: str, change: int) -> None:
+        """Handlers of ``task`` still running past their limit and the overrun grace."""
+        if (metrics := self._task(task)) is not None:
+            metrics.stuck.inc(change)
+
     # -- the outcome lines ----------------------------------------------------------------
 
     def succeeded(self, job: Job, run: Run | None) -> None:

@@ -42,9 +42,10 @@ from broker_jobs.errors import (
 from broker_jobs.store.base import Claim, ClaimOutcome, LeaseLostError, Status, Store
 from broker_jobs.worker.dead_letters import DeathCause, dead_letter_message, publish_dead_letter
 from broker_jobs.worker.delivery import Delivery, WrongQueueError, decode_for_queue, wire_message
-from broker_jobs.worker.execution import Executor
+from broker_jobs.worker.execution import STUCK_RETRY_FLOOR, Executor, RunLimit, TimeLimitExceeded
 from broker_jobs.worker.link import BrokerLink, LinkStoppedError
 from broker_jobs.worker.observer import JobObserver, Run
+from broker_jobs.worker.overrun import Overruns
 from broker_jobs.worker.settings import ProtocolSettings
 from topology import names as n
 from topology.delay import MAX_HOLD
@@ -115,6 +116,8 @@ class Runner:
         self.outcomes = Outcomes()
         #: Logs each outcome and, given metrics, counts it (both paths report there).
         self.observer = observer or JobObserver(app.namespace, settings.worker_id)
+        #: Sync handlers past their time limit, on both paths.
+        self.overruns = Overruns(settings.overrun_grace, self.observer)
         # One thread for the store's short calls: several threads would only take
         # turns at the GIL and at SQLite's write lock (measured: slower, not faster).
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="broker-jobs-store")
@@ -155,6 +158,11 @@ class Runner:
     def busy(self) -> bool:
         """Whether a delivery is in hand on the per-delivery path."""
         return bool(self._tasks)
+
+    @property
+    def in_hand(self) -> int:
+        """Deliveries in hand on the per-delivery path."""
+        return len(self._tasks)
 
     def must_not_start(self, message: Delivery) -> bool:
         """A job not started yet is left unsettled when the worker stops or the
@@ -364,16 +372,17 @@ class Runner:
         assert spec.handler is not None  # checked by the caller
         if spec.transactional:
             return await self._run_in_transaction(message, job, spec, payload, holder)
+        run = self.observer.run(job)
         try:
-            with self.observer.run(job) as run:
-                await self._executor.run(
-                    spec.handler,
-                    payload,
-                    spec.time_limit,
-                    self._renewer(job, holder),
-                    settings.lease / 3,
-                    level=job.priority,
-                )
+            await self._executor.run(
+                spec.handler,
+                payload,
+                run,
+                RunLimit(spec.time_limit, job, self.overruns),
+                renew_lease=self._renewer(job, holder),
+                renew_every=settings.lease / 3,
+                level=job.priority,
+            )
         except Exception as error:  # the handler's failure, decided by its policy
             return await self.after_failure(message, job, spec, error, holder, run=run)
         try:
@@ -427,10 +436,14 @@ class Runner:
         dead-letter it, as its task's retry policy decides."""
         decision = spec.retry.decide(error, job.attempt)
         if decision.delay is not None:
-            due = utc_now() + timedelta(seconds=decision.delay)
+            delay = decision.delay
+            if isinstance(error, TimeLimitExceeded) and error.stuck:
+                # This process exits right after: the attempt starts once it is gone.
+                delay = max(delay, STUCK_RETRY_FLOOR)
+            due = utc_now() + timedelta(seconds=delay)
             # The next attempt is confirmed before this one is recorded and acked.
             try:
-                await self._republish(job.copy(attempt=job.attempt + 1), delay=decision.delay)
+                await self._republish(job.copy(attempt=job.attempt + 1), delay=delay)
             except LinkStoppedError:
                 await self._abandon(job, holder)
                 return None

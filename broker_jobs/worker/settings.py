@@ -36,6 +36,10 @@ class WorkerSettings:
     reconnect_max_delay: float = 1.0
     #: Seconds between the log lines saying that the worker still has no broker.
     still_trying_every: float = 30.0
+    #: Seconds a sync handler interrupted at its time limit has to return; a handler
+    #: still running then is stuck, and the worker is replaced (exit code 70:
+    #: docs/worker.md, *Time limits*).
+    overrun_grace: float = 30.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -48,6 +52,8 @@ class WorkerSettings:
             )
         if self.reconnect_max_delay <= 0:
             raise ConfigurationError("reconnect_max_delay must be a positive number of seconds")
+        if self.overrun_grace <= 0:
+            raise ConfigurationError("overrun_grace must be a positive number of seconds")
 
     @property
     def prefetch_count(self) -> int:
@@ -62,6 +68,8 @@ class ProtocolSettings:
     #: Seconds a claim stays ours without renewal; renewed every third of it.
     lease: float = 60.0
     confirm_timeout: float = 10.0
+    #: WorkerSettings.overrun_grace.
+    overrun_grace: float = 30.0
 
     @property
     def recheck_every(self) -> float:
