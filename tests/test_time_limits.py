@@ -12,6 +12,7 @@ path, a job published with a short delay the per-delivery path.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -74,7 +75,7 @@ class Runs:
 
 
 def no_overlap(spans: list[tuple[float, float]]) -> bool:
-    return all(earlier[1] <= later[0] for earlier, later in zip(spans, spans[1:], strict=False))
+    return all(earlier[1] <= later[0] for earlier, later in itertools.pairwise(spans))
 
 
 @pytest.mark.parametrize("delay", PATHS.values(), ids=PATHS.keys())
@@ -137,7 +138,8 @@ def test_a_spinning_handler_is_interrupted_at_its_limit_and_cannot_swallow_it(
     began = time.monotonic()
     outcomes = run_worker(broker, app, store)
 
-    assert finished == [] and swallowed == []
+    assert finished == []
+    assert swallowed == []
     assert started == ["k", "k"]
     assert time.monotonic() - began < 15  # interrupted, not run to its deadline
     assert outcomes == Counter({"retried": 1, "succeeded": 1})
@@ -247,7 +249,8 @@ def test_a_handler_stuck_past_the_grace_replaces_the_worker_after_the_others_set
     assert raised.value.exit_code == EXIT_HANDLER_STUCK == 70
     assert healthy_done.is_set()
     healthy_record = store.get(healthy_job.idempotency_key)
-    assert healthy_record is not None and healthy_record.status is Status.SUCCEEDED
+    assert healthy_record is not None
+    assert healthy_record.status is Status.SUCCEEDED
     record = store.get(stuck_job.idempotency_key)
     assert record is not None
     assert record.status is Status.RETRYING
@@ -258,7 +261,8 @@ def test_a_handler_stuck_past_the_grace_replaces_the_worker_after_the_others_set
     outcomes = run_worker(broker, app, store, overrun_grace=0.5)
     assert outcomes["succeeded"] == 1
     final = store.get(stuck_job.idempotency_key)
-    assert final is not None and (final.status, final.attempts) == (Status.SUCCEEDED, 2)
+    assert final is not None
+    assert (final.status, final.attempts) == (Status.SUCCEEDED, 2)
 
 
 def test_the_worker_command_exits_70_on_a_stuck_handler_and_its_supervisor_restarts_it(
@@ -297,6 +301,7 @@ def test_the_worker_command_exits_70_on_a_stuck_handler_and_its_supervisor_resta
             sys.executable, "-m", "broker_jobs", "worker", "--url", broker.url, "stuck_app:app",
             "--store", f"sqlite:///{store}", "--overrun-grace", "0.5",
         ],
+        check=False,
         cwd=tmp_path,
         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
         capture_output=True,

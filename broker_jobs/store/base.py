@@ -314,7 +314,15 @@ class Store(ABC):
         """Run ``effects(connection)`` and record SUCCEEDED in one transaction of the
         store's database, so a handler's own writes happen exactly once: both commit
         or neither. ``connection`` is the store's (sqlite3 or psycopg; None for the
-        memory store, which has no transactions)."""
+        memory store, which has no transactions). An exception from ``effects``
+        propagates unchanged (the store's own steps raise :class:`StoreError`)."""
+
+    def is_outage(self, error: BaseException) -> bool:
+        """Whether ``error``, raised by a transactional handler's own statements, means
+        that the database cannot be used now (the connection lost, the disk full, the
+        file locked) rather than that the handler failed: the worker then waits for
+        the ledger and runs the transaction again, spending no attempt."""
+        return False
 
     @abstractmethod
     def retry(
@@ -895,9 +903,15 @@ class ExclusiveStore(Store):
         now: datetime | None = None,
     ) -> None:
         moment = utc(now)
-        with self._held(key, worker, "record success of") as (records, record):
-            effects(records.connection)
-            records.save(_finished_record(record, Status.SUCCEEDED, moment))
+        try:
+            with self._held(key, worker, "record success of") as (records, record):
+                try:
+                    effects(records.connection)
+                except Exception as error:  # past the store's translation of its own errors
+                    raise _EffectsFailed(error) from error
+                records.save(_finished_record(record, Status.SUCCEEDED, moment))
+        except _EffectsFailed as failed:
+            raise failed.error from failed.error.__cause__
 
     def retry(
         self,
@@ -1033,6 +1047,15 @@ class ExclusiveStore(Store):
             if record is None or not holds(record, worker):
                 raise LeaseLostError(key, worker, record, action)
             yield records, record
+
+
+class _EffectsFailed(Exception):
+    """Carries a transactional handler's exception out of the store's section
+    unchanged (a section turns the database's own errors into StoreError)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 def _claim_in(records: Records, job: Job, worker: str, lease: float, moment: datetime) -> Claim:

@@ -503,6 +503,11 @@ class _Queries:
         ]
 
 
+#: SQLSTATEs of a server shutting down or not ready: admin_shutdown, crash_shutdown,
+#: cannot_connect_now.
+_SHUTDOWN_STATES = frozenset({"57P01", "57P02", "57P03"})
+
+
 class PostgresStore(Store):
     """Records in a PostgreSQL table, ``broker_jobs_records`` (in ``schema`` if given,
     else the connection's default schema), created on first use.
@@ -551,6 +556,18 @@ class PostgresStore(Store):
         except BaseException:
             self.close()
             raise
+
+    def is_outage(self, error: BaseException) -> bool:
+        # The connection lost (no SQLSTATE: the client's own failure), a server
+        # shutting down or starting, class 08 (connection) or 53 (a full disk, too
+        # many connections); InterfaceError: the connection closed under the
+        # statement. Not a statement timeout or a deadlock: the handler's failures.
+        if isinstance(error, psycopg.InterfaceError):
+            return True
+        if not isinstance(error, psycopg.OperationalError):
+            return False
+        state = error.sqlstate
+        return state is None or state[:2] in {"08", "53"} or state in _SHUTDOWN_STATES
 
     def __repr__(self) -> str:
         schema = f", schema={self.schema!r}" if self.schema else ""

@@ -293,6 +293,9 @@ class SQLiteStore(ExclusiveStore):
             self.close()
             raise
 
+    def is_outage(self, error: BaseException) -> bool:
+        return _is_outage(error)
+
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
 
@@ -1056,6 +1059,25 @@ def _settle(settled: list[tuple[Any, bool, Any]]) -> None:
             future.set_result(value)
         else:
             future.set_exception(value)
+
+
+#: SQLite's primary result codes that mean "the database cannot be used now", not "the
+#: statement is wrong": busy or locked, disk full, I/O error, cannot open, read-only.
+_OUTAGE_CODES = frozenset(
+    {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_READONLY,
+    }
+)
+
+
+def _is_outage(error: BaseException) -> bool:
+    code = getattr(error, "sqlite_errorcode", None)
+    return isinstance(error, sqlite3.Error) and code is not None and code & 0xFF in _OUTAGE_CODES
 
 
 def _is_busy(error: sqlite3.Error) -> bool:

@@ -157,9 +157,10 @@ class Worker:
         for. Only reads flags: asked on the metrics server's thread."""
         url = self.connected_to
         runner = self._runner
-        stuck = runner.overruns.describe() if runner is not None else None
-        if stuck is not None:
-            return False, stuck
+        if runner is not None:
+            held = runner.overruns.describe() or runner.ledger.describe()
+            if held is not None:
+                return False, held
         if self._stopping.is_set():
             return False, "stopping"
         if url is None or not self._consuming:

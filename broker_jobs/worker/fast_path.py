@@ -44,10 +44,11 @@ from pydantic import BaseModel
 from broker_jobs.app import TaskSpec
 from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job, utc_now
-from broker_jobs.store.base import Claim, ClaimOutcome, LeaseLostError
+from broker_jobs.store.base import Claim, ClaimOutcome, LeaseLostError, StoreError
 from broker_jobs.worker.acks import ChannelAcks
 from broker_jobs.worker.delivery import Delivery, decode_for_queue, delivered_wire_message
 from broker_jobs.worker.execution import TimeLimitExceeded, run_async_handler, stuck_error
+from broker_jobs.worker.ledger_gate import LedgerGaveUp
 from broker_jobs.worker.observer import Run
 from broker_jobs.worker.overrun import RunGuard
 from broker_jobs.worker.protocol import Runner, skipped
@@ -230,12 +231,40 @@ class FastPath:
     def _claimed_later(self, items: list[_Item], claiming: asyncio.Future[list[Claim]]) -> None:
         error = claiming.exception()
         if error is None:
+            self._runner.ledger.answered()
             self._claimed(items, claiming.result())
+            return
+        if isinstance(error, StoreError):  # our outage: held, claimed once the store answers
+            self._runner.ledger.failed(error)
+            self._spawn(self._claim_when_the_ledger_answers(items))
             return
         log.error(
             "claiming %d jobs failed; returning them to the queue", len(items), exc_info=error
         )
         self._spawn(self._give_back(items))
+
+    async def _claim_when_the_ledger_answers(self, items: list[_Item]) -> None:
+        """Claim ``items`` (unacked, no claim taken) once the store answers; a
+        stopping worker leaves them unsettled instead (the broker returns them)."""
+        runner = self._runner
+        store, lease = runner.store, runner.settings.lease
+        pairs = [(item.job, item.holder) for item in items]
+        await runner.ledger.pause()
+        try:
+            claims = await runner.recorded(
+                store.claim_many,
+                pairs,
+                lease,
+                after=functools.partial(self._start, items),
+                give_up=lambda: runner.stopping,
+            )
+        except LedgerGaveUp:
+            for item in items:
+                item.acks.forget(item.tag)
+                runner.outcomes.counts["left"] += 1
+                self._release(item)
+            return
+        self._claimed(items, claims)
 
     def _claimed(self, items: list[_Item], claims: list[Claim]) -> None:
         runner = self._runner
@@ -401,12 +430,15 @@ class FastPath:
                 await runner.in_store(
                     runner.store.renew, item.job.idempotency_key, item.holder, runner.settings.lease
                 )
-            except Exception as error:  # a lost lease or an unreachable store: recording will tell
-                if isinstance(error, LeaseLostError):
-                    runner.observer.lease_lost(item.task)
-                log.warning("renewing job %s's lease failed; it may run elsewhere", item.job.id)
+            except LeaseLostError:  # recording will tell
+                runner.observer.lease_lost(item.task)
+                log.warning("job %s's lease was taken over; it may run elsewhere", item.job.id)
                 return
-            runner.observer.renewed(item.task)
+            except StoreError as error:  # the ledger's outage: renewed again at the next turn
+                runner.ledger.failed(error)
+            else:
+                runner.ledger.answered()
+                runner.observer.renewed(item.task)
             if not item.settled:
                 loop = asyncio.get_running_loop()
                 item.timers.append(loop.call_later(runner.settings.lease / 3, self._renew, item))
@@ -441,7 +473,7 @@ class FastPath:
 
         async def release() -> str | None:
             try:
-                await runner.in_store(runner.store.release, item.job.idempotency_key, item.holder)
+                await runner.release(item.job, item.holder)
             finally:
                 self._release(item)
             return None  # left unsettled: the broker gives it back
@@ -470,7 +502,9 @@ class FastPath:
             # At once, here, where the store can (no hop through the store's thread).
             lost = runner.store.try_succeed_many(finished)
             if lost is None:
-                lost = await runner.in_store(runner.store.succeed_many, finished)
+                # Held through a ledger outage: the handlers ran; their deliveries
+                # stay unacked until their successes are written.
+                lost = await runner.recorded(runner.store.succeed_many, finished)
         except Exception:
             log.exception("recording %d successes failed; returning them", len(items))
             await self._give_back(items)

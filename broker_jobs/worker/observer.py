@@ -104,6 +104,9 @@ class JobObserver:
         self._metrics = metrics
         for task in tasks:  # their series exist from the start, at 0
             self._task(task)
+        if metrics is not None:
+            metrics.ledger_up.labels(namespace).set(1)
+            metrics.ledger_down_seconds.labels(namespace)
 
     @property
     def link(self) -> LinkMetrics | None:
@@ -142,6 +145,14 @@ class JobObserver:
     def lease_lost(self, task: str) -> None:
         if (metrics := self._task(task)) is not None:
             metrics.lease_lost.inc()
+
+    def ledger_up(self, up: bool) -> None:
+        if self._metrics is not None:
+            self._metrics.ledger_up.labels(self._namespace).set(1 if up else 0)
+
+    def ledger_down_for(self, seconds: float) -> None:
+        if self._metrics is not None and seconds > 0:
+            self._metrics.ledger_down_seconds.labels(self._namespace).inc(seconds)
 
     def overrunning(self, task: str, change: int) -> None:
         """Sync handlers of ``task`` interrupted at their time limit, not returned yet."""

@@ -39,10 +39,19 @@ from broker_jobs.errors import (
     ConfirmTimeoutError,
     DecodeError,
 )
-from broker_jobs.store.base import Claim, ClaimOutcome, LeaseLostError, Status, Store
+from broker_jobs.store.base import (
+    Claim,
+    ClaimOutcome,
+    JobRecord,
+    LeaseLostError,
+    Status,
+    Store,
+    StoreError,
+)
 from broker_jobs.worker.dead_letters import DeathCause, dead_letter_message, publish_dead_letter
 from broker_jobs.worker.delivery import Delivery, WrongQueueError, decode_for_queue, wire_message
 from broker_jobs.worker.execution import STUCK_RETRY_FLOOR, Executor, RunLimit, TimeLimitExceeded
+from broker_jobs.worker.ledger_gate import LedgerGate, LedgerGaveUp
 from broker_jobs.worker.link import BrokerLink, LinkStoppedError
 from broker_jobs.worker.observer import JobObserver, Run
 from broker_jobs.worker.overrun import Overruns
@@ -75,6 +84,11 @@ class Outcomes:
 
     def add(self, outcome: str) -> None:
         self.counts[outcome] += 1
+
+
+def _committed_by(record: JobRecord | None, holder: str) -> bool:
+    """Whether ``record`` shows ``holder``'s success (its commit went through)."""
+    return record is not None and record.status is Status.SUCCEEDED and record.worker == holder
 
 
 def skipped(job: Job, claim: Claim, observer: JobObserver) -> str | None:
@@ -118,6 +132,8 @@ class Runner:
         self.observer = observer or JobObserver(app.namespace, settings.worker_id)
         #: Sync handlers past their time limit, on both paths.
         self.overruns = Overruns(settings.overrun_grace, self.observer)
+        #: Holds deliveries while the store fails, on both paths.
+        self.ledger = LedgerGate(repr(store), self.observer)
         # One thread for the store's short calls: several threads would only take
         # turns at the GIL and at SQLite's write lock (measured: slower, not faster).
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="broker-jobs-store")
@@ -204,15 +220,20 @@ class Runner:
     ) -> None:
         try:
             outcome = await outcome_of
-            if outcome is None:
-                # Stopping, or the channel lost, before the job started: left
-                # unsettled; the broker returns it to the queue.
-                message.acks.forget(message.tag)
-                self.outcomes.add("left")
-                return
+        except (LedgerGaveUp, StoreError):
+            # Our outage, not the job's: never handed back in a loop (each return
+            # would count against the queue's delivery limit). Left unsettled: the
+            # broker returns it when the channel goes, and its record decides then.
+            outcome = None
         except Exception:
             log.exception("processing a %s delivery failed; returning it to the queue", task)
             await self.give_back(message, task)
+            return
+        if outcome is None:
+            # Stopping, or the channel lost, before the job started: left
+            # unsettled; the broker returns it to the queue.
+            message.acks.forget(message.tag)
+            self.outcomes.add("left")
             return
         await self.ack(message, task, outcome)
 
@@ -262,6 +283,31 @@ class Runner:
             return result
 
         return asyncio.get_running_loop().run_in_executor(self._store_thread, in_thread)
+
+    async def recorded(
+        self,
+        call: Callable[..., T],
+        *args: Any,
+        give_up: Callable[[], bool] | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """:meth:`in_store`, held through a ledger outage (:class:`LedgerGate`): tried
+        again until the store answers; ``give_up()`` true after a failure raises
+        :class:`LedgerGaveUp` instead."""
+        return await self.ledger.call(
+            lambda: self.in_store(call, *args, **kwargs), give_up=give_up
+        )
+
+    async def release(self, job: Job, holder: str) -> None:
+        """Give ``holder``'s claim back (a job not started, or abandoned) so that its
+        redelivery runs at once; tried once: if the store fails, the lease lapses."""
+        try:
+            await self.in_store(self._store.release, job.idempotency_key, holder)
+        except StoreError as error:
+            self.ledger.failed(error)
+            log.warning("job %s's claim could not be given back; its lease will lapse", job.id)
+        else:
+            self.ledger.answered()
 
     def close(self) -> None:
         self._store_thread.shutdown(wait=True)
@@ -346,7 +392,9 @@ class Runner:
         # this worker at once must not both count as "ours".
         holder = self.next_holder()
         death = await self._crash_loop(message, job, spec)
-        claim = await self.in_store(store.claim, job, holder, settings.lease)
+        claim = await self.recorded(
+            store.claim, job, holder, settings.lease, give_up=lambda: self.must_not_start(message)
+        )
         skip = skipped(job, claim, self.observer)
         if skip is not None:
             return skip
@@ -386,7 +434,7 @@ class Runner:
         except Exception as error:  # the handler's failure, decided by its policy
             return await self.after_failure(message, job, spec, error, holder, run=run)
         try:
-            await self.in_store(store.succeed, job.idempotency_key, holder)
+            await self.recorded(store.succeed, job.idempotency_key, holder)
         except LeaseLostError:
             self.observer.lease_lost(job.task)
             log.warning("job %s finished after its lease was taken over", job.id)
@@ -411,14 +459,30 @@ class Runner:
             with run:  # inside the transaction: a lease lost before it runs nothing
                 handler(payload, db)
 
-        try:
-            await asyncio.to_thread(self._store.succeed_with, job.idempotency_key, holder, effects)
-        except LeaseLostError:
-            self.observer.lease_lost(job.task)
-            log.warning("job %s: lease taken over before its transaction; not run", job.id)
-            return "duplicate"
-        except Exception as error:  # rolled back: decided by the task's policy
-            return await self.after_failure(message, job, spec, error, holder, run=run)
+        store, ledger = self._store, self.ledger
+        tried_before = False
+        while True:
+            try:
+                await asyncio.to_thread(store.succeed_with, job.idempotency_key, holder, effects)
+            except LeaseLostError as lost:
+                if tried_before and _committed_by(lost.record, holder):
+                    break  # the commit went through before the connection broke
+                ledger.answered()
+                self.observer.lease_lost(job.task)
+                log.warning("job %s: lease taken over before its transaction; not run", job.id)
+                return "duplicate"
+            except Exception as error:  # rolled back
+                if not isinstance(error, StoreError) and not store.is_outage(error):
+                    # The handler's failure: decided by the task's policy.
+                    return await self.after_failure(message, job, spec, error, holder, run=run)
+                # The database's outage, not the job's: no attempt spent; the
+                # transaction runs again once the ledger answers.
+                ledger.failed(error)
+                tried_before = True
+                await ledger.pause()
+                continue
+            break
+        ledger.answered()
         self.observer.succeeded(job, run)
         return "succeeded"
 
@@ -449,7 +513,7 @@ class Runner:
                 return None
             text = f"{type(error).__name__}: {error}"
             # A failure is rare: its payload is kept with it (for the job's page).
-            await self.in_store(
+            await self.recorded(
                 self._store.retry, job.idempotency_key, holder, text, due, payload=job.payload
             )
             self.observer.retrying(job, run, error, due)
@@ -498,7 +562,7 @@ class Runner:
         if not record:
             pass
         elif job is not None:
-            await self.in_store(
+            await self.recorded(
                 self._store.dead,
                 job.idempotency_key,
                 holder,
@@ -509,7 +573,7 @@ class Runner:
         elif properties.message_id:
             # A poison message never became a job: the ledger still says it is dead,
             # under its idempotency key if it had a readable one, else its id.
-            await self.in_store(
+            await self.recorded(
                 self._store.dead,
                 key or properties.message_id,
                 None,
@@ -574,7 +638,7 @@ class Runner:
         publish (a retry, a dead letter) never got out. Its claim is given back, so
         that its redelivery runs the attempt again at once (not after the lease)."""
         if job is not None and holder is not None:
-            await self.in_store(self._store.release, job.idempotency_key, holder)
+            await self.release(job, holder)
 
     async def _crash_loop(
         self, message: Delivery, job: Job, spec: TaskSpec
@@ -596,7 +660,9 @@ class Runner:
             or count < options.delivery_limit
         ):
             return None
-        record = await self.in_store(self._store.get, job.idempotency_key)
+        record = await self.recorded(
+            self._store.get, job.idempotency_key, give_up=lambda: self.must_not_start(message)
+        )
         now = utc_now()
         if (
             record is None
@@ -621,6 +687,10 @@ class Runner:
             except LeaseLostError:
                 self.observer.lease_lost(job.task)
                 raise
+            except StoreError as error:  # renewed again at the next turn
+                self.ledger.failed(error)
+                raise
+            self.ledger.answered()
             self.observer.renewed(job.task)
 
         return renew

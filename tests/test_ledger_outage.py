@@ -1,0 +1,215 @@
+"""A ledger outage never costs a job (docs/worker.md, *Ledger outages*).
+
+A PostgreSQL server of the test's own is stopped in the middle of a drain: handlers
+that finished cannot record their success, new deliveries cannot be claimed. The
+worker holds them (unacked, no nack loop), says so once, answers /readyz 503, and goes
+on when the server is back: every job succeeds, none is dead-lettered, none runs twice,
+even on a queue whose delivery limit is 1 (a single return would dead-letter a job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import psycopg
+import pytest
+from pydantic import BaseModel
+
+from broker_jobs import App, JobRequest, Publisher, QueueOptions
+from broker_jobs.store.base import Status
+from broker_jobs.store.postgres import PostgresStore
+from broker_jobs.testing.postgres_node import PostgresNode
+from broker_jobs.worker import Worker, WorkerSettings
+from tests.support import Broker, unavailable, wait_until
+
+JOBS, BEFORE_OUTAGE = 120, 30
+
+
+class Key(BaseModel):
+    key: str
+
+
+@pytest.fixture(scope="module")
+def own_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresNode]:
+    """A server of this module's own: the tests stop and start it."""
+    if not PostgresNode.available():
+        unavailable("no PostgreSQL: apt-get install postgresql")
+    node = PostgresNode.create(tmp_path_factory.mktemp("outage-postgres"))
+    try:
+        node.start()
+        yield node
+    finally:
+        node.cleanup()
+
+
+class Outage:
+    """Jobs after the first BEFORE_OUTAGE wait in their handler until the server is
+    down, so the outage lands mid-drain however fast the machine."""
+
+    def __init__(self) -> None:
+        self.down = threading.Event()
+        self.runs: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def run(self, key: str) -> None:
+        with self._lock:
+            self.runs[key] += 1
+            started = sum(self.runs.values())
+        if started > BEFORE_OUTAGE:
+            assert self.down.wait(60), "the test never stopped the server"
+
+
+def publish(broker: Broker, app: App, task: str) -> list[str]:
+    with Publisher(broker.url, app) as publisher:
+        jobs = publisher.publish_many(
+            [JobRequest(task, {"key": f"k{n}"}) for n in range(JOBS)]
+        )
+    return [job.idempotency_key for job in jobs]
+
+
+def drain_through_an_outage(
+    broker: Broker, app: App, store: PostgresStore, node: PostgresNode, outage: Outage
+) -> tuple[Counter[str], list[str]]:
+    """Run a burst worker in a thread; stop the server once jobs wait for it, start it
+    again once the worker says it holds its jobs for the ledger. The outcomes, and
+    the reasons /readyz gave."""
+    worker = Worker(broker.url, app, store, WorkerSettings(burst=True, concurrency=4))
+    outcomes: list[Counter[str]] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcomes.append(asyncio.run(worker.run()))
+        except BaseException as error:
+            failure.append(error)
+
+    thread = threading.Thread(target=run, name="worker under test")
+    thread.start()
+    reasons = []
+    try:
+        wait_until(lambda: sum(outage.runs.values()) > BEFORE_OUTAGE, within=60, what="jobs run")
+        node.stop()
+        outage.down.set()
+        reasons.append(
+            wait_until(
+                lambda: held_for_the_ledger(worker),
+                within=60,
+                what="the worker to say it holds its jobs for the ledger",
+            )
+        )
+    finally:
+        outage.down.set()
+        if not node.running:
+            node.start()
+        thread.join(120)
+    assert not thread.is_alive(), "the worker did not drain after the server came back"
+    if failure:
+        raise failure[0]
+    return outcomes[0], reasons
+
+
+def held_for_the_ledger(worker: Worker) -> str | None:
+    """/readyz's reason while the worker holds its jobs for the ledger, else None."""
+    ready, reason = worker.readiness()
+    return reason if not ready and "ledger" in reason else None
+
+
+def dead_letter_count(connection: pika.BlockingConnection, app: App, task: str) -> int:
+    declared = connection.channel().queue_declare(
+        app.names.dead_letter_queue(task), passive=True
+    )
+    return declared.method.message_count
+
+
+@pytest.mark.parametrize("transactional", [False, True], ids=["plain", "transactional"])
+def test_a_postgres_outage_mid_drain_holds_the_jobs_and_loses_none(
+    broker: Broker,
+    make_app: Callable[[], App],
+    own_postgres: PostgresNode,
+    connection: pika.BlockingConnection,
+    caplog: pytest.LogCaptureFixture,
+    transactional: bool,
+) -> None:
+    app = make_app()
+    outage = Outage()
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    table = f'"{schema}".effects'
+    one_return_kills = QueueOptions(delivery_limit=1)
+
+    if transactional:
+
+        @app.task("outage.effect", transactional=True, queue=one_return_kills)
+        def effect_in_transaction(payload: Key, db: Any) -> None:
+            outage.run(payload.key)
+            db.execute(f"INSERT INTO {table} (key) VALUES (%s)", (payload.key,))
+
+    else:
+
+        @app.task("outage.effect", queue=one_return_kills)
+        def effect(payload: Key) -> None:
+            outage.run(payload.key)
+
+    store = PostgresStore(own_postgres.dsn, schema=schema)
+    try:
+        if transactional:
+            with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
+                conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+                conn.execute(f"CREATE TABLE {table} (key text NOT NULL)")
+        keys = publish(broker, app, "outage.effect")
+        with caplog.at_level(logging.INFO, logger="broker_jobs.worker.ledger_gate"):
+            outcomes, reasons = drain_through_an_outage(broker, app, store, own_postgres, outage)
+
+        assert outcomes["succeeded"] == JOBS, outcomes
+        assert outcomes["returned"] == 0
+        assert outcomes["dead:crash-loop"] == 0
+        assert dead_letter_count(connection, app, "outage.effect") == 0
+        assert all(store.get(key).status is Status.SUCCEEDED for key in keys)  # type: ignore[union-attr]
+        assert "the ledger" in reasons[0]
+        assert "jobs are held" in reasons[0]
+        gate_lines = [
+            (r.levelno, r.getMessage()) for r in caplog.records if r.name.endswith("ledger_gate")
+        ]
+        warnings = [text for level, text in gate_lines if level == logging.WARNING]
+        infos = [text for level, text in gate_lines if level == logging.INFO]
+        assert len(warnings) == 1
+        assert "Holding the deliveries" in warnings[0]
+        assert len(infos) == 1
+        assert "answers again after" in infos[0]
+        if transactional:
+            with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
+                rows = conn.execute(f"SELECT key, count(*) FROM {table} GROUP BY key").fetchall()
+            assert sorted(rows) == sorted((f"k{n}", 1) for n in range(JOBS))
+        else:  # held, not handed back: nothing ran twice
+            assert outage.runs == Counter({f"k{n}": 1 for n in range(JOBS)})
+    finally:
+        store.close()
+
+
+def test_a_handlers_own_database_error_is_its_failure_not_an_outage(
+    tmp_path: Path,
+) -> None:
+    """The stores tell an outage (a lock, a full disk, a lost connection) from a
+    handler's wrong statement, which its retry policy decides as before."""
+    import sqlite3  # noqa: PLC0415
+
+    from broker_jobs.store.sqlite import SQLiteStore  # noqa: PLC0415
+
+    with SQLiteStore(tmp_path / "jobs.db") as store:
+        full = sqlite3.OperationalError("database or disk is full")
+        full.sqlite_errorcode = sqlite3.SQLITE_FULL  # type: ignore[attr-defined]
+        locked = sqlite3.OperationalError("database is locked")
+        locked.sqlite_errorcode = sqlite3.SQLITE_BUSY  # type: ignore[attr-defined]
+        wrong = sqlite3.IntegrityError("UNIQUE constraint failed: effects.key")
+        wrong.sqlite_errorcode = sqlite3.SQLITE_CONSTRAINT  # type: ignore[attr-defined]
+        assert store.is_outage(full)
+        assert store.is_outage(locked)
+        assert not store.is_outage(wrong)
+        assert not store.is_outage(ValueError("x"))
