@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import threading
 import uuid
 from collections import Counter
@@ -24,8 +25,9 @@ import pytest
 from pydantic import BaseModel
 
 from broker_jobs import App, JobRequest, Publisher, QueueOptions
-from broker_jobs.store.base import Status
+from broker_jobs.store.base import Status, Store
 from broker_jobs.store.postgres import PostgresStore
+from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.testing.postgres_node import PostgresNode
 from broker_jobs.worker import Worker, WorkerSettings
 from tests.support import Broker, unavailable, wait_until
@@ -76,11 +78,16 @@ def publish(broker: Broker, app: App, task: str) -> list[str]:
 
 
 def drain_through_an_outage(
-    broker: Broker, app: App, store: PostgresStore, node: PostgresNode, outage: Outage
+    broker: Broker,
+    app: App,
+    store: Store,
+    outage: Outage,
+    begin: Callable[[], None],
+    end: Callable[[], None],
 ) -> tuple[Counter[str], list[str]]:
-    """Run a burst worker in a thread; stop the server once jobs wait for it, start it
-    again once the worker says it holds its jobs for the ledger. The outcomes, and
-    the reasons /readyz gave."""
+    """Run a burst worker in a thread; ``begin()`` the outage once jobs wait for it,
+    ``end()`` it once the worker says it holds its jobs for the ledger. The outcomes,
+    and the reasons /readyz gave."""
     worker = Worker(broker.url, app, store, WorkerSettings(burst=True, concurrency=4))
     outcomes: list[Counter[str]] = []
     failure: list[BaseException] = []
@@ -96,7 +103,7 @@ def drain_through_an_outage(
     reasons = []
     try:
         wait_until(lambda: sum(outage.runs.values()) > BEFORE_OUTAGE, within=60, what="jobs run")
-        node.stop()
+        begin()
         outage.down.set()
         reasons.append(
             wait_until(
@@ -107,13 +114,17 @@ def drain_through_an_outage(
         )
     finally:
         outage.down.set()
-        if not node.running:
-            node.start()
+        end()
         thread.join(120)
     assert not thread.is_alive(), "the worker did not drain after the server came back"
     if failure:
         raise failure[0]
     return outcomes[0], reasons
+
+
+def restart(node: PostgresNode) -> None:
+    if not node.running:
+        node.start()
 
 
 def held_for_the_ledger(worker: Worker) -> str | None:
@@ -165,7 +176,9 @@ def test_a_postgres_outage_mid_drain_holds_the_jobs_and_loses_none(
                 conn.execute(f"CREATE TABLE {table} (key text NOT NULL)")
         keys = publish(broker, app, "outage.effect")
         with caplog.at_level(logging.INFO, logger="broker_jobs.worker.ledger_gate"):
-            outcomes, reasons = drain_through_an_outage(broker, app, store, own_postgres, outage)
+            outcomes, reasons = drain_through_an_outage(
+                broker, app, store, outage, own_postgres.stop, lambda: restart(own_postgres)
+            )
 
         assert outcomes["succeeded"] == JOBS, outcomes
         assert outcomes["returned"] == 0
@@ -193,22 +206,54 @@ def test_a_postgres_outage_mid_drain_holds_the_jobs_and_loses_none(
         store.close()
 
 
+def test_an_sqlite_ledger_locked_by_another_process_holds_the_jobs_and_loses_none(
+    broker: Broker,
+    make_app: Callable[[], App],
+    connection: pika.BlockingConnection,
+    tmp_path: Path,
+) -> None:
+    """Another connection holds the file's write lock (a shell, a backup): every
+    write of the worker gives up after its busy timeout, and is tried again."""
+    app = make_app()
+    outage = Outage()
+
+    @app.task("outage.locked", queue=QueueOptions(delivery_limit=1))
+    def effect(payload: Key) -> None:
+        outage.run(payload.key)
+
+    path = tmp_path / "jobs.db"
+    locker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    with SQLiteStore(path, busy_timeout=0.2) as store:
+        keys = publish(broker, app, "outage.locked")
+        outcomes, reasons = drain_through_an_outage(
+            broker,
+            app,
+            store,
+            outage,
+            lambda: locker.execute("BEGIN EXCLUSIVE"),
+            lambda: locker.in_transaction and locker.execute("ROLLBACK"),
+        )
+        assert outcomes["succeeded"] == JOBS, outcomes
+        assert outcomes["returned"] == 0
+        assert dead_letter_count(connection, app, "outage.locked") == 0
+        assert all(store.get(key).status is Status.SUCCEEDED for key in keys)  # type: ignore[union-attr]
+        assert "locked by another process" in reasons[0]
+        assert outage.runs == Counter({f"k{n}": 1 for n in range(JOBS)})
+    locker.close()
+
+
 def test_a_handlers_own_database_error_is_its_failure_not_an_outage(
     tmp_path: Path,
 ) -> None:
     """The stores tell an outage (a lock, a full disk, a lost connection) from a
     handler's wrong statement, which its retry policy decides as before."""
-    import sqlite3  # noqa: PLC0415
-
-    from broker_jobs.store.sqlite import SQLiteStore  # noqa: PLC0415
-
     with SQLiteStore(tmp_path / "jobs.db") as store:
         full = sqlite3.OperationalError("database or disk is full")
-        full.sqlite_errorcode = sqlite3.SQLITE_FULL  # type: ignore[attr-defined]
+        full.sqlite_errorcode = sqlite3.SQLITE_FULL
         locked = sqlite3.OperationalError("database is locked")
-        locked.sqlite_errorcode = sqlite3.SQLITE_BUSY  # type: ignore[attr-defined]
+        locked.sqlite_errorcode = sqlite3.SQLITE_BUSY
         wrong = sqlite3.IntegrityError("UNIQUE constraint failed: effects.key")
-        wrong.sqlite_errorcode = sqlite3.SQLITE_CONSTRAINT  # type: ignore[attr-defined]
+        wrong.sqlite_errorcode = sqlite3.SQLITE_CONSTRAINT
         assert store.is_outage(full)
         assert store.is_outage(locked)
         assert not store.is_outage(wrong)
