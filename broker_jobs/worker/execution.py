@@ -45,6 +45,11 @@ class TimeLimitExceeded(Exception):
         self.stuck = stuck
 
 
+def time_limit_error(seconds: float) -> TimeLimitExceeded:
+    """The failure of an attempt that ran past its limit of ``seconds``."""
+    return TimeLimitExceeded(f"ran longer than {seconds:g} s")
+
+
 def stuck_error(seconds: float, grace: float) -> TimeLimitExceeded:
     """The failure of an attempt whose handler was stuck past its limit and ``grace``."""
     return TimeLimitExceeded(
@@ -281,7 +286,7 @@ class RunLimit:
         assert self.seconds is not None  # only a limited run overruns
         if stuck:
             return stuck_error(self.seconds, self._overruns.grace)
-        return TimeLimitExceeded(f"ran longer than {self.seconds:g} s")
+        return time_limit_error(self.seconds)
 
     async def overrun(self, ran: asyncio.Future[Any], guard: RunGuard) -> Any:
         """``ran`` passed the limit: interrupt it and wait for it to return (raising
@@ -319,8 +324,8 @@ async def run_async_handler(
             with run:
                 return await handler(payload)
     except TimeoutError:
-        if scope.expired():  # else the handler's own TimeoutError: its failure
-            raise TimeLimitExceeded(f"ran longer than {seconds:g} s") from None
+        if seconds is not None and scope.expired():  # else the handler's own: its failure
+            raise time_limit_error(seconds) from None
         raise
 
 

@@ -47,7 +47,12 @@ from broker_jobs.envelope import Job, utc_now
 from broker_jobs.store.base import Claim, ClaimOutcome, LeaseLostError, StoreError
 from broker_jobs.worker.acks import ChannelAcks
 from broker_jobs.worker.delivery import Delivery, decode_for_queue, delivered_wire_message
-from broker_jobs.worker.execution import TimeLimitExceeded, run_async_handler, stuck_error
+from broker_jobs.worker.execution import (
+    TimeLimitExceeded,
+    run_async_handler,
+    stuck_error,
+    time_limit_error,
+)
 from broker_jobs.worker.ledger_gate import LedgerGaveUp
 from broker_jobs.worker.observer import Run
 from broker_jobs.worker.overrun import RunGuard
@@ -455,7 +460,7 @@ class FastPath:
             if error is not None and not isinstance(error, TimeLimitExceeded):
                 limit = item.spec.time_limit
                 assert limit is not None  # only a limited run is interrupted
-                error = TimeLimitExceeded(f"ran longer than {limit:g} s")
+                error = time_limit_error(limit)
         self._claimed_jobs.discard(item)
         for timer in item.timers:
             timer.cancel()
