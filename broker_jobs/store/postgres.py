@@ -99,6 +99,18 @@ SCHEMA_VERSION = 4
 DEFAULT_MAX_CONNECTIONS = 4
 #: Seconds to wait for the server when connecting, unless the DSN sets connect_timeout.
 DEFAULT_CONNECT_TIMEOUT = 10
+#: libpq's TCP settings unless the DSN sets them: a server that vanishes behind a
+#: network cut (no reset, no answer) is noticed within ~25 s on an idle connection
+#: (keepalives) and ~15 s on one waiting for an answer to what it sent
+#: (tcp_user_timeout), so the call fails and the worker holds its jobs, instead of a
+#: query hanging for the kernel's 15 minutes of retransmissions.
+DEFAULT_TCP_OPTIONS: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15_000,
+}
 #: Advisory lock serialising table creation between workers starting together.
 _SCHEMA_LOCK = 0x62726F6B65726A73  # "brokerjs"
 #: How often a claim re-tries when the row changed between its upsert and its read.
@@ -548,6 +560,9 @@ class PostgresStore(Store):
             self._connect_options["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT
         if "application_name" not in settings:
             self._connect_options["application_name"] = "broker-jobs"
+        for option, value in DEFAULT_TCP_OPTIONS.items():
+            if option not in settings:  # (libpq ignores them on a Unix socket)
+                self._connect_options[option] = value
         self._q = _Queries(schema)
         self._keeps_payloads = False  # until _migrate finds the table writable
         self._pool = _Pool(self._connect, max_connections, pool_wait, self)
