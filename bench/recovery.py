@@ -284,8 +284,9 @@ class Load:
     down) counts its jobs as not published; the next tick tries again with new jobs.
 
     Each job is ``task`` with a unique key, ``prefix`` and a number (``bench.faults``
-    runs one load per task, with prefixes of their own); with ``limit`` the thread
-    ends after that many jobs (published or not)."""
+    runs one load per task, with prefixes of their own), also its idempotency key with
+    ``keyed`` (else the key is the job id); with ``limit`` the thread ends after that
+    many jobs (published or not)."""
 
     def __init__(
         self,
@@ -296,10 +297,12 @@ class Load:
         task: str = TASK,
         prefix: str = "k",
         limit: int | None = None,
+        keyed: bool = False,
         name: str = "bench.recovery publisher",
     ) -> None:
         self.url, self.app, self.rate = url, app, rate
-        self.task, self.prefix, self.limit, self.name = task, prefix, limit, name
+        self.task, self.prefix, self.limit, self.keyed = task, prefix, limit, keyed
+        self.name = name
         self.lock = threading.Lock()
         #: Confirmed keys and the wall time of their confirm.
         self.confirmed: dict[str, float] = {}
@@ -362,7 +365,11 @@ class Load:
 
         try:
             publisher.publish_many(
-                [JobRequest(self.task, {"key": key}) for key in keys], on_confirmed=confirmed
+                [
+                    JobRequest(self.task, {"key": key}, idempotency_key=key if self.keyed else None)
+                    for key in keys
+                ],
+                on_confirmed=confirmed,
             )
         except Exception as error:  # whatever the broker's state: count it, go on
             kind = type(error).__name__
