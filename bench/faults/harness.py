@@ -173,7 +173,9 @@ class Env:
         if self._postgres is None:
             if not PostgresNode.available():
                 raise ScenarioSkipped("no local PostgreSQL server (apt-get install postgresql)")
-            self._postgres = PostgresNode.create(self.base / "postgres")
+            # Durable: the scenarios kill it, and a fast node (fsync and synchronous
+            # commits off) loses commits it acknowledged, so jobs acked after them.
+            self._postgres = PostgresNode.create(self.base / "postgres", durable=True)
             print(f"  starting a throwaway PostgreSQL (port {self._postgres.port})", flush=True)
             self._postgres.start()
         elif not self._postgres.running:

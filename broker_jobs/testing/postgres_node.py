@@ -90,9 +90,13 @@ class PostgresNode:
     cluster_dir: Path
     port: int
     run_as: str | None = None
+    #: False (tests): fsync, synchronous commits and full-page writes off, for speed;
+    #: a crash (kill -9) then loses commits already acknowledged. True: PostgreSQL's
+    #: durable defaults, for fault scenarios that kill the server.
+    durable: bool = False
 
     @classmethod
-    def create(cls, base_dir: Path | None = None) -> PostgresNode:
+    def create(cls, base_dir: Path | None = None, *, durable: bool = False) -> PostgresNode:
         """Pick a free port and the directories; does not run anything."""
         base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="bjtest-pg-"))
         base.mkdir(parents=True, exist_ok=True)
@@ -107,6 +111,7 @@ class PostgresNode:
             cluster_dir=cluster,
             port=_free_port(),
             run_as=user.pw_name if user else None,
+            durable=durable,
         )
 
     @staticmethod
@@ -203,9 +208,11 @@ class PostgresNode:
                 f"-p {self.port}",
                 f"-k {self.socket_dir}",
                 "-c listen_addresses=127.0.0.1",
-                "-c fsync=off",
-                "-c synchronous_commit=off",
-                "-c full_page_writes=off",
+                *(
+                    ()
+                    if self.durable
+                    else ("-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off")
+                ),
             ]
         )
         self._run(
