@@ -248,6 +248,7 @@ class Ledger:
                     None
                     if record is None
                     else {
+                        "job_id": record.job_id,
                         "status": record.status.value,
                         "attempts": record.attempts,
                         "worker": record.worker,

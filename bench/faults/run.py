@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import shutil
 import time
@@ -270,6 +271,16 @@ class Run:
         found = [moment for moment in firsts if moment is not None]
         return round(min(found) - fault.ended, 3) if found else None
 
+    def wait_recovered(self, timeout: float) -> float | None:
+        """Until a job completed after the last fault's end (at most ``timeout`` s)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):  # the ledger's database still away
+                if (found := self.recovery(self.faults[-1])) is not None:
+                    return found
+            time.sleep(0.2)
+        return None
+
     def finish(self) -> dict[str, Any]:
         """Stop the loads and the workers, tally, judge: the scenario's summary."""
         self.stop_loads()
@@ -296,7 +307,7 @@ class Run:
             "dead_lettered": len(dead_all),
             "healthy_dead_lettered": healthy_dead if set(self.tasks) & set(HEALTHY) else None,
             "running_left": counts.get(Status.RUNNING.value, 0),
-            "running_in_ledger": self.ledger_.explain(self.ledger_.keys(Status.RUNNING, 5)),
+            "running_in_ledger": self.explain(self.ledger_.keys(Status.RUNNING, 5)),
             "recovery_s": max(known) if known and len(known) == len(recoveries) else None,
             "faults": [
                 {
@@ -340,6 +351,20 @@ class Run:
         summary["notes"] = self.notes
         return summary
 
+    def explain(self, keys: Sequence[str]) -> dict[str, Any]:
+        """The ledger's account of ``keys`` and every worker log line naming them."""
+        found = self.ledger_.explain(keys)
+        records = self.fleet_.records() if self.fleet else []
+        for key, about in found.items():
+            marks = [key] + ([about["job_id"]] if about else [])
+            lines = [
+                f"{name} {time.strftime('%H:%M:%S', time.localtime(r.at))} {r.level} {r.message}"
+                for name, r in records
+                if any(mark in r.message for mark in marks)
+            ]
+            found[key] = {"ledger": about, "worker_log": [line[:400] for line in lines[:12]]}
+        return found
+
     def _tally(self, task: str) -> dict[str, Any]:
         load = self.loads.get(task)
         confirmed = self.confirmed(task)
@@ -365,7 +390,7 @@ class Run:
             "never_ran": len(never_ran),
             "lost": len(lost),
             "lost_keys": lost[:20],
-            "lost_in_ledger": self.ledger_.explain(lost[:5]),
+            "lost_in_ledger": self.explain(lost[:5]),
             "doubled": sum(count > 1 for count in effects.values()),
             "doubled_keys": sorted(k for k, c in effects.items() if c > 1)[:20],
             "dead_count": len(dead_keys),

@@ -198,8 +198,14 @@ def cluster_leader(env: Env, store: str, settings: Settings) -> dict[str, Any]:
             leaders_before=leaders,
             cluster_formed_s=round(cluster.started_in or 0, 1),
         )
-        _pause(steady + RESTART_S / 2)
+        run.wait_recovered(timeout=60)  # publishes may be refused until a new leader
+        _pause(steady)
         run.stop_loads()
+        confirms = [at for load in run.loads.values() for at in load.confirmed.values()]
+        first = min((at for at in confirms if at > killed), default=None)
+        run.faults[-1].details["first_confirm_after_s"] = (
+            None if first is None else round(first - killed, 3)
+        )
         run.drain(timeout=90)
         with contextlib.suppress(Exception):
             after = {task: cluster.queue_leader(names.task_queue(task)) for task in run.tasks}
