@@ -41,6 +41,7 @@ from bench.faults.run import Run
 from bench.workers import WORKER_COMMAND
 from broker_jobs.store.base import TERMINAL
 from broker_jobs.testing.postgres_node import PostgresNode
+from broker_jobs.testing.processes import child_pids
 from broker_jobs.testing.rabbit_cluster import RabbitCluster
 from broker_jobs.testing.tcp_proxy import TcpProxy
 
@@ -307,7 +308,7 @@ def kill_postgres(node: PostgresNode) -> int:
         master = int(pid_file.read_text().split()[0])
     except (OSError, ValueError, IndexError) as error:
         raise ScenarioError(f"no PostgreSQL postmaster to kill: {error}") from error
-    pids = {master, *_children(master)}
+    pids = {master, *child_pids(master)}
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -317,15 +318,6 @@ def kill_postgres(node: PostgresNode) -> int:
             raise ScenarioError(f"PostgreSQL processes survived SIGKILL: {sorted(pids)}")
         time.sleep(0.05)
     return len(pids)
-
-
-def _children(parent: int) -> set[int]:
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
-                found.add(int(stat.parent.name))
-    return found
 
 
 def _alive(pid: int) -> bool:

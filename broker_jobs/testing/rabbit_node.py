@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from broker_jobs.testing.processes import child_pids
+
 SBIN_ENV = "BROKER_JOBS_RABBITMQ_SBIN"
 _LIB_GLOB = "usr/lib/rabbitmq/lib/rabbitmq_server-*/sbin"
 
@@ -94,16 +96,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _children(ppid: int) -> set[int]:
-    """Child pids of ``ppid`` (Linux /proc); finds beam before it wrote its pid file."""
-    kids = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == ppid:
-                kids.add(int(stat.parent.name))
-    return kids
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -288,7 +280,7 @@ class RabbitNode:
         """beam's pid from the pid file or, early in boot, as the wrapper shell's child."""
         pids = {p for p in [self._read_pid()] if p}
         if self._proc is not None and self._proc.poll() is None:
-            pids |= _children(self._proc.pid)
+            pids |= child_pids(self._proc.pid)
         return pids
 
     def _wait_gone(self, pids: set[int], deadline: float) -> bool:
