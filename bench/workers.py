@@ -70,6 +70,7 @@ class WorkerProcess:
     process: subprocess.Popen[bytes]
     stdout_path: Path
     records: list[Record] = field(default_factory=list)
+    reader: threading.Thread | None = None
 
     @classmethod
     def spawn(cls, name: str, args: Sequence[str], workdir: Path) -> WorkerProcess:
@@ -86,9 +87,9 @@ class WorkerProcess:
             )
         worker = cls(name, process, stdout_path)
         assert process.stderr is not None
-        reader = threading.Thread(target=worker._read, args=(process.stderr,), name=name)
-        reader.daemon = True
-        reader.start()
+        worker.reader = threading.Thread(target=worker._read, args=(process.stderr,), name=name)
+        worker.reader.daemon = True
+        worker.reader.start()
         return worker
 
     @property
@@ -103,21 +104,25 @@ class WorkerProcess:
         return next((r for r in list(self.records) if r.at > after and fragment in r.message), None)
 
     def _read(self, stream: IO[bytes]) -> None:
-        for raw in stream:
-            line = raw.decode(errors="replace").rstrip("\n")
-            found = LOG_LINE.match(line)
-            if found is None:
-                if self.records and self.records[-1].level != "?":
-                    self.records[-1].more.append(line)
-                else:
-                    self.records.append(Record(time.time(), "?", line))
-                continue
-            stamp, level, _logger, message = found.groups()
-            try:
-                at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            except ValueError:
-                at = time.time()
-            self.records.append(Record(at, level, message))
+        with stream:  # closed at the process's end, not left to the garbage collector
+            for raw in stream:
+                self._take(raw)
+
+    def _take(self, raw: bytes) -> None:
+        line = raw.decode(errors="replace").rstrip("\n")
+        found = LOG_LINE.match(line)
+        if found is None:  # a traceback's or a wrapped message's continuation
+            if self.records and self.records[-1].level != "?":
+                self.records[-1].more.append(line)
+            else:
+                self.records.append(Record(time.time(), "?", line))
+            return
+        stamp, level, _logger, message = found.groups()
+        try:
+            at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            at = time.time()
+        self.records.append(Record(at, level, message))
 
 
 def stop_workers(workers: Sequence[WorkerProcess], timeout: float) -> dict[str, int | None]:
@@ -135,5 +140,7 @@ def stop_workers(workers: Sequence[WorkerProcess], timeout: float) -> dict[str, 
             codes[worker.name] = None
             worker.process.kill()
             worker.process.wait()
-    time.sleep(0.2)  # the reader threads take the last lines
+    for worker in workers:  # the reader threads take the last lines
+        if worker.reader is not None:
+            worker.reader.join(timeout=5)
     return codes

@@ -144,7 +144,7 @@ class Settings:
 
 class Env:
     """The nodes scenarios share, started on first use: one RabbitMQ node, one
-    PostgreSQL cluster (both throwaway, fsync off for PostgreSQL). A scenario that
+    PostgreSQL cluster (both throwaway; PostgreSQL with its durable defaults). A scenario that
     kills one brings it back; one left down is started again on the next use."""
 
     def __init__(self, base: Path) -> None:
