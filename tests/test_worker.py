@@ -27,7 +27,7 @@ from broker_jobs import App, Job, JobRequest, Publisher, QueueOptions
 from broker_jobs.cli import main
 from broker_jobs.errors import ConfigurationError
 from broker_jobs.retry import PermanentError, RetryPolicy
-from broker_jobs.store.base import Status
+from broker_jobs.store.base import ExecutionOutcome, Status
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.worker import Worker, WorkerSettings
@@ -397,6 +397,52 @@ def test_a_last_delivery_without_a_lapsed_run_is_run(
     record = store.get(job.idempotency_key)
     assert record is not None
     assert record.status is Status.SUCCEEDED
+
+
+def test_a_job_at_the_delivery_limit_waiting_for_a_dead_holder_is_rescued_not_dead_lettered(
+    broker: Broker,
+    make_app: Callable[[], App],
+    connection: pika.BlockingConnection,
+) -> None:
+    """A worker kill storm: the job's holder died (its lease still runs) and the
+    workers that held its redeliveries, waiting for that lease, died too, up to the
+    queue's delivery limit. The job never crashed a worker itself: it is published
+    again as a fresh message due when the lease lapses, taken over then and run."""
+    app = make_app()
+    ran: list[str] = []
+
+    @app.task("storm.victim", queue=QueueOptions(delivery_limit=2))
+    def victim(payload: Add) -> None:
+        ran.append(payload.key)
+
+    declare(connection, app.topology())
+    with Publisher(broker.url, app) as publisher:
+        job = publisher.publish("storm.victim", {"key": "k"})
+    store = MemoryStore()
+    claim = store.claim(job, "dead-worker#1", lease=3.0)
+    assert claim.record.lease_until is not None
+    channel = connection.channel()
+    queue = app.names.task_queue("storm.victim")
+    for _ in range(2):  # two holders of the delivery died: its count is 2, the limit
+        method, _, _ = channel.basic_get(queue)
+        assert method is not None
+        channel.basic_nack(method.delivery_tag, requeue=True)
+
+    outcomes = run_worker(broker, app, store)
+    assert outcomes["rescued"] == 1
+    if not outcomes["succeeded"]:  # rescued under the live lease: the copy is delayed
+
+        def copy_due() -> bool:
+            return channel.queue_declare(queue, passive=True).method.message_count == 1
+
+        wait_until(copy_due, within=30, what="the rescued copy due in the task queue")
+        outcomes += run_worker(broker, app, store)
+    assert outcomes["succeeded"] == 1
+    assert ran == ["k"]
+    assert dead_letters(connection, app, "storm.victim") == []
+    lost, succeeded = store.executions(job.idempotency_key)
+    assert (lost.outcome, succeeded.outcome) == (ExecutionOutcome.LOST, ExecutionOutcome.SUCCEEDED)
+    assert succeeded.started_at >= claim.record.lease_until  # never beside the holder
 
 
 class EffectsDatabase:

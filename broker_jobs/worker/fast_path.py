@@ -584,6 +584,7 @@ def _report_crash(task: asyncio.Task[None]) -> None:
 
 
 def _last_allowed_delivery(delivered: DeliveredMessage, spec: TaskSpec) -> bool:
-    """The crash-loop check needs the per-delivery path (a store read first)."""
+    """The delivery-limit check (a crash loop, or a rescue) needs the per-delivery path:
+    store reads first (broker_jobs/worker/delivery_limit.py)."""
     count = (delivered.header.properties.headers or {}).get(n.HEADER_DELIVERY_COUNT)
     return isinstance(count, int) and count >= spec.queue.delivery_limit

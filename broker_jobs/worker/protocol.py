@@ -16,6 +16,7 @@ store's record decides what happens then. Nothing here raises for a bad job.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections import Counter
@@ -42,6 +43,7 @@ from broker_jobs.errors import (
 from broker_jobs.store.base import (
     Claim,
     ClaimOutcome,
+    ExecutionOutcome,
     JobRecord,
     LeaseLostError,
     Status,
@@ -50,6 +52,7 @@ from broker_jobs.store.base import (
 )
 from broker_jobs.worker.dead_letters import DeathCause, dead_letter_message, publish_dead_letter
 from broker_jobs.worker.delivery import Delivery, WrongQueueError, decode_for_queue, wire_message
+from broker_jobs.worker.delivery_limit import Rescue, judge_last_delivery
 from broker_jobs.worker.execution import STUCK_RETRY_FLOOR, Executor, RunLimit, TimeLimitExceeded
 from broker_jobs.worker.ledger_gate import LedgerGate, LedgerGaveUp
 from broker_jobs.worker.link import BrokerLink, LinkStoppedError
@@ -391,7 +394,10 @@ class Runner:
         # Each delivery claims under its own holder id: two copies of one job in
         # this worker at once must not both count as "ours".
         holder = self.next_holder()
-        death = await self._crash_loop(message, job, spec)
+        verdict = await self._at_delivery_limit(message, job, spec)
+        if isinstance(verdict, Rescue):
+            return await self._rescue(message, job, verdict)
+        death = verdict
         claim = await self.recorded(
             store.claim, job, holder, settings.lease, give_up=lambda: self.must_not_start(message)
         )
@@ -640,17 +646,14 @@ class Runner:
         if job is not None and holder is not None:
             await self.release(job, holder)
 
-    async def _crash_loop(
+    async def _at_delivery_limit(
         self, message: Delivery, job: Job, spec: TaskSpec
-    ) -> DeathCause | None:
-        """The cause to dead-letter a job whose runs keep killing their workers.
-
-        On the last delivery its quorum queue allows, a job the ledger shows running
-        under a lapsed lease was being run when its worker died. Run again and dying
-        again, the queue would dead-letter it with nobody left to record it: the
-        ledger would say "running" forever. So it is dead-lettered here, one run
-        before the broker would, and recorded dead. The broker's limit stays the
-        backstop (a crash before the claim, a job that crashes the worker at decode).
+    ) -> DeathCause | Rescue | None:
+        """On the last delivery its quorum queue allows, the ledger decides whether the
+        job is a crash loop (dead-lettered here, one run before the broker would, and
+        recorded dead) or a job whose workers died while it waited (rescued as a fresh
+        message): see :mod:`broker_jobs.worker.delivery_limit`. The broker's limit stays
+        the backstop (a crash before the claim, a job that crashes the worker at decode).
         """
         options = spec.queue
         count = message.headers.get(n.HEADER_DELIVERY_COUNT)
@@ -660,23 +663,42 @@ class Runner:
             or count < options.delivery_limit
         ):
             return None
-        record = await self.recorded(
-            self._store.get, job.idempotency_key, give_up=lambda: self.must_not_start(message)
+        give_up = functools.partial(self.must_not_start, message)
+        record = await self.recorded(self._store.get, job.idempotency_key, give_up=give_up)
+        crashes = 0
+        if record is not None and record.status is Status.RUNNING:
+            executions = await self.recorded(
+                self._store.executions, job.idempotency_key, give_up=give_up
+            )
+            crashes = sum(e.outcome is ExecutionOutcome.LOST for e in executions)
+        return judge_last_delivery(
+            count=count,
+            limit=options.delivery_limit,
+            attempt=job.attempt,
+            record=record,
+            crashes_before=crashes,
+            now=utc_now(),
         )
-        now = utc_now()
-        if (
-            record is None
-            or record.status is not Status.RUNNING
-            or record.worker is None  # released on a graceful stop: not a crash
-            or (record.lease_until is not None and record.lease_until > now)
-        ):
+
+    async def _rescue(self, message: Delivery, job: Job, rescue: Rescue) -> str | None:
+        """Publish ``job`` again as a fresh message (confirmed); the caller acks."""
+        count = message.headers.get(n.HEADER_DELIVERY_COUNT)
+        try:
+            await self._republish(job, delay=rescue.delay)
+        except LinkStoppedError:
             return None
-        return DeathCause(
-            "crash-loop",
-            f"its worker died while running it: delivered {count + 1} times, the queue's"
-            f" delivery limit is {options.delivery_limit}; last holder {record.worker}",
+        log.info(
+            "job %s (key %s, %s attempt %d) delivered %s times, at its queue's delivery"
+            " limit: published again as a fresh message%s (%s)",
+            job.id,
+            job.idempotency_key,
+            job.task,
             job.attempt,
+            count + 1 if isinstance(count, int) else "?",
+            f", due in {rescue.delay:.0f} s" if rescue.delay else "",
+            rescue.why,
         )
+        return "rescued"
 
     def _renewer(self, job: Job, holder: str) -> Callable[[], Awaitable[None]]:
         async def renew() -> None:
