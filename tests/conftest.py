@@ -132,8 +132,42 @@ def make_publisher(
         publisher.close()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Fault tests stop or kill the shared broker: run them after everything else."""
+#: What ``--quick`` leaves out: tests on a real RabbitMQ or PostgreSQL, the browser.
+SERVER_FIXTURES = frozenset({"broker", "postgres_dsn", "rabbit_cluster", "connection"})
+SERVER_MARKERS = ("broker", "fault", "cluster")
+QUICK_LEAVES_OUT_MODULES = frozenset({"test_dashboard_browser", "test_node_contract"})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="the edit-test loop: only tests that need no RabbitMQ, PostgreSQL or browser",
+    )
+
+
+def needs_a_server(item: pytest.Item) -> bool:
+    """Whether ``item`` needs RabbitMQ, PostgreSQL, Chromium or Node.js to run."""
+    if any(item.get_closest_marker(marker) for marker in SERVER_MARKERS):
+        return True
+    if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "postgres" in callspec.id.split("-"):
+        return True  # the store kits' PostgreSQL parameter
+    return item.module is not None and item.module.__name__.rpartition(".")[2] in (
+        QUICK_LEAVES_OUT_MODULES
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--quick`` leaves out what needs a server. Fault tests stop or kill the shared
+    broker: run them after everything else."""
+    if config.getoption("quick"):
+        left_out = [item for item in items if needs_a_server(item)]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if not needs_a_server(item)]
     items.sort(key=lambda item: item.get_closest_marker("fault") is not None)
 
 
