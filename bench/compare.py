@@ -103,6 +103,8 @@ class Options:
     output: Path
     quick: bool
     command: str
+    #: The families to run (raw is always among them: the ratios' reference).
+    peers: tuple[str, ...] = ()
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
@@ -123,7 +125,15 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         "--output", type=Path, default=repo_root() / "docs" / "benchmarks.md", help="the page"
     )
     parser.add_argument("--quick", action="store_true", help="smoke run: small and 2 rounds")
+    parser.add_argument(
+        "--peers",
+        default=",".join(PEER_NAMES),
+        help=f"peers, comma-separated (raw is always run): {PEER_NAMES}",
+    )
     args = parser.parse_args(argv)
+    peers = tuple(p.strip() for p in args.peers.split(",") if p.strip())
+    if set(peers) - set(PEER_NAMES):
+        parser.error(f"--peers takes some of {', '.join(PEER_NAMES)}")
     only = tuple(w.strip() for w in args.only.split(",") if w.strip())
     if not only or set(only) - set(WORKLOADS):
         parser.error(f"--only takes some of {', '.join(WORKLOADS)}")
@@ -146,7 +156,12 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         output=args.output,
         quick=args.quick,
         command=" ".join(["python -m bench.compare", *shown]),
+        peers=tuple(name for name in PEER_NAMES if name in {raw.NAME, *peers}),
     )
+
+
+#: The peers' family names, in a round's order before its rotation.
+PEER_NAMES = ("raw", "broker-jobs", "celery", "dramatiq")
 
 
 # -- the peers ------------------------------------------------------------------------------
@@ -632,7 +647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         postgres(needs_postgres) as postgres_dsn,
         tempfile.TemporaryDirectory(prefix="bcmp") as directory,
     ):
-        peers = make_peers(postgres_dsn)
+        peers = [p for p in make_peers(postgres_dsn) if p.family.name in options.peers]
         config = describe(options, url, node, postgres_dsn)
         print_config(config, peers)
         bench = Bench(options, url, Path(directory))
