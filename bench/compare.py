@@ -29,10 +29,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -42,9 +40,20 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from bench.comparison import (
+    DEFAULT_JOBS,
+    DEFAULT_ROUNDS,
+    DEFAULT_RSS_JOBS,
+    FIGURES,
+    QUEUE_TYPES,
+    RAW_PUBLISHER,
+    WORKLOADS,
+    Options,
+    Peer,
+    Results,
+)
 from bench.peers import bj, celery_peer, raw
 from bench.peers.common import (
-    Family,
     Lane,
     PublisherLike,
     RecordReader,
@@ -59,9 +68,6 @@ from bench.publish import Admin, add_url_argument, broker, percentile, throwaway
 from broker_jobs import mask_url
 from broker_jobs.testing.postgres_node import PostgresNode
 
-WORKLOADS = ("publish", "consume", "latency", "delay", "drain", "rss")
-QUEUE_TYPES = ("classic", "quorum")
-DEFAULT_JOBS, DEFAULT_ROUNDS, DEFAULT_RSS_JOBS = 10_000, 5, 100_000
 QUICK_JOBS, QUICK_ROUNDS, QUICK_RSS_JOBS = 400, 2, 2_000
 DEFAULT_RATE, DEFAULT_SECONDS = 200.0, 5.0
 DELAY_S, DELAY_RATE, DELAY_JOBS = 2.0, 50.0, 150
@@ -69,42 +75,8 @@ DELAY_S, DELAY_RATE, DELAY_JOBS = 2.0, 50.0, 150
 LATENCY_BASE, DELAY_BASE, DRAIN_BASE = 10_000_000, 20_000_000, 30_000_000
 WARMUP_SEQ = -1
 FILL_TIMEOUT, IDLE_TIMEOUT = 300.0, 60.0
-#: The reference rows of the ratios: per worker, and per publisher.
-RAW_WORKER, RAW_PUBLISHER = "raw aio-pika", "raw pika"
-
-#: Each figure: its unit, whether more is better, and its row kind.
-FIGURES: dict[str, tuple[str, bool, str]] = {
-    "publish single": ("jobs/s", True, "publisher"),
-    "publish batched": ("jobs/s", True, "publisher"),
-    "consume": ("jobs/s", True, "worker"),
-    "latency p50": ("ms", False, "worker"),
-    "latency p99": ("ms", False, "worker"),
-    "delay lateness p50": ("ms", False, "worker"),
-    "delay lateness p99": ("ms", False, "worker"),
-    "drain total": ("s", False, "worker"),
-    "drain: publisher with worker": ("jobs/s", True, "worker"),
-    "rss": ("MB", False, "worker"),
-}
-
 
 # -- options ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Options:
-    url: str | None
-    jobs: int
-    rounds: int
-    queue_types: tuple[str, ...]
-    only: tuple[str, ...]
-    rss_jobs: int
-    rate: float
-    seconds: float
-    output: Path
-    quick: bool
-    command: str
-    #: The families to run (raw is always among them: the ratios' reference).
-    peers: tuple[str, ...] = ()
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
@@ -167,13 +139,6 @@ PEER_NAMES = ("raw", "broker-jobs", "celery", "dramatiq")
 # -- the peers ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Peer:
-    family: Family
-    variants: tuple[Variant, ...]
-    publisher_row: str
-
-
 def make_peers(postgres_dsn: str | None) -> list[Peer]:
     """raw, broker-jobs, Celery, Dramatiq: the order of a round before its rotation."""
     from bench.peers import dramatiq_app  # noqa: PLC0415 - imports dramatiq: bench extra
@@ -190,54 +155,6 @@ def make_peers(postgres_dsn: str | None) -> list[Peer]:
 
 
 # -- results ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Results:
-    """figure -> queue type -> row -> round -> value; n/a rows keep their reason."""
-
-    values: dict[str, dict[str, dict[str, dict[int, float]]]] = field(default_factory=dict)
-    na: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-
-    def add(self, figure: str, queue_type: str, row: str, index: int, value: float) -> None:
-        rows = self.values.setdefault(figure, {}).setdefault(queue_type, {})
-        rows.setdefault(row, {})[index] = value
-
-    def not_applicable(self, figure: str, queue_type: str, row: str, why: str) -> None:
-        self.na.setdefault(figure, {}).setdefault(queue_type, {})[row] = why
-
-    def rounds(self, figure: str, queue_type: str, row: str) -> dict[int, float]:
-        return self.values.get(figure, {}).get(queue_type, {}).get(row, {})
-
-    def median(self, figure: str, queue_type: str, row: str) -> float:
-        found = list(self.rounds(figure, queue_type, row).values())
-        return statistics.median(found) if found else math.nan
-
-    def round_ratios(self, figure: str, queue_type: str, row: str, reference: str) -> list[float]:
-        """``row / reference`` within each round both ran: the noise shows here."""
-        mine, theirs = (self.rounds(figure, queue_type, r) for r in (row, reference))
-        return [mine[i] / theirs[i] for i in sorted(mine) if theirs.get(i)]
-
-    def ratio(self, figure: str, queue_type: str, row: str, reference: str) -> float:
-        found = self.round_ratios(figure, queue_type, row, reference)
-        return statistics.median(found) if found else math.nan
-
-    def round_differences(
-        self, figure: str, queue_type: str, row: str, reference: str
-    ) -> list[float]:
-        mine, theirs = (self.rounds(figure, queue_type, r) for r in (row, reference))
-        return [mine[i] - theirs[i] for i in sorted(mine) if i in theirs]
-
-    def rows(self, figure: str, queue_type: str) -> list[str]:
-        return [
-            *self.values.get(figure, {}).get(queue_type, {}),
-            *self.na.get(figure, {}).get(queue_type, {}),
-        ]
-
-
-def reference_row(figure: str) -> str:
-    return RAW_PUBLISHER if FIGURES[figure][2] == "publisher" else RAW_WORKER
 
 
 # -- measuring -----------------------------------------------------------------------------

@@ -564,7 +564,7 @@ def page_timings(base: str, store: Store, requests: int, depth: int) -> list[Tim
     """Each page and JSON endpoint, ``requests`` times over one keep-alive connection."""
     import httpx  # noqa: PLC0415
 
-    from broker_jobs.job_documents import encode_cursor  # noqa: PLC0415
+    from broker_jobs.ops.documents import encode_cursor  # noqa: PLC0415
 
     dead = store.find(status=Status.DEAD, limit=1) or store.find(limit=1)
     ref = dead[0].idempotency_key

@@ -1,7 +1,6 @@
 """broker-jobs: a RabbitMQ job system that does not lose, duplicate or silently hold work."""
 
 from broker_jobs.app import App, TaskSpec
-from broker_jobs.async_publisher import AsyncPublisher
 from broker_jobs.envelope import Job, WireMessage, decode, encode
 from broker_jobs.errors import (
     BrokerConnectionError,
@@ -24,8 +23,9 @@ from broker_jobs.errors import (
     UnknownTaskError,
     UnroutableError,
 )
-from broker_jobs.publisher import Publisher
-from broker_jobs.publishing import JobRequest
+from broker_jobs.publish.async_publisher import AsyncPublisher
+from broker_jobs.publish.prepare import JobRequest
+from broker_jobs.publish.publisher import Publisher
 from broker_jobs.retry import PermanentError, RetryableError, RetryPolicy
 from broker_jobs.urls import mask_url
 from broker_jobs.worker import Worker, WorkerSettings

@@ -31,12 +31,12 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
+from broker_jobs.amqp.declaring import declare_at_start
 from broker_jobs.app import App
-from broker_jobs.declaring import declare_at_start
 from broker_jobs.envelope import Job, utc_now
 from broker_jobs.errors import BrokerConnectionError, ConfigurationError, PublishError
 from broker_jobs.observe.beat_metrics import BeatMetrics
-from broker_jobs.publishing import JobFactory
+from broker_jobs.publish.prepare import JobFactory
 from broker_jobs.store.base import Store, StoreError
 from broker_jobs.urls import AnyBrokerURLs, BrokerURLs
 from scheduler.emitter import Emitter

@@ -17,7 +17,6 @@ import aio_pika
 import aio_pika.abc
 import aio_pika.exceptions
 
-from broker_jobs.async_publisher import amqp_message
 from broker_jobs.envelope import Job
 from broker_jobs.errors import (
     BrokerConnectionError,
@@ -25,7 +24,8 @@ from broker_jobs.errors import (
     NackedError,
     TopologyMissingError,
 )
-from broker_jobs.publishing import JobFactory
+from broker_jobs.publish.async_publisher import amqp_message
+from broker_jobs.publish.prepare import JobFactory
 from broker_jobs.urls import mask_text
 from scheduler.schedules import Schedule
 

@@ -72,7 +72,7 @@ import aio_pika.abc
 import aio_pika.exceptions
 import aiormq.exceptions
 
-from broker_jobs.connecting import connect_first
+from broker_jobs.amqp.connecting import connect_first
 from broker_jobs.errors import BrokerConnectionError, ConfigurationError
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs, mask_text
 from topology.names import ARG_QUEUE_TYPE, InvalidNameError, Names

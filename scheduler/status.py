@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from broker_jobs.app import App
-from broker_jobs.job_documents import iso
+from broker_jobs.ops.documents import iso
 from broker_jobs.store.base import Store
 from scheduler.beat import ANNOUNCE_EVERY, fire_key
 from scheduler.schedules import Schedule

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from broker_jobs.envelope import Job
-from broker_jobs.publishing import JobFactory
+from broker_jobs.publish.prepare import JobFactory
 from broker_jobs.store import MemoryStore, SQLiteStore, Status, Store, StoreError
 from broker_jobs.worker import Worker, WorkerSettings
 from scheduler import Beat, BeatSettings, Schedule, load_schedules

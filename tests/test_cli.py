@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from broker_jobs import App
 from broker_jobs.cli import main
-from broker_jobs.cli_options import url_option
+from broker_jobs.cli.options import url_option
 from broker_jobs.store import SQLiteStore
 from broker_jobs.urls import BrokerURLs
 from scheduler.beat import fire_key

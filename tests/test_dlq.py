@@ -21,13 +21,13 @@ from pydantic import BaseModel
 
 from broker_jobs import App, JobRequest, Publisher, QueueOptions
 from broker_jobs.cli import main
-from broker_jobs.dead_letter_queue import (
+from broker_jobs.errors import TopologyMissingError
+from broker_jobs.ops.dead_letters import (
     DeadLetterFilter,
     DeadLetterQueues,
     LedgerAction,
     replay_message,
 )
-from broker_jobs.errors import TopologyMissingError
 from broker_jobs.retry import PermanentError, RetryPolicy
 from broker_jobs.store.base import Status, Store
 from broker_jobs.store.sqlite import SQLiteStore

@@ -268,7 +268,7 @@ def test_an_unreachable_broker_is_up_0_not_ready_and_warned_of_once(
     assert "guest:guest" not in body["status"], "the password is masked"
     assert probe(port, "/healthz")[0] == 200
     log = exporters.log("away")
-    assert log.count("WARNING broker_jobs.observe.exporter") == 1, log
+    assert log.count("WARNING broker_jobs.ops.exporter") == 1, log
     assert " ERROR " not in log, "pika's own errors are not logged per poll"
     exporters.stop("away")
 
@@ -300,7 +300,7 @@ def test_the_last_figures_stay_while_the_broker_is_away_and_polls_resume(
         wait_until(lambda: probe(port, "/readyz")[0] == 200, within=20, what="polling again")
         assert sample(scrape(port), "broker_jobs_exporter_up") == 1
         log = exporters.log("flaky")
-        assert log.count("WARNING broker_jobs.observe.exporter") == 1, log
+        assert log.count("WARNING broker_jobs.ops.exporter") == 1, log
         assert "polling works again after" in log
         exporters.stop("flaky")
     finally:

@@ -15,8 +15,8 @@ from pydantic import BaseModel
 
 from broker_jobs import App, JobRequest, Publisher
 from broker_jobs.errors import ConfigurationError, JobError
+from broker_jobs.ops.status import collect
 from broker_jobs.retry import RetryPolicy
-from broker_jobs.status_report import collect
 from broker_jobs.store.base import Status
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.worker import Worker, WorkerSettings

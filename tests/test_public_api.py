@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+
+import pytest
+
 import broker_jobs
 import topology
 
@@ -25,3 +30,19 @@ def test_every_error_derives_from_the_root() -> None:
     ]
     assert len(errors) >= 10
     assert all(issubclass(error, broker_jobs.BrokerJobsError) for error in errors)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "name"),
+    [
+        ("broker_jobs.publisher", "broker_jobs.publish.publisher", "Publisher"),
+        ("broker_jobs.async_publisher", "broker_jobs.publish.async_publisher", "AsyncPublisher"),
+        ("broker_jobs.dead_letter_queue", "broker_jobs.ops.dead_letters", "DeadLetterQueues"),
+    ],
+)
+def test_an_old_module_path_warns_and_gives_the_moved_module(old: str, new: str, name: str) -> None:
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}"):
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    assert getattr(module, name) is getattr(importlib.import_module(new), name)

@@ -184,7 +184,7 @@ def test_publishing_a_finished_key_again_warns_that_it_will_not_run(
         publisher = make_publisher(app, ledger=store)
         first = publisher.publish("notes.write", Note(text="once"), idempotency_key="inv-9")
         assert run_worker(broker, app, store)["succeeded"] == 1
-        with caplog.at_level(logging.WARNING, logger="broker_jobs.publisher"):
+        with caplog.at_level(logging.WARNING, logger="broker_jobs.publish.publisher"):
             again = publisher.publish("notes.write", Note(text="once"), idempotency_key="inv-9")
         (line,) = [r.getMessage() for r in caplog.records if "will not run" in r.getMessage()]
         assert again.id in line
@@ -212,7 +212,7 @@ def test_a_ledger_failing_after_the_confirm_loses_nothing(
 ) -> None:
     broken = BrokenLedger(tmp_path / "broken.db")
     try:
-        with caplog.at_level(logging.WARNING, logger="broker_jobs.publisher"):
+        with caplog.at_level(logging.WARNING, logger="broker_jobs.publish.publisher"):
             job = make_publisher(app, ledger=broken).publish("notes.write", Note(text="safe"))
         assert any("not recorded in the ledger" in r.getMessage() for r in caplog.records)
         assert broken.get(job.idempotency_key) is None

@@ -232,7 +232,7 @@ def test_a_message_goes_to_the_socket_as_one_buffer(broker: Broker, app: App) ->
     one send(2) per publish instead of three (``pika_link._OneWriteConnection``,
     which relies on pika's ``_output_marshaled_frames``: this fails if pika changes it)."""
     from broker_jobs.envelope import Job, encode  # noqa: PLC0415
-    from broker_jobs.pika_link import PikaLink  # noqa: PLC0415
+    from broker_jobs.publish.pika_link import PikaLink  # noqa: PLC0415
     from broker_jobs.urls import BrokerURL  # noqa: PLC0415
 
     link = PikaLink(BrokerURL(broker.url), connect_timeout=10, connection_name="test")

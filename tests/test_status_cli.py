@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 from broker_jobs import App, Job, Publisher
 from broker_jobs.cli import main
-from broker_jobs.status_report import collect, empty_summary, missing_hint
+from broker_jobs.ops.status import collect, empty_summary, missing_hint
 from broker_jobs.store import Status, Store, open_store
 from broker_jobs.store.base import TaskSummary
 from broker_jobs.urls import BrokerURLs

@@ -19,8 +19,9 @@ import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
 
-from broker_jobs import App, Job, Publisher, worker_cli
+from broker_jobs import App, Job, Publisher
 from broker_jobs.cli import main
+from broker_jobs.cli import worker as worker_cli
 from broker_jobs.retry import RetryPolicy
 from broker_jobs.store import (
     Execution,

@@ -21,10 +21,10 @@ import pytest
 from pydantic import BaseModel
 
 from broker_jobs import App, BrokerConnectionError, ConfigurationError, mask_url
-from broker_jobs.connecting import connect_first, connect_first_blocking
-from broker_jobs.declaring import declare_at_start, existing_queues
+from broker_jobs.amqp.connecting import connect_first, connect_first_blocking
+from broker_jobs.amqp.declaring import declare_at_start, existing_queues
 from broker_jobs.errors import BrokerUnreachableError
-from broker_jobs.publisher import Publisher
+from broker_jobs.publish.publisher import Publisher
 from broker_jobs.urls import BrokerURL, BrokerURLs, mask_text
 from scheduler.leadership import Leadership
 from tests.support import AnyPublisher, AsyncFacade, Broker, drain

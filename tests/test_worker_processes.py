@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from broker_jobs import JobRequest, Publisher
+from broker_jobs.cli.worker import worker_command
 from broker_jobs.store.urls import open_store
 from broker_jobs.worker.supervisor import (
     CRASH_LOOP_EXITS,
@@ -27,7 +28,6 @@ from broker_jobs.worker.supervisor import (
     judge_exit,
     parse_processes,
 )
-from broker_jobs.worker_cli import worker_command
 from tests.support import Broker, wait_until
 from tests.test_worker import EffectsDatabase
 from tests.test_worker_recovery import WorkerProcess, declared_app, no_tracebacks, write_app

@@ -9,10 +9,20 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from bench.compare import Options, Peer, Results
+from bench.comparison import (
+    DEFAULT_JOBS,
+    DEFAULT_ROUNDS,
+    DEFAULT_RSS_JOBS,
+    FIGURES,
+    RAW_PUBLISHER,
+    RAW_WORKER,
+    Options,
+    Peer,
+    Results,
+    reference_row,
+)
 
 BJ_ONE, BJ_TWO = "broker-jobs 1x8", "broker-jobs 2x8"
 #: The same worker with an ``async def`` handler: shown beside the aims, not judged.
@@ -58,7 +68,6 @@ def combine(parts: Sequence[tuple[bool | None, str]]) -> tuple[bool | None, str]
 
 
 def aims(results: Results, queue_types: Sequence[str]) -> list[Verdict]:
-    from bench.compare import RAW_PUBLISHER, RAW_WORKER  # noqa: PLC0415 - no import cycle
 
     verdicts = []
     for queue_type in queue_types:
@@ -116,7 +125,6 @@ def aims(results: Results, queue_types: Sequence[str]) -> list[Verdict]:
 def drain_aim(results: Results, queue_type: str) -> tuple[bool | None, str]:
     """broker-jobs (its faster row) takes less time than every Celery and Dramatiq row:
     per row, the median of the per-round ratios of seconds is below 1."""
-    from bench.compare import RAW_WORKER  # noqa: PLC0415 - no import cycle
 
     rows = [r for r in results.values.get("drain total", {}).get(queue_type, {})]
     ours = [r for r in rows if r.startswith("broker-jobs")]
@@ -150,7 +158,6 @@ def latency_aim(results: Results, queue_type: str, raw_row: str) -> tuple[bool |
 
 
 def table_rows(results: Results, figure: str, queue_type: str) -> list[list[str]]:
-    from bench.compare import FIGURES, reference_row  # noqa: PLC0415 - no import cycle
 
     unit, _more, _kind = FIGURES[figure]
     reference = reference_row(figure)
@@ -179,7 +186,6 @@ HEADER = ["row", "median", "min - max", "ratio to raw (median of rounds)", "roun
 
 
 def print_tables(results: Results, queue_types: Sequence[str]) -> None:
-    from bench.compare import FIGURES  # noqa: PLC0415 - no import cycle
 
     for figure, (unit, _more, _kind) in FIGURES.items():
         for queue_type in queue_types:
@@ -211,7 +217,6 @@ def plot(results: Results, figure: str, queue_types: Sequence[str], path: Path) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415 - after the backend
 
-    from bench.compare import FIGURES  # noqa: PLC0415 - no import cycle
 
     rows = list(
         dict.fromkeys(r for q in queue_types for r in results.values.get(figure, {}).get(q, {}))
@@ -248,7 +253,6 @@ def page(
     verdicts: Sequence[Verdict],
     images: dict[str, str],
 ) -> str:
-    from bench.compare import FIGURES, reference_row  # noqa: PLC0415 - no import cycle
 
     out = [
         "# Benchmarks: broker-jobs, Celery, Dramatiq and raw AMQP",
@@ -330,8 +334,6 @@ def page(
 
 def scale_note(config: dict[str, Any]) -> str:
     """Say when this run was smaller than the defaults, and why that is allowed."""
-    from bench.compare import DEFAULT_JOBS, DEFAULT_ROUNDS, DEFAULT_RSS_JOBS  # noqa: PLC0415
-
     defaults = (DEFAULT_JOBS, DEFAULT_ROUNDS, DEFAULT_RSS_JOBS)
     if (config["jobs"], config["rounds"], config["rss_jobs"]) == defaults:
         return "The defaults: a full run."
@@ -368,7 +370,6 @@ def report(
     options: Options, config: dict[str, Any], peers: Sequence[Peer], results: Results
 ) -> dict[str, Any]:
     """Print the tables and aims, write the page and plots; the JSON summary."""
-    from bench.compare import FIGURES, reference_row  # noqa: PLC0415 - no import cycle
 
     print_tables(results, options.queue_types)
     verdicts = aims(results, options.queue_types)

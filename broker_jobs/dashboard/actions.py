@@ -10,7 +10,7 @@ from broker_jobs.dashboard import audit
 from broker_jobs.dashboard.filters import LetterFilter
 from broker_jobs.dashboard.queries import dead_letter_queues
 from broker_jobs.dashboard.settings import DashboardSettings
-from broker_jobs.dead_letter_queue import LedgerAction, PurgeProgress, ReplayProgress
+from broker_jobs.ops.dead_letters import LedgerAction, PurgeProgress, ReplayProgress
 from broker_jobs.store.base import Cancellation
 
 #: Told, after each dead letter a bulk action looked at, how many it looked at so

@@ -11,7 +11,7 @@ from broker_jobs.dashboard import queries
 from broker_jobs.dashboard.filters import JobFilter, LetterFilter
 from broker_jobs.dashboard.pages import known_task, settings_of
 from broker_jobs.dashboard.safety import Refused
-from broker_jobs.job_documents import (
+from broker_jobs.ops.documents import (
     encode_cursor,
     execution_document,
     payload_document,

@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 from urllib.parse import urlencode
 
 from broker_jobs.dashboard.safety import Refused
-from broker_jobs.dead_letter_queue import DeadLetter, DeadLetterFilter
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.job_documents import CursorError, decode_cursor, encode_cursor
+from broker_jobs.ops.dead_letters import DeadLetter, DeadLetterFilter
+from broker_jobs.ops.documents import CursorError, decode_cursor, encode_cursor
 from broker_jobs.store.base import Status
 
 PAGE_SIZE = 50

@@ -11,10 +11,10 @@ from typing import Any
 from broker_jobs.dashboard import chart
 from broker_jobs.dashboard.filters import JobFilter, LetterFilter
 from broker_jobs.dashboard.settings import DashboardSettings
-from broker_jobs.dead_letter_queue import DeadLetter, DeadLetterQueues
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.job_documents import iso, record_document, too_large_text
-from broker_jobs.status_report import StatusReport, TaskStatus, collect
+from broker_jobs.ops.dead_letters import DeadLetter, DeadLetterQueues
+from broker_jobs.ops.documents import iso, record_document, too_large_text
+from broker_jobs.ops.status import StatusReport, TaskStatus, collect
 from broker_jobs.store.base import (
     Execution,
     JobRecord,

@@ -12,9 +12,9 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from broker_jobs.cli_output import first_line, span, when
 from broker_jobs.dashboard.safety import CSRF_COOKIE, CSRF_FIELD, TOKEN_FIELD, csrf_value
 from broker_jobs.dashboard.settings import DashboardSettings
+from broker_jobs.ops.readable import first_line, span, when
 
 #: Sent with every page: no script but our own file, no framing (clickjacking of the
 #: action buttons), no sniffing.

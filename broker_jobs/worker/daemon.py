@@ -27,10 +27,9 @@ from collections.abc import Sequence
 
 import aio_pika.abc
 
+from broker_jobs.amqp.connecting import CONNECT_ERRORS
+from broker_jobs.amqp.declaring import declare_at_start, existing_queues
 from broker_jobs.app import App
-from broker_jobs.async_publisher import AsyncPublisher
-from broker_jobs.connecting import CONNECT_ERRORS
-from broker_jobs.declaring import declare_at_start, existing_queues
 from broker_jobs.envelope import utc_now
 from broker_jobs.errors import (
     BrokerConnectionError,
@@ -40,6 +39,7 @@ from broker_jobs.errors import (
     ReconnectTimeoutError,
 )
 from broker_jobs.observe.worker_metrics import WorkerMetrics
+from broker_jobs.publish.async_publisher import AsyncPublisher
 from broker_jobs.store.base import Store, StoreError
 from broker_jobs.urls import BrokerURL, BrokerURLs
 from broker_jobs.worker.execution import Executor

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import aio_pika.abc
 
-from broker_jobs.connecting import connect_first
+from broker_jobs.amqp.connecting import connect_first
 from broker_jobs.errors import BrokerConnectionError, BrokerJobsError, ReconnectTimeoutError
 from broker_jobs.observe.link_metrics import LinkMetrics
 from broker_jobs.urls import BrokerURL, BrokerURLs

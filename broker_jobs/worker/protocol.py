@@ -31,7 +31,6 @@ import aiormq.exceptions
 from pydantic import BaseModel
 
 from broker_jobs.app import App, TaskSpec
-from broker_jobs.async_publisher import AsyncPublisher
 from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job, utc_now
 from broker_jobs.errors import (
@@ -40,6 +39,7 @@ from broker_jobs.errors import (
     ConfirmTimeoutError,
     DecodeError,
 )
+from broker_jobs.publish.async_publisher import AsyncPublisher
 from broker_jobs.store.base import (
     Claim,
     ClaimOutcome,

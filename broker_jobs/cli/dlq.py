@@ -5,7 +5,7 @@
     broker-jobs dlq replay  --app MODULE:APP [filters] [--limit N] --store URL [--json]
     broker-jobs dlq purge   --app MODULE:APP [filters] [--yes]
 
-The work is done by :mod:`broker_jobs.dead_letter_queue`; this module parses options
+The work is done by :mod:`broker_jobs.ops.dead_letters`; this module parses options
 and prints. Errors are one line, ``error: ...`` on stderr (passwords masked), exit 1.
 """
 
@@ -24,10 +24,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from broker_jobs.cli_options import store_option, url_option
-from broker_jobs.cli_output import echo_json, fail, json_option
-from broker_jobs.cli_tasks import chosen_tasks, task_options
-from broker_jobs.dead_letter_queue import (
+from broker_jobs.cli.options import store_option, url_option
+from broker_jobs.cli.output import echo_json, fail, json_option
+from broker_jobs.cli.tasks import chosen_tasks, task_options
+from broker_jobs.envelope import utc_now
+from broker_jobs.errors import BrokerJobsError
+from broker_jobs.ops.dead_letters import (
     BROKER_DELIVERY_LIMIT,
     DeadLetter,
     DeadLetterFilter,
@@ -36,8 +38,6 @@ from broker_jobs.dead_letter_queue import (
     ReplayProgress,
     ReplaySummary,
 )
-from broker_jobs.envelope import utc_now
-from broker_jobs.errors import BrokerJobsError
 from broker_jobs.store.base import Store, mask_dsn
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs

@@ -31,7 +31,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from broker_jobs.connecting import connect_first_blocking
+from broker_jobs.amqp.connecting import connect_first_blocking
 from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
 from broker_jobs.store.base import Status, Store, TaskSummary, utc
 from broker_jobs.urls import AnyBrokerURLs, mask_text

@@ -4,7 +4,7 @@ Both publishers use this (the async one in a thread): declaration happens once p
 connection, so a short-lived blocking connection costs little and keeps one
 implementation of the conflict report. Each function takes the broker's URLs
 (anything :meth:`BrokerURLs.parse` takes) and connects to the first node that
-answers (:func:`~broker_jobs.connecting.connect_first_blocking`).
+answers (:func:`~broker_jobs.amqp.connecting.connect_first_blocking`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import asyncio
 import pika
 import pika.exceptions
 
-from broker_jobs.connecting import connect_first_blocking
+from broker_jobs.amqp.connecting import connect_first_blocking
 from broker_jobs.errors import BrokerConnectionError, TopologyConflictError, TopologyError
 from broker_jobs.urls import AnyBrokerURLs, mask_text
 from topology import DeclareReport, Names, Topology, declare, ladder_topology

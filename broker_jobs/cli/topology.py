@@ -24,10 +24,10 @@ import click
 import pika
 import pika.exceptions
 
+from broker_jobs.amqp.connecting import connect_first_blocking
 from broker_jobs.app_loader import load_app
-from broker_jobs.cli_options import url_option
-from broker_jobs.cli_output import fail
-from broker_jobs.connecting import connect_first_blocking
+from broker_jobs.cli.options import url_option
+from broker_jobs.cli.output import fail
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.urls import BrokerURL, BrokerURLs
 from topology import Names, TopologyConflictError, declare

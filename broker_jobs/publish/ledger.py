@@ -21,7 +21,7 @@ from broker_jobs.envelope import Job
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.store.base import TERMINAL, Store
 
-log = logging.getLogger("broker_jobs.publisher")
+log = logging.getLogger("broker_jobs.publish.publisher")
 
 
 class PublishedLedger:

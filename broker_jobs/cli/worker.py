@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from broker_jobs.app import App
 from broker_jobs.app_loader import load_app
-from broker_jobs.cli_options import (
+from broker_jobs.cli.options import (
     app_argument,
     app_option,
     chosen_app,

@@ -22,7 +22,7 @@ import pika.frame
 import pika.spec
 from pika.adapters.select_connection import SelectConnection
 
-from broker_jobs.connecting import NodeUnreachable, first_answering
+from broker_jobs.amqp.connecting import NodeUnreachable, first_answering
 from broker_jobs.envelope import WireMessage
 from broker_jobs.errors import BrokerConnectionError
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, mask_text
@@ -58,7 +58,7 @@ class _State:
 
 class PikaLink:
     """One connection and one confirm-mode channel; dead once closed. Opening one
-    raises :class:`~broker_jobs.connecting.NodeUnreachable` (a
+    raises :class:`~broker_jobs.amqp.connecting.NodeUnreachable` (a
     :class:`BrokerConnectionError`) when the node does not answer."""
 
     def __init__(self, url: BrokerURL, *, connect_timeout: float, connection_name: str) -> None:
@@ -99,7 +99,7 @@ class PikaLink:
         connection_name: str,
     ) -> PikaLink:
         """A link to the first of ``urls`` that answers (those after ``after``
-        first; see :func:`~broker_jobs.connecting.first_answering`)."""
+        first; see :func:`~broker_jobs.amqp.connecting.first_answering`)."""
         link, _ = first_answering(
             urls,
             lambda url: cls(url, connect_timeout=connect_timeout, connection_name=connection_name),

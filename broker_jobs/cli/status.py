@@ -7,11 +7,12 @@ from collections.abc import Sequence
 
 import click
 
-from broker_jobs.cli_options import store_option, url_option
-from broker_jobs.cli_output import console, echo_json, fail, json_option, span, table
-from broker_jobs.cli_tasks import chosen_tasks, task_options
+from broker_jobs.cli.options import store_option, url_option
+from broker_jobs.cli.output import console, echo_json, fail, json_option, table
+from broker_jobs.cli.tasks import chosen_tasks, task_options
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.status_report import (
+from broker_jobs.ops.readable import span
+from broker_jobs.ops.status import (
     QueueState,
     StatusReport,
     TaskStatus,
@@ -69,9 +70,7 @@ def status_command(  # noqa: PLR0917 - click passes every option positionally
     try:
         chosen = chosen_tasks(app_option, namespace, tasks, "to show")
         with open_store(store_url, must_exist=True) as store:
-            report = collect(
-                url, chosen.names, chosen.tasks, store, lanes=chosen.lanes
-            )
+            report = collect(url, chosen.names, chosen.tasks, store, lanes=chosen.lanes)
     except (BrokerJobsError, InvalidNameError) as error:
         fail(str(error))
     if as_json:

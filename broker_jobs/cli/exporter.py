@@ -17,14 +17,14 @@ import sys
 import click
 from prometheus_client import CollectorRegistry, generate_latest
 
-from broker_jobs.cli_options import log_options, url_option
+from broker_jobs.cli.options import log_options, url_option
 
 # The app or namespace and tasks are chosen as `broker-jobs status` chooses them.
-from broker_jobs.cli_tasks import chosen_tasks, task_options
+from broker_jobs.cli.tasks import chosen_tasks, task_options
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.observe.exporter import POLL_EVERY, Exporter
 from broker_jobs.observe.logs import configure_logging
 from broker_jobs.observe.server import Health, serving
+from broker_jobs.ops.exporter import POLL_EVERY, Exporter
 from broker_jobs.urls import BrokerURLs
 from topology.names import InvalidNameError
 

@@ -1,7 +1,7 @@
 """The exporter's figures (docs/metrics.md, "Exporter"): what neither a worker nor a
 beat can see, polled from the broker over AMQP and from the ledger.
 
-Each poll is one :func:`broker_jobs.status_report.gather` on a connection kept open
+Each poll is one :func:`broker_jobs.ops.status.gather` on a connection kept open
 between polls (reopened when it broke). The figures of the last successful poll are
 served until the next one succeeds; ``broker_jobs_exporter_up`` says whether the last
 poll did. A queue that does not exist has no series (an alert on ``absent()`` sees
@@ -26,9 +26,9 @@ import pika.exceptions
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from broker_jobs.connecting import connect_first_blocking
+from broker_jobs.amqp.connecting import connect_first_blocking
 from broker_jobs.errors import BrokerConnectionError
-from broker_jobs.status_report import CONNECT_TIMEOUT, QueueState, StatusReport, gather
+from broker_jobs.ops.status import CONNECT_TIMEOUT, QueueState, StatusReport, gather
 from broker_jobs.store.base import Status, Store, mask_dsn
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.urls import open_store

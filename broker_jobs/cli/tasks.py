@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import click
 
 from broker_jobs.app_loader import load_app
-from broker_jobs.cli_options import app_option
+from broker_jobs.cli.options import app_option
 from topology.names import InvalidNameError, Names, check_task_name
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -12,10 +12,10 @@ from pathlib import Path
 import click
 
 from broker_jobs.app_loader import load_app
-from broker_jobs.beat_cli import schedules_option
-from broker_jobs.cli_options import log_options, store_option, url_option
-from broker_jobs.cli_output import fail
-from broker_jobs.cli_tasks import chosen_tasks, task_options
+from broker_jobs.cli.beat import schedules_option
+from broker_jobs.cli.options import log_options, store_option, url_option
+from broker_jobs.cli.output import fail
+from broker_jobs.cli.tasks import chosen_tasks, task_options
 from broker_jobs.dashboard.settings import (
     DEFAULT_HOST,
     DEFAULT_PORT,

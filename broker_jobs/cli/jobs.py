@@ -17,20 +17,10 @@ from typing import Any
 
 import click
 
-from broker_jobs.cli_options import store_option
-from broker_jobs.cli_output import (
-    AWARE_DATETIME,
-    console,
-    echo_json,
-    fail,
-    first_line,
-    json_option,
-    span,
-    table,
-    when,
-)
+from broker_jobs.cli.options import store_option
+from broker_jobs.cli.output import AWARE_DATETIME, console, echo_json, fail, json_option, table
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.job_documents import (
+from broker_jobs.ops.documents import (
     PAYLOAD_NOT_KEPT,
     CursorError,
     decode_cursor,
@@ -40,6 +30,7 @@ from broker_jobs.job_documents import (
     record_document,
     too_large_text,
 )
+from broker_jobs.ops.readable import first_line, span, when
 from broker_jobs.store.base import (
     CancelOutcome,
     JobRecord,

@@ -16,8 +16,8 @@ from typing import Any, TypedDict, Unpack
 
 from pydantic import BaseModel, ValidationError
 
+from broker_jobs.amqp.declaring import declare_topology, prepare_ladder
 from broker_jobs.app import App
-from broker_jobs.declaring import declare_topology, prepare_ladder
 from broker_jobs.due import Delay, Route, due_time, route_for
 from broker_jobs.envelope import Job, WireMessage, encode, utc_now
 from broker_jobs.errors import (
@@ -31,7 +31,7 @@ from broker_jobs.errors import (
     describe_validation_error,
 )
 from broker_jobs.observe.tracing import publish_span, publish_spans
-from broker_jobs.published_ledger import PublishedLedger
+from broker_jobs.publish.ledger import PublishedLedger
 from broker_jobs.store.base import Store
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs
 from topology import DEFAULT_NAMESPACE, InvalidNameError, Names, Topology, namespace_topology

@@ -11,9 +11,9 @@ from typing import Any
 import click
 
 from broker_jobs.app_loader import load_app
-from broker_jobs.cli_options import url_option
+from broker_jobs.cli.options import url_option
 from broker_jobs.errors import BrokerJobsError, ConfigurationError, UnroutableError
-from broker_jobs.publisher import Publisher
+from broker_jobs.publish.publisher import Publisher
 from broker_jobs.store import Store, open_store
 from broker_jobs.urls import BrokerURLs
 from topology.names import DEFAULT_NAMESPACE

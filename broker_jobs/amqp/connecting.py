@@ -10,7 +10,7 @@ failed, with passwords masked.
 - :func:`connect_first_blocking`: a pika ``BlockingConnection`` (declaring, the
   operator's commands).
 - :func:`first_answering`: any other single-node connect (the sync publisher's
-  :class:`~broker_jobs.pika_link.PikaLink`) that raises :class:`NodeUnreachable`.
+  :class:`~broker_jobs.publish.pika_link.PikaLink`) that raises :class:`NodeUnreachable`.
 """
 
 from __future__ import annotations

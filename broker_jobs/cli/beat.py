@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from broker_jobs.app import App
 from broker_jobs.app_loader import load_app
-from broker_jobs.cli_options import (
+from broker_jobs.cli.options import (
     app_argument,
     app_option,
     chosen_app,
@@ -30,12 +30,13 @@ from broker_jobs.cli_options import (
     store_option,
     url_option,
 )
-from broker_jobs.cli_output import echo_json, json_option, when
+from broker_jobs.cli.output import echo_json, json_option
 from broker_jobs.envelope import utc_now
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.observe.beat_metrics import BeatMetrics
 from broker_jobs.observe.logs import configure_logging
 from broker_jobs.observe.server import Health, serving
+from broker_jobs.ops.readable import when
 from broker_jobs.store.base import Store
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs

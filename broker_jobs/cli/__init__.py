@@ -5,15 +5,15 @@ from __future__ import annotations
 import click
 
 from broker_jobs import __version__
-from broker_jobs.beat_cli import beat_group
-from broker_jobs.dashboard_cli import dashboard_command
-from broker_jobs.dlq_cli import dlq_group
-from broker_jobs.exporter_cli import exporter_command
-from broker_jobs.jobs_cli import jobs_group
-from broker_jobs.publish_cli import publish_command
-from broker_jobs.status_cli import status_command
-from broker_jobs.topology_cli import topology_group
-from broker_jobs.worker_cli import worker_command
+from broker_jobs.cli.beat import beat_group
+from broker_jobs.cli.dashboard import dashboard_command
+from broker_jobs.cli.dlq import dlq_group
+from broker_jobs.cli.exporter import exporter_command
+from broker_jobs.cli.jobs import jobs_group
+from broker_jobs.cli.publish import publish_command
+from broker_jobs.cli.status import status_command
+from broker_jobs.cli.topology import topology_group
+from broker_jobs.cli.worker import worker_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,0 +1,2 @@
+"""Talking to RabbitMQ, for every client of the package: ``connecting`` to the first
+node of a broker that answers, ``declaring`` a topology with its errors translated."""

@@ -1,0 +1,356 @@
+"""The async publisher, for FastAPI and other asyncio code (aio-pika)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Unpack
+
+import aio_pika
+import aio_pika.abc
+import aio_pika.exceptions
+
+from broker_jobs.amqp.connecting import CONNECT_ERRORS, connect_first, describe
+from broker_jobs.envelope import Job, WireMessage
+from broker_jobs.errors import (
+    BrokerConnectionError,
+    BrokerJobsError,
+    BrokerUnreachableError,
+    ConfirmTimeoutError,
+    NackedError,
+    PublishError,
+    TopologyMissingError,
+    UnroutableError,
+)
+from broker_jobs.publish.prepare import (
+    BatchOutcome,
+    JobOptions,
+    JobRequest,
+    Payload,
+    Prepared,
+    PublisherBase,
+    check_unique_ids,
+)
+from broker_jobs.urls import mask_text
+
+log = logging.getLogger(__name__)
+
+#: Publishes in flight at once in ``publish_many`` (see the sync publisher's window).
+CONFIRM_WINDOW = 1000
+#: A full window is refilled once this few remain unconfirmed: waking the sender in
+#: bursts rather than once per confirm saves a timer and a task switch per job.
+REFILL_BELOW = CONFIRM_WINDOW * 3 // 4
+
+
+class AsyncPublisher(PublisherBase):
+    """The asyncio twin of :class:`~broker_jobs.publish.publisher.Publisher`, same semantics:
+    persistent, confirmed within ``confirm_timeout``, ``mandatory``, reconnect on the
+    next publish after the connection broke (trying the other nodes first, given
+    several URLs). Use it from one event loop; concurrent publishes from tasks of
+    that loop are safe and share the connection.
+    """
+
+    default_connection_name = "broker-jobs async publisher"
+
+    def _init_connection_state(self) -> None:
+        self._connection: aio_pika.abc.AbstractConnection | None = None
+        self._channel: aio_pika.abc.AbstractChannel | None = None
+        self._exchanges: dict[str, aio_pika.abc.AbstractExchange] = {}
+        self._connecting = asyncio.Lock()
+
+    async def publish(self, task: str, payload: Payload, **options: Unpack[JobOptions]) -> Job:
+        """Publish one job and wait for its confirm; return the job (``job.id``).
+        Options as for ``Publisher.publish``, ``delay`` and ``eta`` included."""
+        with self._traced(self._factory.build(task, payload, **options)) as prepared:
+            error = await self._send_one(prepared)
+            if isinstance(error, BrokerConnectionError) and not isinstance(
+                error, BrokerUnreachableError
+            ):
+                # Found dead mid-publish: send again on a fresh connection; a copy
+                # that did arrive carries the same id and key, so it runs once.
+                log.warning("%s; reconnecting to publish it again", error)
+                error = await self._send_one(prepared)
+            if error is not None:
+                raise error
+        await self._record_confirmed_async([prepared.job])
+        return prepared.job
+
+    async def publish_many(
+        self,
+        requests: Iterable[JobRequest],
+        *,
+        on_confirmed: Callable[[Job], None] | None = None,
+    ) -> list[Job]:
+        """Publish a batch with pipelined confirms (see ``Publisher.publish_many``):
+        at most ``CONFIRM_WINDOW`` unconfirmed at once, and a timeout when no confirm
+        arrives for ``confirm_timeout`` seconds."""
+        prepared = [self._factory.build_request(request) for request in requests]
+        check_unique_ids([item.job for item in prepared])
+        with self._traced_batch(prepared) as batch:
+            outcome = await self._send_batch(batch.prepared, on_confirmed)
+            batch.failed = outcome.failed
+        await self._record_confirmed_async(outcome.confirmed_jobs())
+        return outcome.settle()
+
+    async def _send_batch(
+        self, prepared: list[Prepared], on_confirmed: Callable[[Job], None] | None
+    ) -> BatchOutcome:
+        outcome = BatchOutcome([item.job for item in prepared])
+        try:
+            channel, refused = await self._ready_channel(prepared)
+        except BrokerConnectionError as error:
+            outcome.failed = {item.job.id: error for item in prepared}
+            return outcome
+        outcome.failed.update(refused)
+        to_send = [item for item in prepared if item.job.id not in refused]
+        batch = _Batch(self._settings.confirm_timeout, self._translate, outcome, on_confirmed)
+        sent = 0
+        for item in to_send:
+            if len(batch) >= CONFIRM_WINDOW and not await batch.wait_below(REFILL_BELOW):
+                break
+            if batch.stopped:
+                break
+            route = self._factory.current_route(item)
+            exchange = await self._exchange(channel, route.exchange)
+            message = amqp_message(item.message)
+            batch.add(item.job, exchange.publish(message, route.routing_key, mandatory=True))
+            sent += 1
+        await batch.wait_below(1)
+        if batch.fail_unsettled(to_send[sent:]):
+            await self._drop_connection()  # its state is unknown now
+        return outcome
+
+    async def close(self) -> None:
+        connection = self._connection
+        self._forget_channel()
+        self._node = None  # used again, it starts with the first node
+        if connection is not None and not connection.is_closed:
+            await connection.close()
+
+    async def __aenter__(self) -> AsyncPublisher:
+        return self
+
+    async def __aexit__(
+        self,
+        _type: type[BaseException] | None,
+        _value: BaseException | None,
+        _traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- sending --------------------------------------------------------------------
+
+    async def _record_confirmed_async(self, jobs: list[Job]) -> None:
+        """The ledger's write (blocking: SQLite, psycopg) off the event loop."""
+        if self._ledger is not None and jobs:
+            await asyncio.to_thread(self._record_confirmed, jobs)
+
+    async def _send_one(self, prepared: Prepared) -> BrokerJobsError | None:
+        job = prepared.job
+        try:
+            channel, refused = await self._ready_channel([prepared])
+        except BrokerConnectionError as error:
+            return error
+        if refused:
+            return refused[job.id]
+        route = self._factory.current_route(prepared)
+        try:
+            exchange = await self._exchange(channel, route.exchange)
+            await exchange.publish(
+                amqp_message(prepared.message),
+                routing_key=route.routing_key,
+                mandatory=True,
+                timeout=self._settings.confirm_timeout,
+            )
+        except Exception as error:  # translated below; unknown errors are re-raised
+            translated = self._translate(job, error)
+            if not isinstance(translated, UnroutableError | NackedError):
+                # The channel is closed or in an unknown state: start afresh next time.
+                await self._drop_connection()
+            return translated
+        return None
+
+    def _translate(self, job: Job, error: Exception) -> BrokerJobsError:
+        if isinstance(error, aio_pika.exceptions.ChannelNotFoundEntity):
+            return TopologyMissingError(mask_text(str(error.args[-1] if error.args else error)))
+        if isinstance(error, aio_pika.exceptions.PublishError):  # returned; a DeliveryError
+            return self._factory.unroutable(job)
+        if isinstance(error, aio_pika.exceptions.DeliveryError):
+            return NackedError(job.task, job.id)
+        if isinstance(error, TimeoutError):
+            return ConfirmTimeoutError(job.task, job.id, self._settings.confirm_timeout)
+        if isinstance(error, aio_pika.exceptions.CONNECTION_EXCEPTIONS):
+            return BrokerConnectionError(
+                f"the connection to {self._node_name()} broke before job {job.id} was"
+                f" confirmed ({type(error).__name__}: {mask_text(str(error))}): its outcome"
+                " is unknown; publishing it again with the same id and key is safe"
+            )
+        raise error
+
+    async def _ready_channel(
+        self, prepared: Sequence[Prepared]
+    ) -> tuple[aio_pika.abc.AbstractChannel, dict[str, BrokerJobsError]]:
+        """The open confirm channel, and the jobs refused by the delay-ladder check."""
+        async with self._connecting:
+            if self._connection is not None and self._connection.is_closed:
+                log.warning("the connection to %s closed; reconnecting", self._node_name())
+                self._forget_channel()
+            if self._channel is None:
+                self._forget_connection_facts()
+                self._channel = await self._connect()
+            refused: dict[str, BrokerJobsError] = {}
+            if self._needs_ladder_check(prepared):
+                refused = await asyncio.to_thread(self._check_ladder, prepared)
+            return self._channel, refused
+
+    async def _exchange(
+        self, channel: aio_pika.abc.AbstractChannel, name: str
+    ) -> aio_pika.abc.AbstractExchange:
+        exchange = self._exchanges.get(name)
+        if exchange is None:
+            exchange = self._exchanges[name] = await channel.get_exchange(name, ensure=False)
+        return exchange
+
+    def _forget_channel(self) -> None:
+        self._connection, self._channel = None, None
+        self._exchanges.clear()
+
+    async def _connect(self) -> aio_pika.abc.AbstractChannel:
+        """Connect to the first node that answers (after a loss, the others first),
+        open the confirm channel, then declare the topology on that node."""
+        settings = self._settings
+        self._connection, node = await connect_first(
+            self._urls,
+            timeout=settings.connect_timeout,
+            connection_name=settings.connection_name,
+            after=self._node,
+        )
+        self._node = node
+        try:
+            channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+            if settings.declare:
+                await asyncio.to_thread(self._declare, node)
+        except CONNECT_ERRORS as error:
+            await self._drop_connection()
+            raise BrokerConnectionError(
+                f"cannot open a channel on the broker at {node.host}:{node.port}"
+                f" ({node.masked}): {describe(error)}"
+            ) from None
+        except BaseException:
+            await self._drop_connection()
+            raise
+        return channel
+
+    async def _drop_connection(self) -> None:
+        connection = self._connection
+        self._forget_channel()
+        if connection is not None and not connection.is_closed:
+            # Already broken: the next publish opens a new one.
+            with contextlib.suppress(*aio_pika.exceptions.CONNECTION_EXCEPTIONS):
+                await connection.close()
+
+
+def amqp_message(message: WireMessage) -> aio_pika.Message:
+    """The AMQP form of a job: persistent, with its properties and headers."""
+    return aio_pika.Message(
+        message.body,
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        message_id=message.message_id,
+        type=message.type,
+        timestamp=message.timestamp,
+        headers=dict(message.headers),
+    )
+
+
+class _Batch:
+    """The publishes of one ``publish_many`` call in flight on one channel.
+
+    A done-callback per publish records its outcome and wakes the sender, so that
+    waiting costs one timer per wake-up rather than one per message.
+    """
+
+    def __init__(
+        self,
+        confirm_timeout: float,
+        translate: Callable[[Job, Exception], BrokerJobsError],
+        outcome: BatchOutcome,
+        on_confirmed: Callable[[Job], None] | None,
+    ) -> None:
+        self._confirm_timeout = confirm_timeout
+        self._translate = translate
+        self._outcome = outcome
+        self._on_confirmed = on_confirmed
+        self._in_flight: dict[asyncio.Future[object], Job] = {}
+        self._progress = asyncio.Event()
+        self._wake_below = 0
+        self._last_settled = time.monotonic()
+        self.broken: BrokerConnectionError | None = None
+        self.timed_out = False
+
+    def __len__(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def stopped(self) -> bool:
+        return self.broken is not None or self.timed_out
+
+    def add(self, job: Job, publish: Awaitable[object]) -> None:
+        future = asyncio.ensure_future(publish)
+        self._in_flight[future] = job
+        future.add_done_callback(self._settled)
+
+    async def wait_below(self, limit: int) -> bool:
+        """Wait until fewer than ``limit`` publishes are unconfirmed; False when
+        ``confirm_timeout`` passes without any confirm."""
+        self._wake_below = limit
+        while len(self._in_flight) >= limit:
+            self._progress.clear()
+            remaining = self._last_settled + self._confirm_timeout - time.monotonic()
+            if remaining <= 0:
+                self.timed_out = True
+                return False
+            with contextlib.suppress(TimeoutError):  # re-checked against _last_settled
+                await asyncio.wait_for(self._progress.wait(), remaining)
+        return True
+
+    def fail_unsettled(self, unsent: list[Prepared]) -> bool:
+        """Give jobs without a confirm, and jobs never sent, their errors. True when
+        the connection is in an unknown state and must be dropped."""
+        failed = self._outcome.failed
+        unknown_state = bool(self._in_flight) or self.broken is not None
+        for future, job in list(self._in_flight.items()):
+            future.remove_done_callback(self._settled)
+            future.cancel()
+            failed[job.id] = ConfirmTimeoutError(job.task, job.id, self._confirm_timeout)
+        self._in_flight.clear()
+        reason = "the connection broke" if self.broken else "confirms stopped coming"
+        for item in unsent:
+            failed[item.job.id] = BrokerConnectionError(
+                f"{reason} earlier in this batch; job {item.job.id} was not sent"
+            )
+        return unknown_state
+
+    def _settled(self, future: asyncio.Future[object]) -> None:
+        job = self._in_flight.pop(future)
+        self._last_settled = time.monotonic()
+        if len(self._in_flight) < self._wake_below:
+            self._progress.set()
+        error = future.exception() if not future.cancelled() else None
+        if error is None:
+            self._outcome.confirmed.add(job.id)
+            if self._on_confirmed is not None:
+                self._on_confirmed(job)
+            return
+        try:
+            translated = self._translate(job, error)  # type: ignore[arg-type]
+        except Exception as unexpected:  # not ours to raise in a callback: report it
+            translated = PublishError(f"job {job.id} failed to publish: {unexpected!r}")
+        self._outcome.failed[job.id] = translated
+        if isinstance(translated, BrokerConnectionError):
+            self.broken = translated
