@@ -2,7 +2,9 @@
 
 The broker is found in this order: an AMQP URL in ``BROKER_JOBS_TEST_AMQP_URL``; a
 RabbitMQ container through testcontainers when a Docker engine answers; otherwise a
-throwaway node started from the installed ``rabbitmq-server``. Without any of them,
+throwaway node started from the installed ``rabbitmq-server`` (or, with
+``BROKER_JOBS_TEST_RABBITMQ_ROOT``, from the one in that root: RabbitMQ 4.0 in a Debian 13
+tree made by ``scripts/rabbitmq-root``, run under chroot). Without any of them,
 broker tests skip locally and fail in CI (``CI`` set), so CI cannot pass vacuously.
 """
 
@@ -32,6 +34,12 @@ from topology import Topology
 
 URL_VARIABLE = "BROKER_JOBS_TEST_AMQP_URL"
 POSTGRES_URL_VARIABLE = "BROKER_JOBS_TEST_POSTGRES_URL"
+ROOT_VARIABLE = "BROKER_JOBS_TEST_RABBITMQ_ROOT"
+
+
+def rabbitmq_root() -> str | None:
+    """The root of the RabbitMQ the throwaway nodes run from (None: the host's)."""
+    return os.environ.get(ROOT_VARIABLE) or None
 
 
 @pytest.fixture(scope="session")
@@ -48,14 +56,17 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
                 f"amqp://guest:guest@{params.host}:{params.port}/", origin="testcontainers"
             )
         return
-    if not RabbitNode.available():
+    root = rabbitmq_root()
+    if not RabbitNode.available(root):
         unavailable(
             f"no RabbitMQ: set {URL_VARIABLE}, start Docker, or apt-get install rabbitmq-server"
+            + (f" (none in {ROOT_VARIABLE}={root}: run scripts/rabbitmq-root)" if root else "")
         )
-    node = RabbitNode.create(tmp_path_factory.mktemp("rabbit"))
+    node = RabbitNode.create(None if root else tmp_path_factory.mktemp("rabbit"), root=root)
     try:
         node.start()
-        yield Broker(node.url, node, origin="throwaway node")
+        origin = f"throwaway node of {root}" if root else "throwaway node"
+        yield Broker(node.url, node, origin=origin)
     finally:
         node.cleanup()
 
@@ -214,9 +225,11 @@ def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitC
     kills or stops nodes brings them back before it ends (``rabbit_cluster.start()``
     starts the nodes that are down and waits until all are running in the cluster).
     """
-    if not RabbitCluster.available():
+    root = rabbitmq_root()
+    if not RabbitCluster.available(root):
         unavailable("no RabbitMQ cluster: apt-get install rabbitmq-server")
-    cluster = RabbitCluster.create(tmp_path_factory.mktemp("rabbit-cluster"), size=3)
+    base = None if root else tmp_path_factory.mktemp("rabbit-cluster")
+    cluster = RabbitCluster.create(base, size=3, root=root)
     try:
         cluster.start()
         print(f"\nthrowaway 3-node RabbitMQ cluster formed in {cluster.started_in:.1f} s")

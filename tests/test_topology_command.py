@@ -30,7 +30,7 @@ from broker_jobs.store import MemoryStore
 from broker_jobs.testing.rabbit_node import RabbitNode
 from broker_jobs.urls import BrokerURL
 from scheduler import Beat, BeatSettings, load_schedules
-from tests.support import Broker, drain
+from tests.support import Broker, broker_has, drain, untyped_queue_type
 from topology import Names, Topology, declare
 from topology.delay import delay_routing_key
 from topology.file import TopologyFileError, load_file, parse
@@ -74,8 +74,7 @@ def with_credentials(url: str, user: str, password: str, vhost: str | None = Non
 
 def rabbitmqctl_command(node: RabbitNode) -> str:
     """A shell command line reaching the test's node: its cookie lives in its HOME."""
-    home = node.base_dir / "home"
-    return f"env HOME={home} {node._sbin() / 'rabbitmqctl'} -n {node.nodename}"
+    return node.ctl_command_line()
 
 
 @pytest.fixture
@@ -226,7 +225,8 @@ def test_a_conflicting_queue_is_reported_with_its_remedy_and_left_untouched(
     plan = topology("plan", "--url", broker.url, "--app", app_path)
     assert plan.exit_code == 1, plan.output
     assert f"! queue {queue} (quorum): conflict: " in plan.stdout
-    assert "x-queue-type: wanted 'quorum', broker has not set" in plan.stdout
+    untyped = broker_has(untyped_queue_type(connection))
+    assert f"x-queue-type: wanted 'quorum', broker has {untyped}" in plan.stdout
     assert "2 blocked by a conflict" in plan.stdout
     assert "1 object(s) conflict" in plan.stderr
 
@@ -280,7 +280,8 @@ def test_json_documents_of_plan_apply_and_verify_parse_with_the_same_exit_codes(
         o for o in json.loads(plan.stdout)["objects"] if o["name"] == names.task_queue("mail.send")
     )
     assert conflict["state"] == "conflict"
-    assert {"argument": "x-queue-type", "wanted": "quorum", "broker": None} in conflict[
+    untyped = untyped_queue_type(connection)
+    assert {"argument": "x-queue-type", "wanted": "quorum", "broker": untyped} in conflict[
         "differences"
     ]
     assert conflict["remedy"]
@@ -468,18 +469,18 @@ def test_export_writes_rabbitmq_definitions(app_path: str, namespace: str) -> No
 
 
 def test_exported_definitions_import_into_a_fresh_vhost_in_sync(
-    broker: Broker, app_path: str, tmp_path: Path
+    broker: Broker, app_path: str
 ) -> None:
     node = broker.controllable()
     vhost = f"bj-import-{uuid.uuid4().hex[:8]}"
-    path = tmp_path / "definitions.json"
+    path = node.base_dir / f"{vhost}.json"  # where the node's rabbitmqctl can read it
     result = topology("export", "--app", app_path, "--vhost", vhost, "--output", str(path))
     assert result.exit_code == 0, result.output
     assert f"for vhost {vhost!r}" in result.stderr
     node.ctl("add_vhost", vhost)
     try:
         node.ctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
-        node.ctl("import_definitions", str(path))
+        node.ctl("import_definitions", str(node.inside(path)))
         url = with_credentials(broker.url, "guest", "guest", vhost)
         # RabbitMQ 3.10 imports asynchronously ("Successfully started definition
         # import"): poll until the import has landed.
@@ -490,6 +491,7 @@ def test_exported_definitions_import_into_a_fresh_vhost_in_sync(
         assert "in sync" in verify.stdout
     finally:
         node.ctl("delete_vhost", vhost)
+        path.unlink(missing_ok=True)
 
 
 # -- preflight ------------------------------------------------------------------------

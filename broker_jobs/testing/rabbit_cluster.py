@@ -30,7 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from broker_jobs.testing.rabbit_node import RabbitNode, RabbitNodeError
+from broker_jobs.testing.rabbit_node import RabbitNode, RabbitNodeError, free_port
 
 T = TypeVar("T")
 
@@ -58,22 +58,35 @@ class RabbitCluster:
     started_in: float | None = field(default=None, init=False)
 
     @classmethod
-    def create(cls, base_dir: Path | None = None, size: int = 3) -> RabbitCluster:
-        """Pick ports, names and one cookie for ``size`` nodes; starts nothing."""
+    def create(
+        cls, base_dir: Path | None = None, size: int = 3, *, root: Path | str | None = None
+    ) -> RabbitCluster:
+        """Pick ports, names and one cookie for ``size`` nodes; starts nothing.
+        ``root``: another root's RabbitMQ (:class:`RabbitNode`); ``base_dir`` must then
+        lie inside it (default: a new directory in its ``/tmp``)."""
         if size < 1:
             raise ValueError(f"a cluster needs at least one node, not {size}")
-        base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="bjtest-cluster-"))
+        scratch = Path(root) / "tmp" if root else None
+        base = (
+            Path(base_dir)
+            if base_dir
+            else Path(tempfile.mkdtemp(prefix="bjtest-cluster-", dir=scratch))
+        )
         cookie = secrets.token_hex(16).upper()
+        epmd = free_port() if root else None  # one epmd: the nodes find each other there
         nodes = [
-            RabbitNode.create(base / f"node{n}", cookie=cookie, prefix=f"bjcluster{n}")
+            RabbitNode.create(
+                base / f"node{n}", cookie=cookie, prefix=f"bjcluster{n}", root=root, epmd_port=epmd
+            )
             for n in range(1, size + 1)
         ]
         return cls(base_dir=base, nodes=nodes)
 
     @staticmethod
-    def available() -> bool:
-        """Is a lib-dir rabbitmq-server installed? Lets tests skip instead of fail."""
-        return RabbitNode.available()
+    def available(root: Path | str | None = None) -> bool:
+        """Is a lib-dir rabbitmq-server installed (under ``root``)? Lets tests skip
+        instead of fail."""
+        return RabbitNode.available(root)
 
     @property
     def urls(self) -> list[str]:

@@ -6,6 +6,11 @@ system node (its cookie, data dir or the ``rabbitmq`` user).  So we run the lib-
 system cookie) with a private HOME/cookie, ports and data dir, all under ``base_dir``.
 Nodes meant to form a cluster (:mod:`broker_jobs.testing.rabbit_cluster`) are created
 with one shared ``cookie``; each still has a HOME of its own.
+
+A node may also run from another distribution's RabbitMQ in a root of its own
+(``root``: e.g. Debian 13's RabbitMQ 4.0 in a ``debootstrap`` tree, made by
+``scripts/rabbitmq-root``): its commands run under ``chroot``, its files live under
+``root``, and it registers with an epmd on a port of its own, apart from the host's.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import contextlib
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -32,11 +38,10 @@ _LIB_GLOB = "usr/lib/rabbitmq/lib/rabbitmq_server-*/sbin"
 
 #: A dead-letter hop that the target queue did not confirm (say it was still starting
 #: after a restart) is retried after this long: 180 s by default, which left a delayed
-#: job minutes late after a restart. The key is ``..._timeout`` on 3.x and
-#: ``..._timeout_ms`` on 4.x; a node ignores the one it does not know (docs/operations.md).
+#: job minutes late after a restart. The same key (milliseconds) on 3.10 and 4.0
+#: (docs/operations.md).
 _ADVANCED_CONFIG = """[{rabbit, [
-  {dead_letter_worker_publisher_confirm_timeout, 5000},
-  {dead_letter_worker_publisher_confirm_timeout_ms, 5000}
+  {dead_letter_worker_publisher_confirm_timeout, 5000}
 ]}].
 """
 
@@ -45,11 +50,12 @@ class RabbitNodeError(Exception):
     """The throwaway node could not be found, started, stopped or queried."""
 
 
-def _find_sbin() -> Path | None:
-    """The lib-dir sbin: ``$BROKER_JOBS_RABBITMQ_SBIN`` if set, else the highest version."""
-    if override := os.environ.get(SBIN_ENV):
+def _find_sbin(root: Path = Path("/")) -> Path | None:
+    """The lib-dir sbin under ``root``: ``$BROKER_JOBS_RABBITMQ_SBIN`` if set (for the
+    host's root), else the highest version."""
+    if (override := os.environ.get(SBIN_ENV)) and root == Path("/"):
         return Path(override) if (Path(override) / "rabbitmq-server").is_file() else None
-    found = [p for p in Path("/").glob(_LIB_GLOB) if (p / "rabbitmq-server").is_file()]
+    found = [p for p in root.glob(_LIB_GLOB) if (p / "rabbitmq-server").is_file()]
     return max(
         found, key=lambda p: [int(n) for n in re.findall(r"\d+", p.parent.name)], default=None
     )
@@ -61,7 +67,7 @@ def _find_sbin() -> Path | None:
 _HANDED_OUT: set[int] = set()
 
 
-def _free_port(taken: int = 0) -> int:
+def free_port(taken: int = 0) -> int:
     """Let the kernel pick: if the AMQP port is taken the node boots, then dies ~8 s later.
 
     Skips 35672-35682, where every rabbitmqctl on the machine puts its own dist listener,
@@ -117,27 +123,58 @@ class RabbitNode:
     #: The Erlang cookie; None: a random one of this node's own. Nodes that form a
     #: cluster (or talk to each other at all) need the same one.
     cookie: str | None = None
+    #: The filesystem root of the RabbitMQ installation ("/": the host's own).
+    root: Path = Path("/")
+    #: The epmd port of a node in another root (None: the host's default epmd).
+    epmd_port: int | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def create(
-        cls, base_dir: Path | None = None, *, cookie: str | None = None, prefix: str = "bjtest"
+        cls,
+        base_dir: Path | None = None,
+        *,
+        cookie: str | None = None,
+        prefix: str = "bjtest",
+        root: Path | str | None = None,
+        epmd_port: int | None = None,
     ) -> RabbitNode:
         """Pick free ports and a unique node name; does not start anything.
 
         ``cookie``: the Erlang cookie to share with other nodes (default: a random one).
         ``prefix``: the node name's start (``<prefix>-<pid>-<random>@localhost``).
+        ``root``: another root's RabbitMQ (see the module's docstring); ``base_dir``
+        must then lie inside it (default: a new directory in its ``/tmp``), and the
+        node registers with an epmd on ``epmd_port`` (default: a free port; nodes of
+        one cluster share one).
         """
-        base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="bjtest-rabbit-"))
-        amqp = _free_port()
-        dist = _free_port(taken=amqp)
+        tree = Path(root) if root else Path("/")
+        if base_dir is None:
+            scratch = tree / "tmp" if root else None
+            base = Path(tempfile.mkdtemp(prefix="bjtest-rabbit-", dir=scratch))
+        else:
+            base = Path(base_dir)
+        if root and not base.resolve().is_relative_to(tree.resolve()):
+            raise RabbitNodeError(f"the node's directory {base} is not inside its root {tree}")
+        amqp = free_port()
+        dist = free_port(taken=amqp)
+        epmd = (epmd_port or free_port(taken=dist)) if root else None
         name = f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}@localhost"
-        return cls(base_dir=base, amqp_port=amqp, dist_port=dist, nodename=name, cookie=cookie)
+        return cls(
+            base_dir=base,
+            amqp_port=amqp,
+            dist_port=dist,
+            nodename=name,
+            cookie=cookie,
+            root=tree,
+            epmd_port=epmd,
+        )
 
     @staticmethod
-    def available() -> bool:
-        """Is a lib-dir rabbitmq-server installed? Lets tests skip instead of fail."""
-        return _find_sbin() is not None
+    def available(root: Path | str | None = None) -> bool:
+        """Is a lib-dir rabbitmq-server installed (under ``root``)? Lets tests skip
+        instead of fail."""
+        return _find_sbin(Path(root) if root else Path("/")) is not None
 
     @property
     def url(self) -> str:
@@ -165,17 +202,43 @@ class RabbitNode:
         return pid is not None and _alive(pid)
 
     def _sbin(self) -> Path:
-        if (sbin := _find_sbin()) is None:
+        if (sbin := _find_sbin(self.root)) is None:
+            where = f"{self.root}/{_LIB_GLOB}".replace("//", "/")
             raise RabbitNodeError(
-                f"no rabbitmq-server under /{_LIB_GLOB} (or ${SBIN_ENV}); "
+                f"no rabbitmq-server under {where} (or ${SBIN_ENV}); "
                 "install rabbitmq-server: apt-get install rabbitmq-server"
             )
         return sbin
 
+    def inside(self, path: Path) -> Path:
+        """``path`` as the node and its tools see it (under its root): a file handed
+        to ``rabbitmqctl`` must lie in the root, e.g. in :attr:`base_dir`."""
+        if self.root == Path("/"):
+            return path
+        return Path("/") / path.resolve().relative_to(self.root.resolve())
+
+    def _command(self, tool: str) -> list[str]:
+        """How to run one of the node's sbin tools: under ``chroot`` in another root."""
+        sbin = self._sbin()
+        if self.root == Path("/"):
+            return [str(sbin / tool)]
+        if not (self.root / "proc" / "self").exists():
+            raise RabbitNodeError(
+                f"{self.root}/proc is not mounted: mount --bind /proc {self.root}/proc"
+                " (scripts/rabbitmq-root does it)"
+            )
+        return ["chroot", str(self.root), str(self.inside(sbin / tool))]
+
     def _env(self) -> dict[str, str]:
         """Env for server and CLI alike; the shared HOME gives both the same cookie."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RABBITMQ_")}
-        b = self.base_dir
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("RABBITMQ_") and k != "ERL_EPMD_PORT"
+        }
+        if self.epmd_port is not None:
+            env["ERL_EPMD_PORT"] = str(self.epmd_port)
+        b = self.inside(self.base_dir)
         env.update(
             HOME=str(b / "home"),
             RABBITMQ_NODENAME=self.nodename,
@@ -183,7 +246,7 @@ class RabbitNode:
             RABBITMQ_DIST_PORT=str(self.dist_port),
             RABBITMQ_MNESIA_BASE=str(b / "mnesia"),
             RABBITMQ_LOG_BASE=str(b / "log"),
-            RABBITMQ_PID_FILE=str(self.pid_file),
+            RABBITMQ_PID_FILE=str(b / "node.pid"),
             RABBITMQ_CONFIG_FILE=str(b / "rabbitmq.conf"),
             RABBITMQ_ADVANCED_CONFIG_FILE=str(b / "advanced.config"),
             RABBITMQ_ENABLED_PLUGINS_FILE=str(b / "enabled_plugins"),  # none: faster boot
@@ -217,10 +280,12 @@ class RabbitNode:
 
     def _in_epmd(self) -> bool:
         short = self.nodename.split("@", 1)[0]
-        epmd = shutil.which("epmd") or "epmd"
+        epmd = [shutil.which("epmd") or "epmd", "-names"]
+        if self.epmd_port is not None:
+            epmd[1:1] = ["-port", str(self.epmd_port)]
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             out = subprocess.run(
-                [epmd, "-names"], check=False, capture_output=True, text=True, timeout=10
+                epmd, check=False, capture_output=True, text=True, timeout=10
             ).stdout
             return any(line.split()[1:2] == [short] for line in out.splitlines())
         return False
@@ -233,7 +298,7 @@ class RabbitNode:
         """Boot (same data dir and ports as before) and wait until AMQP accepts connections."""
         if self.running:
             raise RabbitNodeError(f"{self.nodename} is already running; stop() it first")
-        sbin = self._sbin()
+        command = self._command("rabbitmq-server")
         busy = [p for p in (self.amqp_port, self.dist_port) if not _port_free(p)]
         if busy:  # else the node boots, then dies ~8 s later (and a TCP probe would lie)
             raise RabbitNodeError(f"port(s) {busy} of {self.nodename} in use; create() anew")
@@ -242,7 +307,7 @@ class RabbitNode:
         # Output goes to a file, not a pipe: nobody reads a pipe, and a full one blocks the node.
         with self.stdout_log.open("ab") as log:
             self._proc = subprocess.Popen(
-                [str(sbin / "rabbitmq-server")],
+                command,
                 env=self._env(),
                 cwd=self.base_dir,
                 stdin=subprocess.DEVNULL,
@@ -306,7 +371,8 @@ class RabbitNode:
             return
         pids, deadline = self._beam_pids(), time.monotonic() + timeout
         try:
-            self.ctl("stop", str(self.pid_file), timeout=timeout)  # returns once beam exited
+            # returns once beam exited
+            self.ctl("stop", str(self.inside(self.pid_file)), timeout=timeout)
         except RabbitNodeError:
             self.kill()
             raise
@@ -348,7 +414,7 @@ class RabbitNode:
         self.start()
 
     def _run(self, tool: str, *args: str, timeout: float) -> str:
-        cmd = [str(self._sbin() / tool), "-n", self.nodename, *args]
+        cmd = [*self._command(tool), "-n", self.nodename, *args]
         try:
             res = subprocess.run(
                 cmd, check=False, env=self._env(), capture_output=True, text=True, timeout=timeout
@@ -358,6 +424,14 @@ class RabbitNode:
         if res.returncode != 0:
             raise RabbitNodeError(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stderr}")
         return res.stdout
+
+    def ctl_command_line(self) -> str:
+        """A shell command line running rabbitmqctl against this node (its cookie is in
+        its HOME; under ``chroot`` for another root), for tools that take one."""
+        env = [f"HOME={self.inside(self.base_dir / 'home')}"]
+        if self.epmd_port is not None:
+            env.append(f"ERL_EPMD_PORT={self.epmd_port}")
+        return shlex.join(["env", *env, *self._command("rabbitmqctl"), "-n", self.nodename])
 
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
         """Run rabbitmqctl against this node (with its cookie) and return its stdout."""
