@@ -174,6 +174,9 @@ def needs_a_server(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``--quick`` leaves out what needs a server. Fault tests stop or kill the shared
     broker: run them after everything else."""
+    for item in items:  # under xdist (-n), one process runs them: one cluster, not one each
+        if item.get_closest_marker("cluster"):
+            item.add_marker(pytest.mark.xdist_group("cluster"))
     if config.getoption("quick"):
         left_out = [item for item in items if needs_a_server(item)]
         if left_out:

@@ -186,9 +186,22 @@ def wait_for(driver: Any, condition: Callable[[Any], Any], what: str) -> Any:
     return WebDriverWait(driver, WAIT).until(condition, message=what)
 
 
+#: Times an element replaced by the page's live refresh between finding it and
+#: reading it is found again (a busy machine widens that gap).
+STALE_READS = 5
+
+
 def text_of(driver: Any, css: str) -> str:
+    """The text of the element at ``css``, found again if the page's live refresh
+    replaced it while it was read."""
+    from selenium.common.exceptions import StaleElementReferenceException  # noqa: PLC0415
     from selenium.webdriver.common.by import By  # noqa: PLC0415
 
+    for _ in range(STALE_READS - 1):
+        try:
+            return str(driver.find_element(By.CSS_SELECTOR, css).text)
+        except StaleElementReferenceException:
+            continue
     return str(driver.find_element(By.CSS_SELECTOR, css).text)
 
 
