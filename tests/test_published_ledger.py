@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
@@ -21,9 +21,9 @@ from broker_jobs import App, JobRequest
 from broker_jobs.cli import main
 from broker_jobs.retry import RetryPolicy
 from broker_jobs.store import SQLiteStore, StoreError
-from broker_jobs.store.base import CancelOutcome, Status, Store
+from broker_jobs.store.base import Cancellation, CancelOutcome, Status, Store
 from broker_jobs.worker import Worker, WorkerSettings
-from tests.support import AnyPublisher, Broker, wait_until
+from tests.support import AnyPublisher, Broker
 from tests.test_store import Kit
 from tests.test_worker import Effects
 from topology import declare
@@ -133,25 +133,30 @@ def test_cancelled_queued_and_delayed_jobs_are_acked_without_running(
 
 
 def test_a_retrying_job_cancelled_between_attempts_is_not_run_again(
-    broker: Broker, app: App, kit: Kit, runs: Effects, make_publisher: Callable[..., AnyPublisher]
+    broker: Broker,
+    app: App,
+    kit: Kit,
+    runs: Effects,
+    make_publisher: Callable[..., AnyPublisher],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     store = kit.store
     job = make_publisher(app).publish("notes.write", Note(text="flaky"))
-    counts: list[Counter[str]] = []
-    worker = threading.Thread(target=lambda: counts.append(run_worker(broker, app, store)))
-    worker.start()
-    try:
-        wait_until(
-            lambda: (r := store.get(job.idempotency_key)) and r.status is Status.RETRYING,
-            within=30,
-            what="the first attempt recorded as retrying",
-        )
-        cancellation = store.cancel(job.id)
-    finally:
-        worker.join(timeout=60)
+    # Cancelled the moment the worker has recorded the first attempt as retrying: its
+    # next attempt then waits 1.5 s in the ladder, whatever the machine's load (a test
+    # polling for the retrying record could miss it on a busy machine).
+    cancellations: list[Cancellation] = []
+    record_retry = store.retry
+
+    def retry_then_cancel(*args: Any, **kwargs: Any) -> Any:
+        recorded = record_retry(*args, **kwargs)
+        cancellations.append(store.cancel(job.id))
+        return recorded
+
+    monkeypatch.setattr(store, "retry", retry_then_cancel)
+    outcomes = run_worker(broker, app, store)
+    (cancellation,) = cancellations
     assert cancellation.outcome is CancelOutcome.CANCELLED
-    assert not worker.is_alive()
-    (outcomes,) = counts
     assert (outcomes["retried"], outcomes["cancelled"], outcomes["succeeded"]) == (1, 1, 0)
     assert runs.runs == Counter({"flaky": 1})
     record = store.get(job.idempotency_key)
