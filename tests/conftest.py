@@ -143,6 +143,9 @@ def make_publisher(
         publisher.close()
 
 
+#: Seconds a test on the 3-node cluster may take (its forming included).
+CLUSTER_TIMEOUT = 480
+
 #: What ``--quick`` leaves out: tests on a real RabbitMQ or PostgreSQL, the browser.
 SERVER_FIXTURES = frozenset({"broker", "postgres_dsn", "rabbit_cluster", "connection"})
 SERVER_MARKERS = ("broker", "fault", "cluster")
@@ -177,6 +180,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:  # under xdist (-n), one process runs them: one cluster, not one each
         if item.get_closest_marker("cluster"):
             item.add_marker(pytest.mark.xdist_group("cluster"))
+            if item.get_closest_marker("timeout") is None:
+                # Forming a cluster and each rabbitmqctl (an Erlang VM) take minutes
+                # on a loaded machine: 120 s ran out with two CPU burners beside.
+                item.add_marker(pytest.mark.timeout(CLUSTER_TIMEOUT))
     if config.getoption("quick"):
         left_out = [item for item in items if needs_a_server(item)]
         if left_out:
