@@ -9,6 +9,11 @@
     execution   handler threads, time limits, lease renewal
     observer    each job's outcome line and metrics; the wrapper of handler calls
     dead_letters  a dead job's message and its reason
+    delivery_limit  a job at its queue's delivery limit: a crash loop, or rescued
+    ledger_gate   store calls held and retried through a ledger outage
+    overrun     sync handlers past their time limit: interrupted, then stuck
+    supervisor  --processes: worker processes spawned and restarted
+    levels      priority levels: which held job runs next
     delivery    a delivery's wire form and aio-pika view
     settings    WorkerSettings, ProtocolSettings
 """
