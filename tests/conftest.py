@@ -185,10 +185,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 # on a loaded machine: 120 s ran out with two CPU burners beside.
                 item.add_marker(pytest.mark.timeout(CLUSTER_TIMEOUT))
     if config.getoption("quick"):
-        left_out = [item for item in items if needs_a_server(item)]
+        kept: list[pytest.Item] = []
+        left_out: list[pytest.Item] = []
+        for item in items:
+            (left_out if needs_a_server(item) else kept).append(item)
         if left_out:
             config.hook.pytest_deselected(items=left_out)
-            items[:] = [item for item in items if not needs_a_server(item)]
+            items[:] = kept
     items.sort(key=lambda item: item.get_closest_marker("fault") is not None)
 
 

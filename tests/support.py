@@ -15,6 +15,7 @@ import pytest
 
 from broker_jobs import AsyncPublisher, Job, JobRequest, Publisher, WireMessage, decode
 from broker_jobs.testing.rabbit_node import RabbitNode
+from topology.preflight import server_version
 
 T = TypeVar("T")
 
@@ -149,11 +150,5 @@ def wait_until(condition: Callable[[], T | None], *, within: float, what: str) -
 def untyped_queue_type(connection: pika.BlockingConnection) -> str | None:
     """What the broker reports as ``x-queue-type`` of a queue declared without one:
     nothing on RabbitMQ 3.x, ``classic`` on 4.x."""
-    version = connection._impl.server_properties.get("version", b"")
-    major = (version.decode() if isinstance(version, bytes) else str(version)).split(".")[0]
-    return "classic" if major.isdigit() and int(major) >= 4 else None
-
-
-def broker_has(value: str | None) -> str:
-    """How a conflict message renders the broker's value (``not set`` for none)."""
-    return "not set" if value is None else repr(value)
+    version = server_version(connection)
+    return "classic" if version is not None and version >= (4,) else None

@@ -57,7 +57,7 @@ def test_a_finished_job_is_left_to_the_claim_which_acks_it(status: Status) -> No
 def test_a_job_that_was_not_running_when_its_workers_died_is_rescued_at_once(
     found: JobRecord | None,
 ) -> None:
-    assert judge(found) == Rescue(None, "it was not running when its workers died")
+    assert judge(found) == Rescue(None, "it was not running when its workers died", LIMIT)
 
 
 def test_a_job_whose_runs_killed_as_many_workers_as_the_limit_is_a_crash_loop() -> None:
@@ -76,7 +76,7 @@ def test_a_job_with_fewer_crashes_than_the_limit_under_a_lapsed_lease_is_rescued
 
 def test_a_job_waiting_for_a_live_lease_is_rescued_due_when_the_lease_lapses() -> None:
     verdict = judge(record(Status.RUNNING, lease_s=42))
-    assert verdict == Rescue(42 + LEASE_MARGIN, "it waits for the lease of w#1")
+    assert verdict == Rescue(42 + LEASE_MARGIN, "it waits for the lease of w#1", LIMIT)
 
 
 def test_a_live_lease_whose_lapse_would_be_the_last_crash_allowed_is_waited_for_here() -> None:

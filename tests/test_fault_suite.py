@@ -13,9 +13,7 @@ overlapping executions of one key. docs/reliability.md has the full form.
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -27,7 +25,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.fault]
 
 @pytest.fixture(scope="module")
 def env() -> Iterator[Env]:
-    with tempfile.TemporaryDirectory(prefix="fault-suite-") as base, environment(Path(base)) as env:
+    with environment() as env:  # in a temporary directory, removed at the end
         yield env
 
 

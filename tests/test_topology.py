@@ -12,8 +12,9 @@ from pydantic import BaseModel
 
 import broker_jobs
 from broker_jobs import App, QueueOptions, QueueType
-from tests.support import AnyPublisher, broker_has, drain_at_least, untyped_queue_type
+from tests.support import AnyPublisher, drain_at_least, untyped_queue_type
 from topology import TopologyConflictError, declare
+from topology.errors import show_value
 
 pytestmark = pytest.mark.broker
 
@@ -76,7 +77,7 @@ def test_a_classic_queue_where_quorum_is_wanted_is_reported_not_touched(
     assert differing["x-dead-letter-exchange"].existing is None
     message = str(caught.value)
     assert queue in message
-    untyped = broker_has(untyped_queue_type(connection))
+    untyped = show_value(untyped_queue_type(connection))
     assert f"x-queue-type: wanted 'quorum', broker has {untyped}" in message
     assert "cannot change a queue's type in place" in message
     # Everything else was declared, and the existing queue still holds its message.

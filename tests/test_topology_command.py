@@ -30,9 +30,10 @@ from broker_jobs.store import MemoryStore
 from broker_jobs.testing.rabbit_node import RabbitNode
 from broker_jobs.urls import BrokerURL
 from scheduler import Beat, BeatSettings, load_schedules
-from tests.support import Broker, broker_has, drain, untyped_queue_type
+from tests.support import Broker, drain, untyped_queue_type
 from topology import Names, Topology, declare
 from topology.delay import delay_routing_key
+from topology.errors import show_value
 from topology.file import TopologyFileError, load_file, parse
 from topology.permissions import Role, role_permissions
 
@@ -225,7 +226,7 @@ def test_a_conflicting_queue_is_reported_with_its_remedy_and_left_untouched(
     plan = topology("plan", "--url", broker.url, "--app", app_path)
     assert plan.exit_code == 1, plan.output
     assert f"! queue {queue} (quorum): conflict: " in plan.stdout
-    untyped = broker_has(untyped_queue_type(connection))
+    untyped = show_value(untyped_queue_type(connection))
     assert f"x-queue-type: wanted 'quorum', broker has {untyped}" in plan.stdout
     assert "2 blocked by a conflict" in plan.stdout
     assert "1 object(s) conflict" in plan.stderr

@@ -31,7 +31,8 @@ class Difference:
     existing: Any
 
     def describe(self) -> str:
-        return f"{self.argument}: wanted {_show(self.wanted)}, broker has {_show(self.existing)}"
+        wanted, existing = show_value(self.wanted), show_value(self.existing)
+        return f"{self.argument}: wanted {wanted}, broker has {existing}"
 
 
 @dataclass(frozen=True)
@@ -96,5 +97,6 @@ class TopologyMissingError(TopologyError):
     """Raised when an object that must already exist is missing."""
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
+    """An argument's value as a conflict message writes it (``not set`` for None)."""
     return "not set" if value is None else repr(value)

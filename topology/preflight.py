@@ -150,14 +150,24 @@ class _Link:
             self._connection.close()
 
 
-def _server(connection: pika.BlockingConnection) -> tuple[tuple[int, ...] | None, str]:
+def _server_text(connection: pika.BlockingConnection) -> dict[str, str]:
     # pika's BlockingConnection keeps the server's connection.start properties on
     # its underlying connection only.
     properties: dict[str, Any] = cast(Any, connection)._impl.server_properties or {}
-    text = {key: _text(value) for key, value in properties.items() if key != "capabilities"}
+    return {key: _text(value) for key, value in properties.items() if key != "capabilities"}
+
+
+def server_version(connection: pika.BlockingConnection) -> tuple[int, ...] | None:
+    """The broker's version, e.g. ``(4, 0, 5)``, from the connection's handshake;
+    None when it did not say."""
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", _server_text(connection).get("version", ""))
+    return tuple(int(part) for part in match.groups("0")) if match else None
+
+
+def _server(connection: pika.BlockingConnection) -> tuple[tuple[int, ...] | None, str]:
+    text = _server_text(connection)
     version_text = text.get("version", "")
-    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version_text)
-    version = tuple(int(part) for part in match.groups("0")) if match else None
+    version = server_version(connection)
     server = f"{text.get('product', 'unknown product')} {version_text or '(version unknown)'}"
     if platform := text.get("platform"):
         server += f" on {platform}"

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from broker_jobs.testing.rabbit_node import RabbitNode, RabbitNodeError, free_port
+from broker_jobs.testing.rabbit_node import RabbitNode, RabbitNodeError, free_port, scratch_dir
 
 T = TypeVar("T")
 
@@ -66,12 +65,7 @@ class RabbitCluster:
         lie inside it (default: a new directory in its ``/tmp``)."""
         if size < 1:
             raise ValueError(f"a cluster needs at least one node, not {size}")
-        scratch = Path(root) / "tmp" if root else None
-        base = (
-            Path(base_dir)
-            if base_dir
-            else Path(tempfile.mkdtemp(prefix="bjtest-cluster-", dir=scratch))
-        )
+        base = Path(base_dir) if base_dir else scratch_dir("bjtest-cluster-", root)
         cookie = secrets.token_hex(16).upper()
         epmd = free_port() if root else None  # one epmd: the nodes find each other there
         nodes = [

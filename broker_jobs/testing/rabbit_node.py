@@ -82,6 +82,12 @@ def free_port(taken: int = 0) -> int:
             return port
 
 
+def scratch_dir(prefix: str, root: Path | str | None = None) -> Path:
+    """A new directory for a throwaway node: in ``root``'s ``/tmp`` for a node of
+    another root (its chrooted tools see only that tree), else in the host's."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=Path(root) / "tmp" if root else None))
+
+
 def _port_free(port: int) -> bool:
     """Nobody listens on ``port`` (SO_REUSEADDR, like Erlang, so TIME_WAIT does not count)."""
     with socket.socket() as s:
@@ -149,11 +155,7 @@ class RabbitNode:
         one cluster share one).
         """
         tree = Path(root) if root else Path("/")
-        if base_dir is None:
-            scratch = tree / "tmp" if root else None
-            base = Path(tempfile.mkdtemp(prefix="bjtest-rabbit-", dir=scratch))
-        else:
-            base = Path(base_dir)
+        base = Path(base_dir) if base_dir else scratch_dir("bjtest-rabbit-", root)
         if root and not base.resolve().is_relative_to(tree.resolve()):
             raise RabbitNodeError(f"the node's directory {base} is not inside its root {tree}")
         amqp = free_port()

@@ -40,6 +40,8 @@ class Rescue:
     #: Seconds until the copy is due (the holder's lease lapses); None: at once.
     delay: float | None
     why: str
+    #: The delivery's ``x-delivery-count`` (it was delivered one time more).
+    count: int
 
 
 def judge_last_delivery(
@@ -62,7 +64,7 @@ def judge_last_delivery(
     if record is None or record.status is not Status.RUNNING or record.worker is None:
         # Never ran, ran and was retried, or was given back on a graceful stop: its
         # returns were deaths of workers that held it waiting, not crashes it caused.
-        return Rescue(None, "it was not running when its workers died")
+        return Rescue(None, "it was not running when its workers died", count)
     lapsed = record.lease_until is None or record.lease_until <= now
     crashes = crashes_before + 1  # the running execution, once its lease has lapsed
     if lapsed and crashes >= limit:
@@ -74,9 +76,10 @@ def judge_last_delivery(
             attempt,
         )
     if lapsed:
-        return Rescue(None, f"{crashes} of its runs ended by a worker's death, under {limit}")
+        why = f"{crashes} of its runs ended by a worker's death, under {limit}"
+        return Rescue(None, why, count)
     if crashes >= limit:
         return None  # held: if the holder is dead, its lapse makes this the limit-th crash
     assert record.lease_until is not None
     wait = (record.lease_until - now).total_seconds() + LEASE_MARGIN
-    return Rescue(wait, f"it waits for the lease of {record.worker}")
+    return Rescue(wait, f"it waits for the lease of {record.worker}", count)

@@ -396,7 +396,7 @@ class Runner:
         holder = self.next_holder()
         verdict = await self._at_delivery_limit(message, job, spec)
         if isinstance(verdict, Rescue):
-            return await self._rescue(message, job, verdict)
+            return await self._rescue(job, verdict)
         death = verdict
         claim = await self.recorded(
             store.claim, job, holder, settings.lease, give_up=lambda: self.must_not_start(message)
@@ -680,21 +680,20 @@ class Runner:
             now=utc_now(),
         )
 
-    async def _rescue(self, message: Delivery, job: Job, rescue: Rescue) -> str | None:
+    async def _rescue(self, job: Job, rescue: Rescue) -> str | None:
         """Publish ``job`` again as a fresh message (confirmed); the caller acks."""
-        count = message.headers.get(n.HEADER_DELIVERY_COUNT)
         try:
             await self._republish(job, delay=rescue.delay)
         except LinkStoppedError:
             return None
         log.info(
-            "job %s (key %s, %s attempt %d) delivered %s times, at its queue's delivery"
+            "job %s (key %s, %s attempt %d) delivered %d times, at its queue's delivery"
             " limit: published again as a fresh message%s (%s)",
             job.id,
             job.idempotency_key,
             job.task,
             job.attempt,
-            count + 1 if isinstance(count, int) else "?",
+            rescue.count + 1,
             f", due in {rescue.delay:.0f} s" if rescue.delay else "",
             rescue.why,
         )
