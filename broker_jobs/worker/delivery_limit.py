@@ -27,6 +27,7 @@ from datetime import datetime
 
 from broker_jobs.store.base import TERMINAL, JobRecord, Status
 from broker_jobs.worker.dead_letters import DeathCause
+from topology.model import QueueOptions, QueueType
 
 #: Seconds after a lease's end that a rescued copy waiting for it arrives (clock
 #: differences between the worker and the ledger's server).
@@ -42,6 +43,17 @@ class Rescue:
     why: str
     #: The delivery's ``x-delivery-count`` (it was delivered one time more).
     count: int
+
+
+def at_delivery_limit(queue: QueueOptions, count: object) -> bool:
+    """Whether a delivery whose ``x-delivery-count`` header is ``count`` is the last its
+    queue allows (only quorum queues count deliveries): the ledger judges it (both
+    paths ask here; the fast path hands such a delivery to the per-delivery one)."""
+    return (
+        queue.queue_type is QueueType.QUORUM
+        and isinstance(count, int)
+        and count >= queue.delivery_limit
+    )
 
 
 def judge_last_delivery(

@@ -26,43 +26,31 @@ from typing import Any
 from pydantic import BaseModel
 
 from broker_jobs.envelope import Job
-from broker_jobs.store.base import LeaseLostError
 from broker_jobs.worker.levels import LevelCalls, LevelPicker, LevelSlots
 from broker_jobs.worker.observer import Run
-from broker_jobs.worker.overrun import Overruns, RunGuard
+from broker_jobs.worker.overrun import (
+    STUCK_RETRY_FLOOR,
+    LimitWatch,
+    Overruns,
+    RunGuard,
+    TimeLimitExceeded,
+    stuck_error,
+    time_limit_error,
+)
 from topology.priority import Priority, PriorityPolicy
 
 log = logging.getLogger(__name__)
 
-
-class TimeLimitExceeded(Exception):
-    """The handler ran longer than its task's time limit. ``stuck``: it did not
-    return within the overrun grace after being interrupted, and the worker was
-    replaced (its next attempt is then due no sooner than :data:`STUCK_RETRY_FLOOR`)."""
-
-    def __init__(self, message: str, *, stuck: bool = False) -> None:
-        super().__init__(message)
-        self.stuck = stuck
-
-
-def time_limit_error(seconds: float) -> TimeLimitExceeded:
-    """The failure of an attempt that ran past its limit of ``seconds``."""
-    return TimeLimitExceeded(f"ran longer than {seconds:g} s")
-
-
-def stuck_error(seconds: float, grace: float) -> TimeLimitExceeded:
-    """The failure of an attempt whose handler was stuck past its limit and ``grace``."""
-    return TimeLimitExceeded(
-        f"ran longer than {seconds:g} s and did not stop within {grace:g} s of being"
-        " interrupted; the worker was replaced",
-        stuck=True,
-    )
-
-
-#: Seconds: the least delay of a stuck job's next attempt. The worker that records it
-#: exits at once after; the floor keeps the attempt from starting elsewhere before
-#: this process (and the stuck thread) is gone.
-STUCK_RETRY_FLOOR = 5.0
+__all__ = [
+    "STUCK_RETRY_FLOOR",
+    "Executor",
+    "HandlerThreads",
+    "RunLimit",
+    "TimeLimitExceeded",
+    "run_async_handler",
+    "stuck_error",
+    "time_limit_error",
+]
 
 
 class HandlerThreads(concurrent.futures.Executor):
@@ -212,7 +200,7 @@ class Executor:
         run: Run,
         limit: RunLimit,
         *,
-        renew_lease: Callable[[], Awaitable[None]],
+        renew_lease: Callable[[], Awaitable[bool]],
         renew_every: float,
         level: Priority = Priority.NORMAL,
     ) -> Any:
@@ -236,16 +224,17 @@ class Executor:
         limit: RunLimit,
         level: Priority,
     ) -> Any:
-        """A sync handler on a pool thread: its limit counts from its start on the
-        thread, never while it waits for one; past it, it is interrupted and waited
-        for (its thread, lease and record stay taken) until it returns, or until the
-        worker, replacing itself, settles it as stuck."""
+        """A sync handler on a pool thread, under its :class:`LimitWatch`: past its
+        limit it is interrupted and waited for (its thread, lease and record stay
+        taken) until it returns, or until the worker, replacing itself, settles it as
+        stuck."""
         loop = asyncio.get_running_loop()
-        started = loop.create_future()
         guard = RunGuard()
+        watch = limit.watch(guard)
 
         def on_thread() -> Any:
-            loop.call_soon_threadsafe(_set_started, started)
+            if watch is not None:
+                loop.call_soon_threadsafe(watch.arm)
             with run:
                 return guard.call(handler, payload)
 
@@ -253,13 +242,26 @@ class Executor:
         # thread, so spans the handler starts are its children.
         context = contextvars.copy_context()
         ran = asyncio.wrap_future(self._pool.submit_at(level, context.run, on_thread))
-        if limit.seconds is None:
+        if watch is None:
             return await ran
-        await asyncio.wait((ran, started), return_when=asyncio.FIRST_COMPLETED)
-        done, _ = await asyncio.wait((ran,), timeout=limit.seconds)
-        if done:
+        settled_as_stuck = asyncio.ensure_future(limit.settled_as_stuck(watch))
+        try:
+            done, _ = await asyncio.wait(
+                (ran, settled_as_stuck), return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            settled_as_stuck.cancel()
+            if not ran.done():  # cancelled (the worker goes), or stuck: not watched now
+                watch.outcome(None)
+        if ran not in done:
+            raise watch.stuck_error()
+        raised = ran.exception()
+        error = watch.outcome(raised)
+        if error is None:
             return ran.result()
-        return await limit.overrun(ran, guard)
+        if error is not raised:
+            raise error from None  # an interrupted run's failure is its time limit
+        raise error
 
     def post_all(
         self, calls: Sequence[Callable[[], object]], levels: Sequence[Priority] | None = None
@@ -274,44 +276,26 @@ class Executor:
 
 
 class RunLimit:
-    """One run's time limit (``seconds``, None: none) and what happens past it: the
-    handler is interrupted, then waited for; ``overruns`` hears of both."""
+    """One run's time limit (``seconds``, None: none) and who hears of its overruns."""
 
     def __init__(self, seconds: float | None, job: Job, overruns: Overruns) -> None:
         self.seconds = seconds
         self._job = job
         self._overruns = overruns
 
-    def exceeded(self, *, stuck: bool = False) -> TimeLimitExceeded:
-        assert self.seconds is not None  # only a limited run overruns
-        if stuck:
-            return stuck_error(self.seconds, self._overruns.grace)
-        return time_limit_error(self.seconds)
+    def watch(
+        self, guard: RunGuard, on_stuck: Callable[[], object] | None = None
+    ) -> LimitWatch | None:
+        """The watch of a sync run under ``guard``; None without a limit."""
+        if self.seconds is None:
+            return None
+        return LimitWatch(self.seconds, self._job, self._overruns, guard, on_stuck)
 
-    async def overrun(self, ran: asyncio.Future[Any], guard: RunGuard) -> Any:
-        """``ran`` passed the limit: interrupt it and wait for it to return (raising
-        TimeLimitExceeded whatever it raises), or, stuck, until the worker settles it."""
-        overruns, job = self._overruns, self._job
-        assert self.seconds is not None
-        if guard.interrupt():
-            overruns.interrupted(job, self.seconds)
-        try:
-            done, _ = await asyncio.wait((ran,), timeout=overruns.grace)
-            if not done:
-                overruns.became_stuck(job, self.seconds)
-                settle = asyncio.ensure_future(overruns.settle_stuck.wait())
-                try:
-                    done, _ = await asyncio.wait((ran, settle), return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    settle.cancel()
-                if ran not in done:
-                    raise self.exceeded(stuck=True)
-            try:
-                return ran.result()  # it returned before the interrupt landed: done
-            except BaseException:
-                raise self.exceeded() from None
-        finally:
-            overruns.returned(job)
+    async def settled_as_stuck(self, watch: LimitWatch) -> None:
+        """Returns once the run is stuck and the worker, replacing itself, settles the
+        stuck jobs (their other jobs finished)."""
+        await watch.stuck.wait()
+        await self._overruns.settle_stuck.wait()
 
 
 async def run_async_handler(
@@ -329,21 +313,12 @@ async def run_async_handler(
         raise
 
 
-def _set_started(started: asyncio.Future[None]) -> None:
-    if not started.done():
-        started.set_result(None)
-
-
-async def _renew_forever(renew: Callable[[], Awaitable[None]], every: float) -> None:
-    """Renew every ``every`` seconds until cancelled or the lease is lost; a renewal
-    that met an unreachable store is tried again at the next turn (stopping would let
-    the lease lapse under a running handler once the store is back)."""
+async def _renew_forever(renew: Callable[[], Awaitable[bool]], every: float) -> None:
+    """Renew every ``every`` seconds until cancelled or the lease is lost (``renew()``
+    says False); a renewal that met an unreachable store is tried again at the next
+    turn (stopping would let the lease lapse under a running handler once the store
+    is back)."""
     while True:
         await asyncio.sleep(every)
-        try:
-            await renew()
-        except LeaseLostError:
-            log.warning("a running job's lease was taken over; it may run elsewhere")
+        if not await renew():
             return
-        except Exception:  # the store unreachable: the ledger's gate says so once
-            continue

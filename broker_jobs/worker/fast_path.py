@@ -44,19 +44,17 @@ from pydantic import BaseModel
 from broker_jobs.app import TaskSpec
 from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job, utc_now
-from broker_jobs.store.base import Claim, ClaimOutcome, LeaseLostError, StoreError
+from broker_jobs.store.base import Claim, ClaimOutcome, StoreError
 from broker_jobs.worker.acks import ChannelAcks
+from broker_jobs.worker.claims import BUSY, RUN, claim_verdict
 from broker_jobs.worker.delivery import Delivery, decode_for_queue, delivered_wire_message
-from broker_jobs.worker.execution import (
-    TimeLimitExceeded,
-    run_async_handler,
-    stuck_error,
-    time_limit_error,
-)
+from broker_jobs.worker.delivery_limit import at_delivery_limit
+from broker_jobs.worker.execution import RunLimit, run_async_handler
 from broker_jobs.worker.ledger_gate import LedgerGaveUp
 from broker_jobs.worker.observer import Run
-from broker_jobs.worker.overrun import RunGuard
-from broker_jobs.worker.protocol import Runner, skipped
+from broker_jobs.worker.overrun import LimitWatch, RunGuard
+from broker_jobs.worker.protocol import Runner
+from broker_jobs.worker.settling import Finished, Settled
 from topology import names as n
 
 log = logging.getLogger(__name__)
@@ -74,16 +72,14 @@ class _Item:
     spec: TaskSpec
     payload: BaseModel
     holder: str = ""
-    #: The time-limit and lease-renewal timers of a running job.
+    #: The lease-renewal timers of a claimed job.
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     renewing: asyncio.Task[None] | None = None
     settled: bool = False
     #: The handler's run (set when it starts): its duration for the outcome's line.
     run: Run | None = None
-    #: A sync handler's call on its thread (set when it starts), to interrupt it.
-    guard: RunGuard | None = None
-    #: Interrupted at its time limit: whatever it reports, its attempt timed out.
-    overran: bool = False
+    #: A limited sync handler's time limit (set when it starts on its thread).
+    watch: LimitWatch | None = None
 
     @functools.cached_property
     def message(self) -> Delivery:
@@ -153,8 +149,7 @@ class FastPath:
         others of this loop iteration in one store call."""
         runner = self._runner
         if runner.stopping:  # arrived after the consumer was cancelled: it goes back
-            acks.forget(delivered.delivery_tag or 0)
-            runner.outcomes.counts["left"] += 1
+            runner.settling.leave(acks, delivered.delivery_tag or 0)
             return
         item = self._fast(delivered, task, acks)
         if item is None:
@@ -192,7 +187,7 @@ class FastPath:
             handler is None
             or spec.transactional
             or seconds_until_due(job, utc_now()) > 0
-            or _last_allowed_delivery(delivered, spec)
+            or at_delivery_limit(spec.queue, _delivery_count(delivered))
         ):
             message = Delivery(delivered, acks)
             runner.spawn(message, task, runner.process_decoded(message, job, spec, payload))
@@ -209,8 +204,7 @@ class FastPath:
         items = []
         for item in arrived:
             if item.must_not_start(runner):  # not claimed: left, the broker gives it back
-                item.acks.forget(item.tag)
-                runner.outcomes.counts["left"] += 1
+                runner.settling.leave(item.acks, item.tag)
                 self._release(item)
             else:
                 items.append(item)
@@ -265,8 +259,7 @@ class FastPath:
             )
         except LedgerGaveUp:
             for item in items:
-                item.acks.forget(item.tag)
-                runner.outcomes.counts["left"] += 1
+                runner.settling.leave(item.acks, item.tag)
                 self._release(item)
             return
         self._claimed(items, claims)
@@ -275,7 +268,8 @@ class FastPath:
         runner = self._runner
         loop = asyncio.get_running_loop()
         for item, claim in zip(items, claims, strict=True):
-            if claim.outcome is ClaimOutcome.CLAIMED:
+            verdict = claim_verdict(item.job, claim, runner.observer)
+            if verdict == RUN:
                 if not item.settled:  # (a quick handler may have finished already)
                     self._claimed_jobs.add(item)
                     item.timers.append(
@@ -283,20 +277,16 @@ class FastPath:
                     )
                     if item.spec.is_async:
                         self._spawn(self._run_async(item), self._async_jobs)
-                continue
-            if claim.outcome is ClaimOutcome.BUSY:  # held and re-checked by the runner
-                runner.observer.busy_claim(item.task)
+            elif verdict == BUSY:  # held and re-checked by the runner
                 outcome = runner.run_when_free(item.message, item.job, item.spec, item.payload)
                 runner.spawn(item.message, item.task, outcome)
                 self._release(item)
             else:  # a duplicate (done already, an older attempt) or cancelled
-                skip = skipped(item.job, claim, runner.observer)
-                assert skip is not None  # claimed and busy are handled above
-                self._spawn(self._ack_skipped(item, skip))
+                self._spawn(self._ack_skipped(item, verdict))
 
     async def _ack_skipped(self, item: _Item, outcome: str) -> None:
         try:
-            await self._runner.ack(item.message, item.task, outcome)
+            await self._runner.settling.ack(item.acks, [Settled(item.tag, item.task, outcome)])
         finally:
             self._release(item)  # only now: a stopping worker waits for the ack
 
@@ -330,13 +320,17 @@ class FastPath:
         if item.must_not_start(self._runner):
             self._report(item, _SKIPPED)
             return
-        item.guard = guard = RunGuard()
-        limit = item.spec.time_limit
-        if limit is not None:
-            self._call_soon(self._arm_time_limit, item, limit)
+        runner = self._runner
+        guard = RunGuard()
+        limit = RunLimit(item.spec.time_limit, item.job, runner.overruns)
+        # Stuck past its limit and the grace: it waits for settle_stuck (the worker
+        # is replaced).
+        item.watch = watch = limit.watch(guard, functools.partial(self._stuck_jobs.add, item))
+        if watch is not None:
+            self._call_soon(watch.arm)
         handler = item.spec.handler
         assert handler is not None  # checked by _fast
-        item.run = run = self._runner.observer.run(item.job)
+        item.run = run = runner.observer.run(item.job)
         try:
             with run:
                 guard.call(handler, item.payload)
@@ -388,37 +382,13 @@ class FastPath:
                 assert outcome is None or isinstance(outcome, BaseException)
                 self._settle(item, outcome)
 
-    def _arm_time_limit(self, item: _Item, limit: float) -> None:
-        if not item.settled:
-            loop = asyncio.get_running_loop()
-            item.timers.append(loop.call_later(limit, self._timed_out, item, limit))
-
-    def _timed_out(self, item: _Item, limit: float) -> None:
-        """Past its limit: interrupted, and settled only once its thread reports (it
-        keeps its thread, lease and record), or as stuck when the worker is replaced."""
-        if item.settled:
-            return
-        assert item.guard is not None  # armed by the started handler
-        overruns = self._runner.overruns
-        if item.guard.interrupt():
-            item.overran = True
-            overruns.interrupted(item.job, limit)
-            loop = asyncio.get_running_loop()
-            item.timers.append(loop.call_later(overruns.grace, self._stuck, item, limit))
-
-    def _stuck(self, item: _Item, limit: float) -> None:
-        if not item.settled:
-            self._stuck_jobs.add(item)
-            self._runner.overruns.became_stuck(item.job, limit)
-
     def settle_stuck(self) -> None:
         """The worker replaces itself: each stuck job's attempt failed by its time
         limit (retried or dead-lettered, recorded, acked); their threads die with
         the process."""
         for item in list(self._stuck_jobs):
-            limit = item.spec.time_limit
-            assert limit is not None  # only a limited run gets stuck
-            self._settle(item, stuck_error(limit, self._runner.overruns.grace))
+            assert item.watch is not None  # only a limited run gets stuck
+            self._settle(item, item.watch.stuck_error())
 
     @property
     def in_hand(self) -> int:
@@ -431,22 +401,10 @@ class FastPath:
 
         async def renew() -> None:
             runner = self._runner
-            try:
-                await runner.in_store(
-                    runner.store.renew, item.job.idempotency_key, item.holder, runner.settings.lease
-                )
-            except LeaseLostError:  # recording will tell
-                runner.observer.lease_lost(item.task)
-                log.warning("job %s's lease was taken over; it may run elsewhere", item.job.id)
-                return
-            except StoreError as error:  # the ledger's outage: renewed again at the next turn
-                runner.ledger.failed(error)
-            else:
-                runner.ledger.answered()
-                runner.observer.renewed(item.task)
-            if not item.settled:
+            lease = runner.settings.lease
+            if await runner.settling.renew(item.job, item.holder, lease) and not item.settled:
                 loop = asyncio.get_running_loop()
-                item.timers.append(loop.call_later(runner.settings.lease / 3, self._renew, item))
+                item.timers.append(loop.call_later(lease / 3, self._renew, item))
 
         item.renewing = asyncio.create_task(renew())
 
@@ -454,13 +412,9 @@ class FastPath:
         if item.settled:
             return  # settled as stuck earlier; this is the thread finishing late
         item.settled = True
-        if item.overran:
-            self._runner.overruns.returned(item.job)
+        if item.watch is not None:
+            error = item.watch.outcome(error)
             self._stuck_jobs.discard(item)
-            if error is not None and not isinstance(error, TimeLimitExceeded):
-                limit = item.spec.time_limit
-                assert limit is not None  # only a limited run is interrupted
-                error = time_limit_error(limit)
         self._claimed_jobs.discard(item)
         for timer in item.timers:
             timer.cancel()
@@ -501,47 +455,20 @@ class FastPath:
                     await self._succeed(succeeded)
 
     async def _succeed(self, items: list[_Item]) -> None:
-        runner = self._runner
-        finished = [(item.job.idempotency_key, item.holder) for item in items]
+        settling = self._runner.settling
         try:
-            # At once, here, where the store can (no hop through the store's thread).
-            lost = runner.store.try_succeed_many(finished)
-            if lost is None:
-                # Held through a ledger outage: the handlers ran; their deliveries
-                # stay unacked until their successes are written.
-                lost = await runner.recorded(runner.store.succeed_many, finished)
+            await settling.record_successes(
+                [Finished(item.job, item.holder, item.run) for item in items]
+            )
         except Exception:
             log.exception("recording %d successes failed; returning them", len(items))
             await self._give_back(items)
             return
-        self._observe_successes(items, lost)
         # Usually one channel; after a reconnect, jobs of the lost one finish too.
         for acks, group in groupby(items, key=lambda item: item.acks):
-            settled = list(group)
-            try:
-                acked = await acks.ack_many([item.tag for item in settled])
-            except Exception:  # the outcomes are recorded: the redeliveries find them done
-                log.warning("acking %d deliveries failed; they will be redelivered", len(items))
-                runner.outcomes.counts["ack-failed"] += len(settled)
-                continue
-            for item in settled:  # first: who waits for outcomes sees the metrics
-                runner.observer.settled(item.task, "succeeded")
-            runner.outcomes.counts["succeeded"] += len(settled)
-            if not acked:  # recorded: the redelivered copies will find them done
-                runner.outcomes.counts["ack-lost"] += len(settled)
+            await settling.ack(acks, [Settled(item.tag, item.task, "succeeded") for item in group])
         for item in items:  # settled only now: a stopping worker waits for the acks
             self._release(item)
-
-    def _observe_successes(self, items: list[_Item], lost: list[str]) -> None:
-        """The batch's successes are recorded, but for the keys in ``lost``."""
-        observer = self._runner.observer
-        if lost:
-            tasks = {item.job.idempotency_key: item.task for item in items}
-            for key in lost:
-                observer.lease_lost(tasks[key])
-                log.warning("job with key %s finished after its lease was taken over", key)
-            items = [item for item in items if item.job.idempotency_key not in lost]
-        observer.succeeded_all((item.job, item.run) for item in items)
 
     def _fail(self, item: _Item, error: BaseException) -> None:
         """The handler's failure goes to the runner's retry policy (per delivery)."""
@@ -563,7 +490,7 @@ class FastPath:
         """The store failed: the deliveries go back to the queue; their redeliveries
         meet the store's records again."""
         for item in items:
-            await self._runner.give_back(item.message, item.task)
+            await self._runner.settling.give_back(item.acks, item.tag, item.task)
             self._release(item)
 
     def _release(self, item: _Item) -> None:
@@ -583,8 +510,5 @@ def _report_crash(task: asyncio.Task[None]) -> None:
         log.critical("the worker's %s stopped", task.get_name(), exc_info=task.exception())
 
 
-def _last_allowed_delivery(delivered: DeliveredMessage, spec: TaskSpec) -> bool:
-    """The delivery-limit check (a crash loop, or a rescue) needs the per-delivery path:
-    store reads first (broker_jobs/worker/delivery_limit.py)."""
-    count = (delivered.header.properties.headers or {}).get(n.HEADER_DELIVERY_COUNT)
-    return isinstance(count, int) and count >= spec.queue.delivery_limit
+def _delivery_count(delivered: DeliveredMessage) -> object:
+    return (delivered.header.properties.headers or {}).get(n.HEADER_DELIVERY_COUNT)

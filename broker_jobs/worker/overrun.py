@@ -11,13 +11,15 @@ Until the handler really returns, its job keeps its handler thread (so no more t
 ``concurrency`` handlers ever run), its lease (renewed) and its record ``running``:
 the job's next attempt cannot start beside it, here or on another worker. Whatever it
 raises after the interrupt, its attempt failed with
-:class:`~broker_jobs.worker.execution.TimeLimitExceeded` (a handler that returned
+:class:`TimeLimitExceeded` (a handler that returned
 before the interrupt landed succeeded: its work is done).
 
 A handler still running ``overrun_grace`` seconds after its limit is *stuck*: the
 worker is then replaced (:class:`Overruns`; the worker stops taking jobs, lets the
 others finish, records the stuck jobs' attempts as failed by their time limit, and
 exits with :data:`EXIT_HANDLER_STUCK` for its supervisor to start a new process).
+
+Both delivery paths keep a sync run's limit with one :class:`LimitWatch`.
 """
 
 from __future__ import annotations
@@ -43,6 +45,36 @@ EXIT_HANDLER_STUCK = HandlerStuckError.exit_code
 
 class TimeLimitInterrupt(BaseException):
     """Raised inside a sync handler's thread at its task's time limit."""
+
+
+class TimeLimitExceeded(Exception):
+    """The handler ran longer than its task's time limit. ``stuck``: it did not
+    return within the overrun grace after being interrupted, and the worker was
+    replaced (its next attempt is then due no sooner than :data:`STUCK_RETRY_FLOOR`)."""
+
+    def __init__(self, message: str, *, stuck: bool = False) -> None:
+        super().__init__(message)
+        self.stuck = stuck
+
+
+def time_limit_error(seconds: float) -> TimeLimitExceeded:
+    """The failure of an attempt that ran past its limit of ``seconds``."""
+    return TimeLimitExceeded(f"ran longer than {seconds:g} s")
+
+
+def stuck_error(seconds: float, grace: float) -> TimeLimitExceeded:
+    """The failure of an attempt whose handler was stuck past its limit and ``grace``."""
+    return TimeLimitExceeded(
+        f"ran longer than {seconds:g} s and did not stop within {grace:g} s of being"
+        " interrupted; the worker was replaced",
+        stuck=True,
+    )
+
+
+#: Seconds: the least delay of a stuck job's next attempt. The worker that records it
+#: exits at once after; the floor keeps the attempt from starting elsewhere before
+#: this process (and the stuck thread) is gone.
+STUCK_RETRY_FLOOR = 5.0
 
 
 class RunGuard:
@@ -171,3 +203,70 @@ class Overruns:
         jobs = ", ".join(f"{job.id} ({job.task})" for job in stuck[:3])
         more = f" and {len(stuck) - 3} more" if len(stuck) > 3 else ""
         return f"handler threads stuck past their time limit: {jobs}{more}; being replaced"
+
+
+class LimitWatch:
+    """One sync run's time limit, kept on the event loop. :meth:`arm` when the handler
+    starts on its thread (the limit never counts the wait for a thread); at the limit
+    the handler is interrupted, and ``grace`` seconds later, still not returned, it is
+    stuck (``stuck`` is set, ``on_stuck()`` called; the worker replaces itself).
+    :meth:`outcome` says what the attempt's outcome is once it ends, or once it is
+    settled without its handler."""
+
+    def __init__(
+        self,
+        seconds: float,
+        job: Job,
+        overruns: Overruns,
+        guard: RunGuard,
+        on_stuck: Callable[[], object] | None = None,
+    ) -> None:
+        self.seconds = seconds
+        self._on_stuck = on_stuck
+        self._job = job
+        self._overruns = overruns
+        self._guard = guard
+        self._timers: list[asyncio.TimerHandle] = []
+        self._ended = False
+        self._overran = False
+        #: Set when the handler is stuck past its limit and the grace.
+        self.stuck = asyncio.Event()
+
+    def arm(self) -> None:
+        """On the loop, once the handler started: the limit counts from now."""
+        if not self._ended:
+            loop = asyncio.get_running_loop()
+            self._timers.append(loop.call_later(self.seconds, self._at_limit))
+
+    def _at_limit(self) -> None:
+        if self._ended or not self._guard.interrupt():
+            return  # it returned meanwhile: its report is on its way
+        self._overran = True
+        self._overruns.interrupted(self._job, self.seconds)
+        loop = asyncio.get_running_loop()
+        self._timers.append(loop.call_later(self._overruns.grace, self._at_grace))
+
+    def _at_grace(self) -> None:
+        if not self._ended:
+            self._overruns.became_stuck(self._job, self.seconds)
+            self.stuck.set()
+            if self._on_stuck is not None:
+                self._on_stuck()
+
+    def stuck_error(self) -> TimeLimitExceeded:
+        """The failure of this attempt when it is settled as stuck."""
+        return stuck_error(self.seconds, self._overruns.grace)
+
+    def outcome(self, error: BaseException | None) -> BaseException | None:
+        """The run ended with ``error`` (None: it returned): its attempt's outcome.
+        Once interrupted, whatever it raised is its time limit (a handler that returned
+        before the interrupt landed succeeded: its work is done)."""
+        self._ended = True
+        for timer in self._timers:
+            timer.cancel()
+        if not self._overran:
+            return error
+        self._overruns.returned(self._job)
+        if error is not None and not isinstance(error, TimeLimitExceeded):
+            return time_limit_error(self.seconds)
+        return error

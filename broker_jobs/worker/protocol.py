@@ -19,10 +19,8 @@ import asyncio
 import functools
 import itertools
 import logging
-from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -41,8 +39,6 @@ from broker_jobs.errors import (
 )
 from broker_jobs.publish.async_publisher import AsyncPublisher
 from broker_jobs.store.base import (
-    Claim,
-    ClaimOutcome,
     ExecutionOutcome,
     JobRecord,
     LeaseLostError,
@@ -50,18 +46,19 @@ from broker_jobs.store.base import (
     Store,
     StoreError,
 )
+from broker_jobs.worker.claims import BUSY, RUN, claim_verdict
 from broker_jobs.worker.dead_letters import DeathCause, dead_letter_message, publish_dead_letter
 from broker_jobs.worker.delivery import Delivery, WrongQueueError, decode_for_queue, wire_message
-from broker_jobs.worker.delivery_limit import Rescue, judge_last_delivery
+from broker_jobs.worker.delivery_limit import Rescue, at_delivery_limit, judge_last_delivery
 from broker_jobs.worker.execution import STUCK_RETRY_FLOOR, Executor, RunLimit, TimeLimitExceeded
 from broker_jobs.worker.ledger_gate import LedgerGate, LedgerGaveUp
 from broker_jobs.worker.link import BrokerLink, LinkStoppedError
 from broker_jobs.worker.observer import JobObserver, Run
 from broker_jobs.worker.overrun import Overruns
 from broker_jobs.worker.settings import ProtocolSettings
+from broker_jobs.worker.settling import Finished, Settled, Settling
 from topology import names as n
 from topology.delay import MAX_HOLD
-from topology.model import QueueType
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -79,34 +76,9 @@ LINK_ERRORS: tuple[type[BaseException], ...] = (
 RETRY_PUBLISH_AFTER = 0.5
 
 
-@dataclass
-class Outcomes:
-    """Counters of what the runner did, by outcome (for logs, tests and metrics)."""
-
-    counts: Counter[str] = field(default_factory=Counter)
-
-    def add(self, outcome: str) -> None:
-        self.counts[outcome] += 1
-
-
 def _committed_by(record: JobRecord | None, holder: str) -> bool:
     """Whether ``record`` shows ``holder``'s success (its commit went through)."""
     return record is not None and record.status is Status.SUCCEEDED and record.worker == holder
-
-
-def skipped(job: Job, claim: Claim, observer: JobObserver) -> str | None:
-    """The outcome of a delivery whose claim says not to run it ("duplicate": done
-    already or an older attempt; "cancelled"), logged at INFO with the job and the
-    ledger's record, so a silent skip never looks like a success; None when the claim
-    does not skip it (claimed, or busy elsewhere). Both paths of the worker ask here."""
-    if claim.outcome in (ClaimOutcome.DONE, ClaimOutcome.STALE):
-        outcome, why = "duplicate", "the ledger has it"
-    elif claim.outcome is ClaimOutcome.CANCELLED:
-        outcome, why = "cancelled", "it was cancelled: the ledger has it"
-    else:
-        return None
-    observer.skipped(job, outcome, why, claim.record)
-    return outcome
 
 
 class Runner:
@@ -130,13 +102,17 @@ class Runner:
         self._publisher = publisher
         self._link = link
         self._settings = settings
-        self.outcomes = Outcomes()
         #: Logs each outcome and, given metrics, counts it (both paths report there).
         self.observer = observer or JobObserver(app.namespace, settings.worker_id)
         #: Sync handlers past their time limit, on both paths.
         self.overruns = Overruns(settings.overrun_grace, self.observer)
         #: Holds deliveries while the store fails, on both paths.
         self.ledger = LedgerGate(repr(store), self.observer)
+        #: Renewing, recording successes, acking: the steps both paths end with.
+        self.settling = Settling(
+            store, self.ledger, self.observer, recorded=self.recorded, in_store=self.in_store
+        )
+        self.outcomes = self.settling.outcomes
         # One thread for the store's short calls: several threads would only take
         # turns at the GIL and at SQLite's write lock (measured: slower, not faster).
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="broker-jobs-store")
@@ -230,39 +206,12 @@ class Runner:
             outcome = None
         except Exception:
             log.exception("processing a %s delivery failed; returning it to the queue", task)
-            await self.give_back(message, task)
+            await self.settling.give_back(message.acks, message.tag, task)
             return
-        if outcome is None:
-            # Stopping, or the channel lost, before the job started: left
-            # unsettled; the broker returns it to the queue.
-            message.acks.forget(message.tag)
-            self.outcomes.add("left")
+        if outcome is None:  # stopping, or the channel lost, before the job started
+            self.settling.leave(message.acks, message.tag)
             return
-        await self.ack(message, task, outcome)
-
-    async def give_back(self, message: Delivery, task: str) -> None:
-        """Our own failure (the store unreachable): return the delivery to the queue;
-        its redelivery meets the store's record again."""
-        try:
-            await message.acks.nack(message.tag)
-        except Exception:  # the channel went meanwhile: the broker returns it anyway
-            log.warning("returning a %s delivery failed; it will be redelivered", task)
-        self.outcomes.add("returned")
-
-    async def ack(
-        self, message: Delivery, task: str, outcome: str
-    ) -> None:
-        """Ack a settled delivery (its outcome recorded) and count the outcome."""
-        try:
-            acked = await message.acks.ack(message.tag)
-        except Exception:  # the outcome is recorded: the redelivery will find it done
-            log.warning("acking a %s delivery failed; it will be redelivered", task)
-            self.outcomes.add("ack-failed")
-            return
-        self.observer.settled(task, outcome)  # first: who waits for outcomes sees metrics
-        self.outcomes.add(outcome)
-        if not acked:  # recorded: the redelivered copy will find it settled
-            self.outcomes.add("ack-lost")
+        await self.settling.ack(message.acks, [Settled(message.tag, task, outcome)])
 
     def in_store(
         self,
@@ -371,7 +320,7 @@ class Runner:
                 if self.must_not_start(message):
                     return None
                 outcome = await self._claim_and_run(message, job, spec, payload)
-            if outcome != "busy":
+            if outcome != BUSY:
                 return outcome
             if self.must_not_start(message):
                 return None
@@ -394,19 +343,16 @@ class Runner:
         # Each delivery claims under its own holder id: two copies of one job in
         # this worker at once must not both count as "ours".
         holder = self.next_holder()
-        verdict = await self._at_delivery_limit(message, job, spec)
-        if isinstance(verdict, Rescue):
-            return await self._rescue(job, verdict)
-        death = verdict
+        judged = await self._at_delivery_limit(message, job, spec)
+        if isinstance(judged, Rescue):
+            return await self._rescue(job, judged)
+        death = judged
         claim = await self.recorded(
             store.claim, job, holder, settings.lease, give_up=lambda: self.must_not_start(message)
         )
-        skip = skipped(job, claim, self.observer)
-        if skip is not None:
-            return skip
-        if claim.outcome is ClaimOutcome.BUSY:
-            self.observer.busy_claim(job.task)
-            return "busy"
+        verdict = claim_verdict(job, claim, self.observer)
+        if verdict != RUN:
+            return verdict  # busy: held by the caller; else skipped
         if spec.handler is None:
             death = DeathCause("no-handler", "this app has no handler")
         if death is not None:
@@ -422,7 +368,7 @@ class Runner:
         holder: str,
     ) -> str | None:
         """Run the claimed job's handler; record the outcome."""
-        settings, store = self._settings, self._store
+        settings = self._settings
         assert spec.handler is not None  # checked by the caller
         if spec.transactional:
             return await self._run_in_transaction(message, job, spec, payload, holder)
@@ -433,19 +379,13 @@ class Runner:
                 payload,
                 run,
                 RunLimit(spec.time_limit, job, self.overruns),
-                renew_lease=self._renewer(job, holder),
+                renew_lease=functools.partial(self.settling.renew, job, holder, settings.lease),
                 renew_every=settings.lease / 3,
                 level=job.priority,
             )
         except Exception as error:  # the handler's failure, decided by its policy
             return await self.after_failure(message, job, spec, error, holder, run=run)
-        try:
-            await self.recorded(store.succeed, job.idempotency_key, holder)
-        except LeaseLostError:
-            self.observer.lease_lost(job.task)
-            log.warning("job %s finished after its lease was taken over", job.id)
-        else:
-            self.observer.succeeded(job, run)
+        await self.settling.record_successes([Finished(job, holder, run)])
         return "succeeded"
 
     async def _run_in_transaction(
@@ -657,12 +597,9 @@ class Runner:
         """
         options = spec.queue
         count = message.headers.get(n.HEADER_DELIVERY_COUNT)
-        if (
-            options.queue_type is not QueueType.QUORUM
-            or not isinstance(count, int)
-            or count < options.delivery_limit
-        ):
+        if not at_delivery_limit(options, count):
             return None
+        assert isinstance(count, int)  # checked by at_delivery_limit
         give_up = functools.partial(self.must_not_start, message)
         record = await self.recorded(self._store.get, job.idempotency_key, give_up=give_up)
         crashes = 0
@@ -698,20 +635,3 @@ class Runner:
             rescue.why,
         )
         return "rescued"
-
-    def _renewer(self, job: Job, holder: str) -> Callable[[], Awaitable[None]]:
-        async def renew() -> None:
-            try:
-                await self.in_store(
-                    self._store.renew, job.idempotency_key, holder, self._settings.lease
-                )
-            except LeaseLostError:
-                self.observer.lease_lost(job.task)
-                raise
-            except StoreError as error:  # renewed again at the next turn
-                self.ledger.failed(error)
-                raise
-            self.ledger.answered()
-            self.observer.renewed(job.task)
-
-        return renew
