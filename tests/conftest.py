@@ -6,16 +6,22 @@ throwaway node started from the installed ``rabbitmq-server`` (or, with
 ``BROKER_JOBS_TEST_RABBITMQ_ROOT``, from the one in that root: RabbitMQ 4.0 in a Debian 13
 tree made by ``scripts/rabbitmq-root``, run under chroot). Without any of them,
 broker tests skip locally and fail in CI (``CI`` set), so CI cannot pass vacuously.
+With ``BROKER_JOBS_TEST_RABBITMQ_4_ROOT`` set to such a tree, the broker tests of
+:data:`ALSO_ON_RABBITMQ_4` run on that RabbitMQ as well, in the same session (each
+process starts a node of either release when a test first asks for it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 import pika
 import pika.exceptions
@@ -35,6 +41,18 @@ from topology import Topology
 URL_VARIABLE = "BROKER_JOBS_TEST_AMQP_URL"
 POSTGRES_URL_VARIABLE = "BROKER_JOBS_TEST_POSTGRES_URL"
 ROOT_VARIABLE = "BROKER_JOBS_TEST_RABBITMQ_ROOT"
+T = TypeVar("T")
+
+
+#: The test modules that also run on RabbitMQ 4.0 when ``BROKER_JOBS_TEST_RABBITMQ_4_ROOT``
+#: names a root holding one (scripts/test sets it): topology, the delay ladder, retries
+#: and dead letters, crash loops, beat's election, recovery from broker faults, the
+#: cluster. Their broker tests run once on each release, side by side in one session.
+ALSO_ON_RABBITMQ_4 = frozenset({
+    "test_topology", "test_topology_command", "test_delay", "test_dlq", "test_worker",
+    "test_leadership", "test_worker_recovery", "test_faults", "test_cluster",
+})  # fmt: skip
+RABBITMQ_4_ROOT_VARIABLE = "BROKER_JOBS_TEST_RABBITMQ_4_ROOT"
 
 
 def rabbitmq_root() -> str | None:
@@ -42,25 +60,81 @@ def rabbitmq_root() -> str | None:
     return os.environ.get(ROOT_VARIABLE) or None
 
 
-@pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    if url := os.environ.get(URL_VARIABLE):
-        yield Broker(url)
-        return
-    if docker_answers():
-        from testcontainers.rabbitmq import RabbitMqContainer  # noqa: PLC0415
+def rabbitmq_release_name(root: str | None) -> str:
+    """``rabbitmq-<version>`` of the rabbitmq-server installed under ``root`` (the
+    host's for None), for test ids."""
+    found = sorted(Path(root or "/").glob("usr/lib/rabbitmq/lib/rabbitmq_server-*"))
+    return "rabbitmq-" + (found[-1].name.partition("-")[2] if found else "unknown")
 
-        with RabbitMqContainer("rabbitmq:3.13") as container:
-            params = container.get_connection_params()
-            yield Broker(
-                f"amqp://guest:guest@{params.host}:{params.port}/", origin="testcontainers"
-            )
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The modules of :data:`ALSO_ON_RABBITMQ_4` run their broker tests on both releases."""
+    also = os.environ.get(RABBITMQ_4_ROOT_VARIABLE)
+    module = metafunc.module.__name__.rpartition(".")[2]
+    if not also or module not in ALSO_ON_RABBITMQ_4:
         return
-    root = rabbitmq_root()
+    if "rabbitmq_release" in metafunc.fixturenames:
+        roots = [rabbitmq_root(), also]
+        metafunc.parametrize(
+            "rabbitmq_release", roots, ids=[rabbitmq_release_name(r) for r in roots], indirect=True
+        )
+
+
+@pytest.fixture
+def rabbitmq_release(request: pytest.FixtureRequest) -> str | None:
+    """The root of the RabbitMQ this test's broker runs from (None: the host's);
+    parametrised by :func:`pytest_generate_tests`."""
+    return getattr(request, "param", rabbitmq_root())
+
+
+class PerRelease(Generic[T]):
+    """Servers of the session, one per RabbitMQ root, made when first asked for (a
+    failure to make one is kept and raised to each test that asks again, as a
+    session fixture's is), removed at the session's end."""
+
+    def __init__(self, make: Callable[[str | None], AbstractContextManager[T]]) -> None:
+        self._make = make
+        self._made: dict[str | None, T] = {}
+        self._failed: dict[str | None, BaseException] = {}
+        self._stack = contextlib.ExitStack()
+
+    def get(self, root: str | None) -> T:
+        if root in self._failed:
+            raise self._failed[root]
+        if root not in self._made:
+            try:
+                self._made[root] = self._stack.enter_context(self._make(root))
+            except (Exception, pytest.skip.Exception, pytest.fail.Exception) as error:
+                self._failed[root] = error
+                raise
+        return self._made[root]
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+@contextlib.contextmanager
+def session_broker(tmp_path_factory: pytest.TempPathFactory, root: str | None) -> Iterator[Broker]:
+    """The broker of the session's tests on the RabbitMQ of ``root``: for the session's
+    own release, an AMQP URL or a testcontainers node when there is one; else a
+    throwaway node."""
+    if root == rabbitmq_root():
+        if url := os.environ.get(URL_VARIABLE):
+            yield Broker(url)
+            return
+        if docker_answers():
+            from testcontainers.rabbitmq import RabbitMqContainer  # noqa: PLC0415
+
+            with RabbitMqContainer("rabbitmq:3.13") as container:
+                params = container.get_connection_params()
+                yield Broker(
+                    f"amqp://guest:guest@{params.host}:{params.port}/", origin="testcontainers"
+                )
+            return
     if not RabbitNode.available(root):
         unavailable(
             f"no RabbitMQ: set {URL_VARIABLE}, start Docker, or apt-get install rabbitmq-server"
-            + (f" (none in {ROOT_VARIABLE}={root}: run scripts/rabbitmq-root)" if root else "")
+            + (f" (none in {root}: run scripts/rabbitmq-root)" if root else "")
         )
     node = RabbitNode.create(None if root else tmp_path_factory.mktemp("rabbit"), root=root)
     try:
@@ -69,6 +143,23 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
         yield Broker(node.url, node, origin=origin)
     finally:
         node.cleanup()
+
+
+@pytest.fixture(scope="session")
+def rabbit_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PerRelease[Broker]]:
+    """The session's brokers, one per RabbitMQ release its tests ask for."""
+    nodes = PerRelease(functools.partial(session_broker, tmp_path_factory))
+    try:
+        yield nodes
+    finally:
+        nodes.close()
+
+
+@pytest.fixture
+def broker(rabbit_nodes: PerRelease[Broker], rabbitmq_release: str | None) -> Broker:
+    """The session's broker on the test's RabbitMQ release (started by the first test
+    that asks; shared by the rest)."""
+    return rabbit_nodes.get(rabbitmq_release)
 
 
 @pytest.fixture
@@ -179,7 +270,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     broker: run them after everything else."""
     for item in items:  # under xdist (-n), one process runs them: one cluster, not one each
         if item.get_closest_marker("cluster"):
-            item.add_marker(pytest.mark.xdist_group("cluster"))
+            callspec = getattr(item, "callspec", None)
+            root = callspec.params.get("rabbitmq_release") if callspec else None
+            item.add_marker(pytest.mark.xdist_group(f"cluster-{rabbitmq_release_name(root)}"))
             if item.get_closest_marker("timeout") is None:
                 # Forming a cluster and each rabbitmqctl (an Erlang VM) take minutes
                 # on a loaded machine: 120 s ran out with two CPU burners beside.
@@ -228,17 +321,11 @@ def postgres_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         node.cleanup()
 
 
-@pytest.fixture(scope="session")
-def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitCluster]:
-    """A 3-node RabbitMQ cluster of throwaway nodes, for tests marked ``cluster``.
-
-    Started the first time a test asks for it (~15-30 s here), shared by the rest of
-    the session, stopped and removed at its end. Its nodes have names, ports and data
-    dirs of their own, apart from the session's single ``broker`` node. A test that
-    kills or stops nodes brings them back before it ends (``rabbit_cluster.start()``
-    starts the nodes that are down and waits until all are running in the cluster).
-    """
-    root = rabbitmq_root()
+@contextlib.contextmanager
+def session_cluster(
+    tmp_path_factory: pytest.TempPathFactory, root: str | None
+) -> Iterator[RabbitCluster]:
+    """A 3-node cluster of throwaway nodes on the RabbitMQ of ``root``."""
     if not RabbitCluster.available(root):
         unavailable("no RabbitMQ cluster: apt-get install rabbitmq-server")
     base = None if root else tmp_path_factory.mktemp("rabbit-cluster")
@@ -249,3 +336,29 @@ def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitC
         yield cluster
     finally:
         cluster.cleanup()
+
+
+@pytest.fixture(scope="session")
+def rabbit_clusters(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[PerRelease[RabbitCluster]]:
+    clusters = PerRelease(functools.partial(session_cluster, tmp_path_factory))
+    try:
+        yield clusters
+    finally:
+        clusters.close()
+
+
+@pytest.fixture
+def rabbit_cluster(
+    rabbit_clusters: PerRelease[RabbitCluster], rabbitmq_release: str | None
+) -> RabbitCluster:
+    """A 3-node RabbitMQ cluster of throwaway nodes, for tests marked ``cluster``.
+
+    Started the first time a test asks for it (~15-30 s here), shared by the rest of
+    the session, stopped and removed at its end. Its nodes have names, ports and data
+    dirs of their own, apart from the session's single ``broker`` node. A test that
+    kills or stops nodes brings them back before it ends (``rabbit_cluster.start()``
+    starts the nodes that are down and waits until all are running in the cluster).
+    """
+    return rabbit_clusters.get(rabbitmq_release)
