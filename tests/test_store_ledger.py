@@ -25,6 +25,8 @@ from broker_jobs.store import (
     Status,
     Store,
     StoreError,
+    postgres_schema,
+    sqlite_schema,
 )
 from broker_jobs.store import postgres as postgres_module
 from broker_jobs.store import sqlite as sqlite_module
@@ -740,7 +742,7 @@ def test_older_code_refuses_a_version_4_file(
     path = tmp_path / "v4.sqlite3"
     with SQLiteStore(path) as store:
         store.record_published([published()], now=at(0))
-    monkeypatch.setattr(sqlite_module, "SCHEMA_VERSION", 3)  # the code of version 3
+    monkeypatch.setattr(sqlite_schema, "SCHEMA_VERSION", 3)  # the code of version 3
     with pytest.raises(StoreError, match=r"newer broker-jobs \(schema version 4"):
         SQLiteStore(path)
 
@@ -846,6 +848,6 @@ def test_postgres_older_code_refuses_a_version_4_database(
     postgres_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     PostgresStore(postgres_dsn, schema=pg_schema).close()
-    monkeypatch.setattr(postgres_module, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(postgres_schema, "SCHEMA_VERSION", 3)
     with pytest.raises(StoreError, match=r"newer broker-jobs \(schema version 4"):
         PostgresStore(postgres_dsn, schema=pg_schema)

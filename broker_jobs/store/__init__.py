@@ -9,23 +9,21 @@ SQLite users should not pay.
 
 from typing import TYPE_CHECKING, Any
 
-from broker_jobs.store.base import (
-    DEFAULT_RETENTION,
-    MAX_ERROR_BYTES,
+from broker_jobs.store.base import DEFAULT_RETENTION, Store
+from broker_jobs.store.errors import LeaseLostError, StoreError
+from broker_jobs.store.memory import MemoryStore
+from broker_jobs.store.records import (
     Claim,
     ClaimOutcome,
     Execution,
     ExecutionOutcome,
     JobRecord,
     LeaderRecord,
-    LeaseLostError,
     Status,
-    Store,
-    StoreError,
 )
-from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.store.urls import open_store
+from broker_jobs.store.values import MAX_ERROR_BYTES
 
 if TYPE_CHECKING:
     from broker_jobs.store.postgres import PostgresStore

@@ -11,9 +11,10 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
-from broker_jobs.store.base import ExecutionOutcome, JobRecord, Status, TaskSummary, utc
+from broker_jobs.store.records import ExecutionOutcome, JobRecord, Status, TaskSummary
+from broker_jobs.store.values import utc
 
 #: The windows of the execution counts.
 MINUTE = timedelta(minutes=1)
@@ -31,6 +32,18 @@ COUNTED_OUTCOMES = FAILED_OUTCOMES | {ExecutionOutcome.SUCCEEDED}
 # --- find ---------------------------------------------------------------------------------
 
 
+class Filtering(TypedDict, total=False):
+    """The filters :meth:`~broker_jobs.store.base.Store.find` and ``page`` take, each
+    optional (None: not filtered by it)."""
+
+    status: Status | None
+    task: str | None
+    since: datetime | None  # updated at or after
+    until: datetime | None  # updated before
+    key: str | None  # keys starting with it
+    after: tuple[datetime, str] | None  # after this (updated_at, key) of a listing
+
+
 @dataclass(frozen=True)
 class Filters:
     """The filters of one ``find`` call, times in UTC."""
@@ -43,22 +56,20 @@ class Filters:
     after: tuple[datetime, str] | None = None
 
     @classmethod
-    def of(
-        cls,
-        *,
-        status: Status | None,
-        task: str | None,
-        since: datetime | None,
-        until: datetime | None,
-        key: str | None,
-        after: tuple[datetime, str] | None,
-    ) -> Filters:
+    def of(cls, **given: Unpack[Filtering]) -> Filters:
+        """The filters of a call's arguments: a status by its value, times in UTC
+        (a naive one is refused); TypeError for a name that is no filter."""
+        unknown = sorted(given.keys() - Filtering.__optional_keys__)
+        if unknown:
+            raise TypeError(f"find() got an unexpected keyword argument {unknown[0]!r}")
+        status, since, until = given.get("status"), given.get("since"), given.get("until")
+        after = given.get("after")
         return cls(
             status=Status(status) if status is not None else None,
-            task=task,
+            task=given.get("task"),
             since=utc(since) if since is not None else None,
             until=utc(until) if until is not None else None,
-            key=key,
+            key=given.get("key"),
             after=(utc(after[0]), after[1]) if after is not None else None,
         )
 

@@ -12,24 +12,8 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from broker_jobs.envelope import Job
-from broker_jobs.store.base import (
-    TERMINAL,
-    Claim,
-    ExclusiveStore,
-    Execution,
-    JobRecord,
-    KeptPayload,
-    LeaderRecord,
-    PayloadText,
-    Records,
-    Status,
-    StoreError,
-    TaskSummary,
-    check_limit,
-    read_payload,
-    track_execution,
-    utc,
-)
+from broker_jobs.store.errors import StoreError
+from broker_jobs.store.exclusive import ExclusiveStore, Records
 from broker_jobs.store.ledger import (
     Buckets,
     Filters,
@@ -38,6 +22,19 @@ from broker_jobs.store.ledger import (
     summaries,
     waiting_since,
 )
+from broker_jobs.store.records import (
+    TERMINAL,
+    Claim,
+    Execution,
+    JobRecord,
+    KeptPayload,
+    LeaderRecord,
+    PayloadText,
+    Status,
+    TaskSummary,
+)
+from broker_jobs.store.rules import track_execution
+from broker_jobs.store.values import read_payload, utc
 
 #: Finished jobs a memory store keeps (their records, executions and payloads):
 #: beyond them the oldest finished go first. Each takes ~0.8 KB (measured: 100,000
@@ -123,7 +120,7 @@ class MemoryStore(ExclusiveStore):
             yield
 
     @contextmanager
-    def _exclusive(self) -> Iterator[Records]:
+    def _exclusive(self, action: str = "change a record") -> Iterator[Records]:
         with self._open():
             yield _DictRecords(self)
 
@@ -153,21 +150,7 @@ class MemoryStore(ExclusiveStore):
     def get_by_job_id(self, job_id: str) -> list[JobRecord]:
         return newest_first(r for r in self._snapshot() if r.job_id == job_id)
 
-    def find(
-        self,
-        *,
-        status: Status | None = None,
-        task: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        key: str | None = None,
-        after: tuple[datetime, str] | None = None,
-        limit: int = 100,
-    ) -> list[JobRecord]:
-        check_limit(limit)
-        filters = Filters.of(
-            status=status, task=task, since=since, until=until, key=key, after=after
-        )
+    def _find(self, filters: Filters, limit: int) -> list[JobRecord]:
         return newest_first(filter(filters.match, self._snapshot()))[:limit]
 
     def counts(self) -> dict[Status, int]:

@@ -23,66 +23,82 @@ processes; network file systems break SQLite's locking).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import queue as _queue
 import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from os import PathLike
 from pathlib import Path
 from typing import Any
 
 from broker_jobs.envelope import Job
-from broker_jobs.store.base import (
-    TERMINAL,
-    Claim,
-    ClaimOutcome,
-    ExclusiveStore,
-    Execution,
-    ExecutionOutcome,
-    JobRecord,
-    KeptPayload,
-    LeaderRecord,
-    LeaseLostError,
-    PayloadText,
-    Records,
-    Status,
-    StoreError,
-    TaskSummary,
-    check_lease,
-    check_limit,
-    claimed_record,
-    clip_error,
-    decide,
-    payload_text,
-    read_payload,
-    utc,
-)
+from broker_jobs.store.errors import LeaseLostError, StoreError
+from broker_jobs.store.exclusive import ExclusiveStore, Records
 from broker_jobs.store.ledger import (
-    BUCKETS_SQL,
-    COUNTS_SQL,
-    FINISHED_COUNTS_SQL,
-    FINISHED_SQL,
     Buckets,
-    Dialect,
     Filters,
     Tally,
     summaries,
     tally_records,
     window_params,
 )
+from broker_jobs.store.records import (
+    TERMINAL,
+    Claim,
+    ClaimOutcome,
+    Execution,
+    Finish,
+    JobRecord,
+    KeptPayload,
+    LeaderRecord,
+    PayloadText,
+    Status,
+    TaskSummary,
+)
+from broker_jobs.store.rows import execution_of, kept_payload_of, leader_of, status_counts
+from broker_jobs.store.sqlite_batching import Call, StoreThread
+from broker_jobs.store.sqlite_schema import SCHEMA_VERSION, create_tables, use_wal
+from broker_jobs.store.sqlite_statements import (
+    _AT_ONCE_ROWS,
+    _BUCKETS,
+    _BY_JOB_ID,
+    _COLUMNS,
+    _COUNT_STATUSES,
+    _COUNTS,
+    _DIALECT,
+    _DURATIONS,
+    _EXECUTIONS_OF,
+    _FINISHED_COUNTS,
+    _KEEP_PAYLOAD,
+    _KEPT_PAYLOAD,
+    _LAST_FIRE,
+    _LAST_FIRES,
+    _LEADER,
+    _NEWEST_FIRST,
+    _PAIRS_PER_UPDATE,
+    _RECORD_FIRE,
+    _RECORD_LEADER,
+    _SAVE,
+    _aware_time,
+    _claim_rows,
+    _finish_row,
+    _insert_fresh,
+    _record,
+    _row,
+    _succeed_rows,
+    _text,
+    _time,
+)
+from broker_jobs.store.values import check_lease, utc
+
+__all__ = ["SQLiteStore", "SCHEMA_VERSION", "DEFAULT_BUSY_TIMEOUT", "MAX_SUMMARY_DURATIONS"]
 
 log = logging.getLogger(__name__)
 
-#: The layout this code writes. A file with a higher version was created by a newer
-#: broker-jobs and is refused rather than misread.
-SCHEMA_VERSION = 4
 
 #: How many executions per task :meth:`SQLiteStore.task_summaries` reads for p50 and
 #: p99 (the newest of the last hour): their percentiles are computed in Python, so the
@@ -97,166 +113,6 @@ DEFAULT_BUSY_TIMEOUT = 10.0
 #: (openers released together do not retry in step).
 _OPEN_FIRST_PAUSE = 0.001
 _OPEN_LAST_PAUSE = 0.05
-
-_COLUMNS = (
-    "idempotency_key, job_id, task, status, attempts, created_at, updated_at, worker,"
-    " lease_until, last_error, due_at"
-)
-
-_CREATE = (
-    """CREATE TABLE broker_jobs_records (
-        idempotency_key TEXT PRIMARY KEY,
-        job_id TEXT NOT NULL,
-        task TEXT NOT NULL,
-        status TEXT NOT NULL,
-        attempts INTEGER NOT NULL,
-        created_at TEXT NOT NULL,
-        updated_at TEXT NOT NULL,
-        worker TEXT,
-        lease_until TEXT,
-        last_error TEXT,
-        due_at TEXT
-    ) WITHOUT ROWID""",
-    "CREATE INDEX broker_jobs_records_status ON broker_jobs_records (status, updated_at)",
-    "CREATE INDEX broker_jobs_records_task ON broker_jobs_records (task, updated_at)",
-)
-
-#: Version 2: the executions of every job (one per claim that ran it), kept by
-#: triggers on the records: every statement that changes a record (the fast path's
-#: one INSERT for a batch of new keys, a batch of successes' one UPDATE) records its
-#: executions in the same statement, with no statement more from Python. The rule is
-#: :func:`broker_jobs.store.base.track_execution`'s: an open execution that is not
-#: the record's holding (RUNNING, held by ``worker`` at ``attempts``) is closed with
-#: the new status (``released``: no holder; ``lost``: another holder or attempt), and
-#: a holding without one opens one. A renewal or a reclaim by the holder changes
-#: nothing. Keyed by (key, number): one B-tree, appended at the key's end.
-_EXECUTION_COLUMNS = (
-    "idempotency_key, job_id, attempt, worker, started_at, finished_at, outcome, error"
-)
-_TRACK = """
-        UPDATE broker_jobs_executions SET
-            finished_at = CASE WHEN NEW.status = 'running' AND NEW.worker IS NULL
-                THEN coalesce(NEW.lease_until, NEW.updated_at) ELSE NEW.updated_at END,
-            outcome = CASE WHEN NEW.status IN ('succeeded', 'retrying', 'failed', 'dead')
-                THEN NEW.status WHEN NEW.status = 'running' AND NEW.worker IS NOT NULL
-                THEN 'lost' ELSE 'released' END,
-            error = CASE WHEN NEW.status IN ('retrying', 'failed', 'dead')
-                THEN NEW.last_error END
-        WHERE idempotency_key = NEW.idempotency_key AND finished_at IS NULL
-            AND NOT (NEW.status = 'running' AND worker IS NEW.worker
-                     AND attempt = NEW.attempts);
-        INSERT INTO broker_jobs_executions
-            (idempotency_key, number, job_id, attempt, worker, started_at)
-        SELECT NEW.idempotency_key, coalesce(max(number), 0) + 1, NEW.job_id,
-            NEW.attempts, NEW.worker, NEW.updated_at
-        FROM broker_jobs_executions WHERE idempotency_key = NEW.idempotency_key
-        HAVING NEW.status = 'running' AND NEW.worker IS NOT NULL
-            AND coalesce(sum(finished_at IS NULL), 0) = 0;
-"""
-_CREATE_EXECUTIONS = (
-    """CREATE TABLE broker_jobs_executions (
-        idempotency_key TEXT NOT NULL,
-        number INTEGER NOT NULL,
-        job_id TEXT NOT NULL,
-        attempt INTEGER NOT NULL,
-        worker TEXT NOT NULL,
-        started_at TEXT NOT NULL,
-        finished_at TEXT,
-        outcome TEXT,
-        error TEXT,
-        PRIMARY KEY (idempotency_key, number)
-    ) WITHOUT ROWID""",
-    # INSERT OR REPLACE (the generic sections' save) fires the insert trigger only.
-    f"""CREATE TRIGGER broker_jobs_executions_on_insert AFTER INSERT ON broker_jobs_records
-    BEGIN {_TRACK} END""",
-    f"""CREATE TRIGGER broker_jobs_executions_on_update
-    AFTER UPDATE OF status, worker, attempts ON broker_jobs_records
-    BEGIN {_TRACK} END""",
-)
-_CREATE_TRIGGERS = _CREATE_EXECUTIONS[1:]
-#: Version 1 -> 2: the table and its triggers, and an open execution for each record
-#: held when the file is migrated (started at its claim), so its outcome closes one.
-_MIGRATE_1_TO_2 = (
-    *_CREATE_EXECUTIONS,
-    "INSERT INTO broker_jobs_executions"
-    " (idempotency_key, number, job_id, attempt, worker, started_at)"
-    " SELECT idempotency_key, 1, job_id, attempts, worker, updated_at FROM broker_jobs_records"
-    " WHERE status = 'running' AND worker IS NOT NULL",
-    "UPDATE broker_jobs_schema SET version = 2",
-)
-#: Version 2 -> 3: the statuses queued, scheduled and cancelled (no column changes:
-#: the version keeps older code, which cannot read them, away from the file), and the
-#: triggers again, whose version 2 would close an execution with such a status as its
-#: outcome (none of the rules leads there, but no outcome outside the executions' own
-#: may be written).
-_MIGRATE_2_TO_3 = (
-    "DROP TRIGGER IF EXISTS broker_jobs_executions_on_insert",
-    "DROP TRIGGER IF EXISTS broker_jobs_executions_on_update",
-    *_CREATE_TRIGGERS,
-    "UPDATE broker_jobs_schema SET version = 3",
-)
-#: Version 4: the payloads the ledger keeps (docs/store.md, "Payloads"): a table of
-#: their own, so the records a claim writes stay narrow; a row is written only off the
-#: hot path (a publish with the ledger, a failure), at most one per key (the first).
-#: ``payload`` is the JSON text, NULL when it was larger than MAX_PAYLOAD_BYTES
-#: (``bytes`` says how large). Deleted with its record by prune.
-_CREATE_PAYLOADS = """CREATE TABLE broker_jobs_payloads (
-        idempotency_key TEXT PRIMARY KEY,
-        payload TEXT,
-        bytes INTEGER NOT NULL,
-        kept_at TEXT NOT NULL
-    ) WITHOUT ROWID"""
-#: Version 3 -> 4: the payloads table (the records are untouched; a job known before
-#: has no payload kept).
-_MIGRATE_3_TO_4 = (
-    _CREATE_PAYLOADS,
-    "UPDATE broker_jobs_schema SET version = 4",
-)
-
-#: The job-id index holds only the records whose key is not their job id (a chosen
-#: key, a beat fire's): most keys are the id, and those records are found by the
-#: primary key. Each index entry a claim writes is paid on a job's way to its start
-#: (a claim of 5 new jobs alone, median: ~255-315 us with an entry each, ~245 us).
-#: Version 1 files had an entry for every record: swapped when the store opens
-#: them (older code still reads the file, scanning for job ids).
-_CREATE_JOB_ID_INDEX = (
-    "CREATE INDEX IF NOT EXISTS broker_jobs_records_other_job_id"
-    " ON broker_jobs_records (job_id) WHERE job_id <> idempotency_key",
-    "DROP INDEX IF EXISTS broker_jobs_records_job_id",
-)
-
-#: The indexes of the dashboard's listings (docs/dashboard.md, Performance), added
-#: after version 3 without changing the layout (older code keeps them up to date, as
-#: SQLite does for every index): created if missing whenever a store opens the file
-#: (on a big ledger the first open after an upgrade builds them: ~2.5 s for 1,000,000
-#: records). The records by ``updated_at`` (with the key: the order of ``find``):
-#: the newest-first listing without a status or task filter, and its pages, read 50
-#: records instead of sorting them all (1,000,000 records: ~1 s -> ~0.3 ms). The
-#: executions that have finished, by ``finished_at``: the last hour's executions of
-#: ``task_summaries`` are found by a range instead of a walk of every record (~1.1 s
-#: less at 1,000,000); open executions (a claim's) have no entry. Their cost on the
-#: worker's path (``python -m bench.dashboard``: 50,000 records, 5 new jobs at a time,
-#: medians of 500): claim_many ~248 -> ~266 us, succeed_many ~525 -> ~582 us.
-_CREATE_LEDGER_INDEXES = (
-    "CREATE INDEX IF NOT EXISTS broker_jobs_records_updated ON broker_jobs_records (updated_at)",
-    "CREATE INDEX IF NOT EXISTS broker_jobs_executions_finished"
-    " ON broker_jobs_executions (finished_at) WHERE finished_at IS NOT NULL",
-)
-
-#: The beat's tables, added after version 1 without changing the layout of the others
-#: (older code ignores them): created if missing whenever a store opens the file.
-_CREATE_BEAT = (
-    """CREATE TABLE IF NOT EXISTS broker_jobs_beat_fires (
-        schedule TEXT PRIMARY KEY,
-        fire_at TEXT NOT NULL
-    ) WITHOUT ROWID""",
-    """CREATE TABLE IF NOT EXISTS broker_jobs_beat_leaders (
-        group_name TEXT PRIMARY KEY,
-        identity TEXT NOT NULL,
-        since TEXT NOT NULL,
-        seen_at TEXT NOT NULL
-    ) WITHOUT ROWID""",
-)
 
 
 class SQLiteStore(ExclusiveStore):
@@ -280,13 +136,9 @@ class SQLiteStore(ExclusiveStore):
         self._busy_timeout = busy_timeout
         self._local = threading.local()
         self._lock = threading.Lock()  # guards _connections and _closed
-        #: Held by the store's thread while it serves, and tried by
-        #: :meth:`try_claim_many`: that claim never waits for this process's writes.
-        self._serving = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
         self._closed = False
-        self._queue: _queue.SimpleQueue[Any] = _queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._calls = StoreThread(self)  # started by the first submit
         try:
             self._migrate()
         except BaseException:
@@ -392,8 +244,8 @@ class SQLiteStore(ExclusiveStore):
             conn.execute("COMMIT")
 
     @contextmanager
-    def _exclusive(self) -> Iterator[Records]:
-        with self._transaction("change a record") as conn:
+    def _exclusive(self, action: str = "change a record") -> Iterator[Records]:
+        with self._transaction(action) as conn:
             yield _SQLiteRecords(conn)
 
     def _migrate(self) -> None:
@@ -408,6 +260,7 @@ class SQLiteStore(ExclusiveStore):
         by then, and the next try finds it in WAL mode.
         """
         conn = self._connection()
+        where = f"SQLite store {str(self.path)!r}"
         started = time.monotonic()
         pause = _OPEN_FIRST_PAUSE
         tries = 0
@@ -415,9 +268,9 @@ class SQLiteStore(ExclusiveStore):
             tries += 1
             step = "switch the file to WAL mode"
             try:
-                self._use_wal(conn)
+                use_wal(conn, where)
                 step = "create the tables"
-                self._create_tables(conn)
+                create_tables(conn, self, where)
             except sqlite3.Error as error:
                 waited = time.monotonic() - started
                 if conn.in_transaction:
@@ -433,56 +286,6 @@ class SQLiteStore(ExclusiveStore):
                         "%r opened after %d tries (another process held the lock)", self, tries
                     )
                 return
-
-    def _use_wal(self, conn: sqlite3.Connection) -> None:
-        # Persistent in the file; changing it takes a lock, so only when needed (and
-        # read again on each try: another opener may have switched it meanwhile).
-        (mode,) = conn.execute("PRAGMA journal_mode").fetchone()
-        if mode != "wal":
-            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-            if mode != "wal":
-                raise StoreError(
-                    f"SQLite store {str(self.path)!r}: cannot switch to WAL mode (got"
-                    f" {mode!r}); put the file on a local file system"
-                )
-
-    def _create_tables(self, conn: sqlite3.Connection) -> None:
-        # One BEGIN IMMEDIATE transaction: the write lock is taken before the version is
-        # read, so of the openers of a new file one creates the tables and the others
-        # find them, version included (or none of it, if this one fails).
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("CREATE TABLE IF NOT EXISTS broker_jobs_schema (version INTEGER NOT NULL)")
-        (version,) = conn.execute("SELECT max(version) FROM broker_jobs_schema").fetchone()
-        if version is None:
-            for statement in (*_CREATE, *_CREATE_EXECUTIONS, _CREATE_PAYLOADS):
-                conn.execute(statement)
-            conn.execute("INSERT INTO broker_jobs_schema (version) VALUES (?)", (SCHEMA_VERSION,))
-        elif version < SCHEMA_VERSION:
-            self._upgrade(conn, version)
-        elif version > SCHEMA_VERSION:
-            conn.execute("ROLLBACK")
-            raise StoreError(
-                f"SQLite store {str(self.path)!r} was created by a newer broker-jobs"
-                f" (schema version {version}; this one knows up to {SCHEMA_VERSION})."
-                " Upgrade broker-jobs on this host, or use another file"
-            )
-        for statement in (*_CREATE_BEAT, *_CREATE_JOB_ID_INDEX, *_CREATE_LEDGER_INDEXES):
-            conn.execute(statement)
-        conn.execute("COMMIT")
-
-    def _upgrade(self, conn: sqlite3.Connection, version: int) -> None:
-        """Migrate a file of ``version`` to :data:`SCHEMA_VERSION`, step by step, in the
-        caller's transaction."""
-        steps = {
-            1: (_MIGRATE_1_TO_2, "executions"),
-            2: (_MIGRATE_2_TO_3, "ledger statuses"),
-            3: (_MIGRATE_3_TO_4, "payloads"),
-        }
-        for start in range(version, SCHEMA_VERSION):
-            statements, what = steps[start]
-            for statement in statements:
-                conn.execute(statement)
-            log.info("%r migrated from schema version %d to %d (%s)", self, start, start + 1, what)
 
     # --- the hot path: claim and finish without the generic sections -------------------
 
@@ -504,7 +307,7 @@ class SQLiteStore(ExclusiveStore):
             return None
         if len({job.idempotency_key for job, _ in claims}) != len(claims):
             return None  # two copies of a job: the long way decides the second one
-        if not self._serving.acquire(blocking=False):
+        if not self._calls.serving.acquire(blocking=False):
             return None
         try:
             conn = self._connection("NORMAL", wait=False)
@@ -512,7 +315,7 @@ class SQLiteStore(ExclusiveStore):
         except (sqlite3.Error, StoreError):  # busy, or worse: claim_many meets it again
             return None
         finally:
-            self._serving.release()
+            self._calls.serving.release()
         if len(fresh) != len(claims):  # a key seen before; the new ones are inserted
             return None  # all the same, under their holders: claim_many finds them ours
         return [Claim(ClaimOutcome.CLAIMED, fresh[job.idempotency_key]) for job, _ in claims]
@@ -552,53 +355,27 @@ class SQLiteStore(ExclusiveStore):
         with self._transaction("record successes") as conn:
             return _succeed_rows(conn, finished, moment)
 
-    def _finish(
-        self,
-        key: str,
-        worker: str,
-        action: str,
-        *,
-        now: datetime | None,
-        status: Status,
-        error: str | None = None,
-        due_at: datetime | None = None,
-        payload: Mapping[str, Any] | None = None,
-    ) -> None:
+    def _finish(self, key: str, worker: str, finish: Finish, now: datetime | None) -> None:
         # One UPDATE guarded by the lease: atomic on its own (autocommit). A payload
         # to keep is a second statement: in the store thread's batch, or in a
         # transaction of its own (the outcome and its payload commit together).
         moment = utc(now)
-        stored = payload_text(payload)
         batch = getattr(self._local, "batch", None)
-        if batch is None and stored is not None:
+        if batch is None and finish.payload is not None:
             with self._transaction("change a record") as conn:
-                updated = _finish_row(conn, key, worker, status, moment, error, due_at, stored)
+                updated = _finish_row(conn, key, worker, finish, moment)
         else:
             conn = batch or self._connection()
             started = time.monotonic()
             try:
-                updated = _finish_row(conn, key, worker, status, moment, error, due_at, stored)
+                updated = _finish_row(conn, key, worker, finish, moment)
             except sqlite3.Error as exc:
                 waited = time.monotonic() - started
                 raise self._store_error("change a record", exc, waited) from exc
         if not updated:
-            raise LeaseLostError(key, worker, self.get(key), action)
+            raise LeaseLostError(key, worker, self.get(key), finish.action)
 
-    # --- group commit -----------------------------------------------------------------
-
-    #: Methods that may share one transaction with others (they write nothing before
-    #: they can fail with LeaseLostError or ValueError, so one failing leaves the
-    #: others intact).
-    _BATCHABLE = frozenset(
-        {"succeed", "succeed_many", "retry", "fail", "record_fire", "record_leader"}
-    )
-    #: Those whose commit may be synchronous=NORMAL (a loss to a power cut is harmless,
-    #: see claim); a batch holding any other commits with FULL.
-    _LAZY = frozenset({"record_leader"})
-    #: Served first, all queued ``claim_many`` calls as one (one statement for the
-    #: keys never seen): a job's start waits neither for the outcomes queued with it
-    #: nor for their fsync.
-    _CLAIMS = frozenset({"claim", "claim_many"})
+    # --- group commit (broker_jobs.store.sqlite_batching) ------------------------------
 
     async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``getattr(self, name)(*args, **kwargs)`` on the store's thread (see
@@ -621,120 +398,21 @@ class SQLiteStore(ExclusiveStore):
         there: a hop through the loop costs milliseconds)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        if self._thread is None:
-            with self._lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._serve, name="broker-jobs-store", daemon=True
-                    )
-                    self._thread.start()
-        self._queue.put(_Call(loop, future, name, args, kwargs, after))
+        self._calls.submit(Call(loop, future, name, args, kwargs, after))
         return future
 
-    def _serve(self) -> None:
-        while (calls := self._take_calls()) is not None:
-            self._serve_calls(calls)
-
-    def _serve_calls(self, calls: list[_Call]) -> None:
-        """Claims first (those that can, as one), then the outcomes in one transaction."""
-        claims = [c for c in calls if c.name in self._CLAIMS]
-        lazy = [c for c in calls if c.name in self._LAZY]
-        durable = [c for c in calls if c.name in self._BATCHABLE and c.name not in self._LAZY]
-        others = [c for c in calls if c.name not in self._BATCHABLE and c.name not in self._CLAIMS]
-        many = [c for c in claims if c.name == "claim_many" and not c.kwargs]
-        together = [c for c in many if c.args[1] == many[0].args[1]]  # same lease
-        if together:
-            self._answer(self._holding(self._claim_together, together))
-        for call in claims:
-            if call not in together:
-                self._answer(self._holding(self._run_alone, call))
-        for batch in (lazy, durable):
-            if len(batch) == 1:  # its own statement(s), without BEGIN and COMMIT
-                self._answer(self._holding(self._run_alone, batch[0]))
-            elif batch:
-                self._answer(self._holding(self._run_batch, batch))
-        for call in others:
-            self._answer(self._holding(self._run_alone, call))
-
-    def _holding(
-        self, run: Callable[[Any], list[tuple[_Call, bool, Any]]], calls: Any
-    ) -> list[tuple[_Call, bool, Any]]:
-        """``run(calls)`` while holding :attr:`_serving`; answered after: a claim the
-        worker's loop tries meanwhile need not go the long way."""
-        with self._serving:
-            return run(calls)
-
-    def _claim_together(self, calls: list[_Call]) -> list[tuple[_Call, bool, Any]]:
-        """The queued ``claim_many`` calls as one (one INSERT for their fresh keys)."""
-        try:
-            pairs = [pair for call in calls for pair in call.args[0]]
-            claims = self.claim_many(pairs, calls[0].args[1])
-        except BaseException as error:
-            return [(call, False, error) for call in calls]
-        results: list[tuple[_Call, bool, Any]] = []
-        start = 0
-        for call in calls:
-            end = start + len(call.args[0])
-            results.append((call, True, claims[start:end]))
-            start = end
-        return results
-
-    def _run_alone(self, call: _Call) -> list[tuple[_Call, bool, Any]]:
-        try:
-            return [(call, True, call.run(self))]
-        except BaseException as error:
-            return [(call, False, error)]
-
-    @staticmethod
-    def _answer(results: list[tuple[_Call, bool, Any]]) -> None:
-        """Run the follow-ups on this thread, then settle the callers' futures (one
-        wake-up per event loop)."""
-        for call, ok, value in results:
-            if ok and call.after is not None:
-                try:
-                    call.after(value)
-                except Exception:
-                    log.exception("a store call's follow-up %r failed", call.after)
-        by_loop: dict[Any, list[tuple[Any, bool, Any]]] = {}
-        for call, ok, value in results:
-            by_loop.setdefault(call.loop, []).append((call.future, ok, value))
-        for loop, settled in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # the loop is closed
-                loop.call_soon_threadsafe(_settle, settled)
-
-    def _take_calls(self) -> list[_Call] | None:
-        """The next call and all queued behind it; None once the store is closed."""
-        call = self._queue.get()
-        if call is None:
-            return None
-        calls = [call]
-        while True:
-            try:
-                more = self._queue.get_nowait()
-            except _queue.Empty:
-                return calls
-            if more is None:
-                self._queue.put(None)  # seen again by the next take
-                return calls
-            calls.append(more)
-
-    def _run_batch(self, batch: list[_Call]) -> list[tuple[_Call, bool, Any]]:
-        durable = any(c.name not in self._LAZY for c in batch)
-        try:
-            conn = self._connection("FULL" if durable else "NORMAL")
-        except BaseException as error:
-            return [(c, False, error) for c in batch]
-        results: list[tuple[_Call, bool, Any]] = []
+    @contextmanager
+    def _batch(self, *, durable: bool) -> Iterator[None]:
+        """One transaction for a batch of the store thread's calls, which join it (they
+        find its connection in ``_local.batch``) and commit together; synchronous=FULL
+        when ``durable``. On an exception nothing of the batch is written."""
+        conn = self._connection("FULL" if durable else "NORMAL")
         started = time.monotonic()
         try:
             conn.execute("BEGIN IMMEDIATE")
             self._local.batch = conn
             try:
-                for call in batch:
-                    try:
-                        results.append((call, True, call.run(self)))
-                    except (LeaseLostError, ValueError) as error:
-                        results.append((call, False, error))
+                yield
             finally:
                 self._local.batch = None
             conn.execute("COMMIT")
@@ -743,77 +421,50 @@ class SQLiteStore(ExclusiveStore):
                 with suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             if isinstance(error, sqlite3.Error):
-                error = self._store_error("change a record", error, time.monotonic() - started)
-            return [(c, False, error) for c in batch]
-        return results
+                waited = time.monotonic() - started
+                raise self._store_error("change a record", error, waited) from error
+            raise
 
     # --- queries ------------------------------------------------------------------
 
-    def _select(self, where: str, params: Any, tail: str = "") -> list[JobRecord]:
+    def _read(self, action: str, statement: str, params: Any = ()) -> list[Any]:
+        """The rows of one query, on this thread's connection."""
         conn = self._connection()
-        with self._translate("read records"):
-            rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM broker_jobs_records {where} {tail}", params
-            ).fetchall()
-        return [_record(row) for row in rows]
+        with self._translate(action):
+            return conn.execute(statement, params).fetchall()
+
+    def _read_one(self, action: str, statement: str, params: Any = ()) -> Any:
+        """The row of a query of at most one (None without)."""
+        found = self._read(action, statement, params)
+        return found[0] if found else None
+
+    def _select(self, where: str, params: Any, tail: str = "") -> list[JobRecord]:
+        statement = f"SELECT {_COLUMNS} FROM broker_jobs_records {where} {tail}"
+        return [_record(row) for row in self._read("read records", statement, params)]
 
     def get(self, key: str) -> JobRecord | None:
         found = self._select("WHERE idempotency_key = ?", (key,))
         return found[0] if found else None
 
     def kept_payload(self, key: str) -> KeptPayload | None:
-        conn = self._connection()
-        with self._translate("read a payload"):
-            row = conn.execute(_KEPT_PAYLOAD, (key,)).fetchone()
-        if row is None:
-            return None
-        text, size, kept_at = row
-        return read_payload(text, size, _aware_time(kept_at))
+        return kept_payload_of(self._read_one("read a payload", _KEPT_PAYLOAD, (key,)), _time)
 
     def get_by_job_id(self, job_id: str) -> list[JobRecord]:
         # Two lookups, each by an index: the record keyed by the job id itself, and
         # the others (the job-id index holds only those).
-        conn = self._connection()
-        with self._translate("read records"):
-            rows = conn.execute(_BY_JOB_ID, (job_id, job_id, job_id)).fetchall()
+        rows = self._read("read records", _BY_JOB_ID, (job_id, job_id, job_id))
         return [_record(row) for row in rows]
 
-    def find(
-        self,
-        *,
-        status: Status | None = None,
-        task: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        key: str | None = None,
-        after: tuple[datetime, str] | None = None,
-        limit: int = 100,
-    ) -> list[JobRecord]:
-        check_limit(limit)
-        where, params = Filters.of(
-            status=status, task=task, since=since, until=until, key=key, after=after
-        ).sql(_DIALECT)
+    def _find(self, filters: Filters, limit: int) -> list[JobRecord]:
+        where, params = filters.sql(_DIALECT)
         return self._select(where, {**params, "limit": limit}, f"{_NEWEST_FIRST} LIMIT :limit")
 
     def counts(self) -> dict[Status, int]:
-        conn = self._connection()
-        with self._translate("count records"):
-            rows = conn.execute(
-                "SELECT status, count(*) FROM broker_jobs_records GROUP BY status"
-            ).fetchall()
-        counts = dict.fromkeys(Status, 0)
-        counts.update({Status(status): n for status, n in rows})
-        return counts
+        return status_counts(self._read("count records", _COUNT_STATUSES))
 
     def executions(self, key: str) -> list[Execution]:
-        conn = self._connection()
-        with self._translate("read executions"):
-            rows = conn.execute(
-                f"SELECT {_EXECUTION_COLUMNS} FROM broker_jobs_executions"
-                " WHERE idempotency_key = ? ORDER BY number",
-                (key,),
-            ).fetchall()
-        return [_execution(row) for row in rows]
+        rows = self._read("read executions", _EXECUTIONS_OF, (key,))
+        return [execution_of(row, _time) for row in rows]
 
     def task_summaries(self, *, now: datetime | None = None) -> dict[str, TaskSummary]:
         """See :meth:`Store.task_summaries`. p50 and p99 are computed here from the
@@ -834,9 +485,7 @@ class SQLiteStore(ExclusiveStore):
         self, *, since: datetime, bucket: timedelta, now: datetime | None = None
     ) -> dict[str, list[tuple[int, int]]]:
         buckets = Buckets.of(since, bucket, utc(now))
-        conn = self._connection()
-        with self._translate("count the outcomes by time"):
-            rows = conn.execute(_BUCKETS, buckets.params(_text)).fetchall()
+        rows = self._read("count the outcomes by time", _BUCKETS, buckets.params(_text))
         return buckets.gather(rows)
 
     def prune(self, older_than: datetime) -> int:
@@ -869,21 +518,11 @@ class SQLiteStore(ExclusiveStore):
         self._write(_RECORD_FIRE, (schedule, _text(utc(fire_at))), "FULL", "record a fire")
 
     def last_fire(self, schedule: str) -> datetime | None:
-        conn = self._connection()
-        with self._translate("read the beat's fires"):
-            row = conn.execute(
-                "SELECT fire_at FROM broker_jobs_beat_fires WHERE schedule = ?", (schedule,)
-            ).fetchone()
+        row = self._read_one("read the beat's fires", _LAST_FIRE, (schedule,))
         return _time(row[0]) if row else None
 
     def last_fires(self, prefix: str = "") -> dict[str, datetime]:
-        conn = self._connection()
-        with self._translate("read the beat's fires"):
-            rows = conn.execute(
-                "SELECT schedule, fire_at FROM broker_jobs_beat_fires"
-                " WHERE substr(schedule, 1, length(?1)) = ?1 ORDER BY schedule",
-                (prefix,),
-            ).fetchall()
+        rows = self._read("read the beat's fires", _LAST_FIRES, (prefix,))
         return {schedule: _aware_time(fire_at) for schedule, fire_at in rows}
 
     def record_leader(
@@ -895,36 +534,15 @@ class SQLiteStore(ExclusiveStore):
         self._write(_RECORD_LEADER, params, "NORMAL", "record the beat leader")
 
     def leader(self, group: str) -> LeaderRecord | None:
-        conn = self._connection()
-        with self._translate("read the beat leader"):
-            row = conn.execute(
-                "SELECT group_name, identity, since, seen_at FROM broker_jobs_beat_leaders"
-                " WHERE group_name = ?",
-                (group,),
-            ).fetchone()
-        if row is None:
-            return None
-        name, identity, since, seen_at = row
-        return LeaderRecord(name, identity, _aware_time(since), _aware_time(seen_at))
+        return leader_of(self._read_one("read the beat leader", _LEADER, (group,)), _time)
 
     def close(self) -> None:
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            self._queue.put(None)
-            thread.join()
+        self._calls.stop()
         with self._lock:
             self._closed = True
             connections, self._connections = self._connections, []
         for conn in connections:
             conn.close()
-
-
-_NEWEST_FIRST = "ORDER BY updated_at DESC, idempotency_key DESC"
-_BY_JOB_ID = (
-    f"SELECT {_COLUMNS} FROM broker_jobs_records WHERE idempotency_key = ? AND job_id = ?"
-    f" UNION ALL SELECT {_COLUMNS} FROM broker_jobs_records"
-    f" WHERE job_id = ? AND job_id <> idempotency_key {_NEWEST_FIRST}"
-)
 
 
 class _SQLiteRecords:
@@ -944,121 +562,6 @@ class _SQLiteRecords:
 
     def keep_payload(self, key: str, payload: PayloadText, now: datetime) -> None:
         self._conn.execute(_KEEP_PAYLOAD, (key, payload.text, payload.size, _text(now)))
-
-
-_SELECT_MANY = f"SELECT {_COLUMNS} FROM broker_jobs_records WHERE idempotency_key IN"
-_INSERT_FRESH = f"INSERT INTO broker_jobs_records ({_COLUMNS}) VALUES"
-_ROW_MARKS = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-_ON_CONFLICT = "ON CONFLICT (idempotency_key) DO NOTHING"
-_SUCCEED_MANY = (
-    "UPDATE broker_jobs_records SET status = ?, updated_at = ?, lease_until = NULL, due_at = NULL"
-    " WHERE status = 'running' AND (idempotency_key, worker) IN (VALUES"
-)
-_SUCCEEDED_BY = (
-    "SELECT status, worker, updated_at FROM broker_jobs_records WHERE idempotency_key = ?"
-)
-#: Rows per statement (SQLite before 3.32 allows 999 parameters per statement).
-_MAX_PARAMETERS = 500
-_ROWS_PER_INSERT = 80
-#: The most jobs :meth:`SQLiteStore.try_claim_many` claims at once (it runs on the
-#: worker's event loop, which waits for it); larger batches go the store thread's way.
-_AT_ONCE_ROWS = 80
-_PAIRS_PER_UPDATE = 400
-_SAVE = (
-    f"INSERT OR REPLACE INTO broker_jobs_records ({_COLUMNS})"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_FINISH = (
-    "UPDATE broker_jobs_records SET status = ?, updated_at = ?, lease_until = NULL, due_at = ?"
-    " WHERE idempotency_key = ? AND status = 'running' AND worker = ?"
-)
-_FINISH_ERROR = (
-    "UPDATE broker_jobs_records SET status = ?, updated_at = ?, lease_until = NULL,"
-    " last_error = ?, due_at = ? WHERE idempotency_key = ? AND status = 'running' AND worker = ?"
-)
-#: The first payload kept for a key wins.
-_KEEP_PAYLOAD = (
-    "INSERT INTO broker_jobs_payloads (idempotency_key, payload, bytes, kept_at)"
-    " VALUES (?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING"
-)
-_KEPT_PAYLOAD = "SELECT payload, bytes, kept_at FROM broker_jobs_payloads WHERE idempotency_key = ?"
-
-_RECORD_FIRE = (
-    "INSERT INTO broker_jobs_beat_fires (schedule, fire_at) VALUES (?, ?)"
-    " ON CONFLICT (schedule) DO UPDATE SET fire_at = excluded.fire_at"
-    " WHERE excluded.fire_at > broker_jobs_beat_fires.fire_at"  # fixed-width UTC text
-)
-_RECORD_LEADER = (
-    "INSERT OR REPLACE INTO broker_jobs_beat_leaders (group_name, identity, since, seen_at)"
-    " VALUES (?, ?, ?, ?)"
-)
-
-
-def _finish_row(  # noqa: PLR0917 - the columns of one outcome
-    conn: sqlite3.Connection,
-    key: str,
-    worker: str,
-    status: Status,
-    moment: datetime,
-    error: str | None,
-    due_at: datetime | None,
-    payload: PayloadText | None,
-) -> bool:
-    """Record the outcome of ``worker``'s hold of ``key`` (and keep ``payload`` if
-    the key has none); False when ``worker`` does not hold it (nothing written)."""
-    if error is None:
-        cursor = conn.execute(_FINISH, (status.value, _text(moment), _text(due_at), key, worker))
-    else:
-        cursor = conn.execute(
-            _FINISH_ERROR,
-            (status.value, _text(moment), clip_error(error), _text(due_at), key, worker),
-        )
-    if cursor.rowcount != 1:
-        return False
-    if payload is not None:
-        conn.execute(_KEEP_PAYLOAD, (key, payload.text, payload.size, _text(moment)))
-    return True
-
-
-def _row(record: JobRecord) -> tuple[Any, ...]:
-    return (
-        record.idempotency_key,
-        record.job_id,
-        record.task,
-        record.status.value,
-        record.attempts,
-        _text(record.created_at),
-        _text(record.updated_at),
-        record.worker,
-        _text(record.lease_until),
-        record.last_error,
-        _text(record.due_at),
-    )
-
-
-@dataclass(frozen=True, eq=False)  # compared by identity: args may hold large jobs
-class _Call:
-    """A call waiting for the store's thread (see :meth:`SQLiteStore.call`)."""
-
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
-    name: str
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    after: Callable[[Any], None] | None
-
-    def run(self, store: SQLiteStore) -> Any:
-        return getattr(store, self.name)(*self.args, **self.kwargs)
-
-
-def _settle(settled: list[tuple[Any, bool, Any]]) -> None:
-    for future, ok, value in settled:
-        if future.done():
-            continue
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
 
 
 #: SQLite's primary result codes that mean "the database cannot be used now", not "the
@@ -1088,185 +591,3 @@ def _is_busy(error: sqlite3.Error) -> bool:
 
 def _duration(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.1f} s"
-
-
-def _text(moment: datetime | None) -> str | None:
-    """Fixed-width UTC ISO text: SQL compares and orders it as time."""
-    if moment is None:
-        return None
-    return moment.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def _time(text: str | None) -> datetime | None:
-    return datetime.fromisoformat(text) if text is not None else None
-
-
-def _aware_time(text: str) -> datetime:
-    moment = _time(text)
-    assert moment is not None  # NOT NULL columns
-    return moment
-
-
-# The ledger's queries (they need _text).
-_DIALECT = Dialect(
-    mark=lambda name: f":{name}",
-    key="idempotency_key",  # BINARY: UTF-8 bytes, in code point order
-    starts_with="substr(idempotency_key, 1, length({prefix})) = {prefix}",
-    time=_text,
-)
-_TABLES = {"records": "broker_jobs_records", "executions": "broker_jobs_executions"}
-_MARKS = {name: f":{name}" for name in ("now", "minute", "hour")}
-_COUNTS = COUNTS_SQL.format(**_TABLES, **_MARKS)
-_FINISHED_COUNTS = FINISHED_COUNTS_SQL.format(**_TABLES, **_MARKS, more="")
-#: ``finished_at`` in microseconds since the epoch, exactly: whole seconds from
-#: strftime, the six digits of the fixed-width text after them (SQLite's date
-#: functions keep milliseconds only, which would move executions across a bucket's end).
-_FINISHED_US = (
-    "(CAST(strftime('%s', e.finished_at) AS INTEGER) * 1000000"
-    " + CAST(substr(e.finished_at, 21, 6) AS INTEGER))"
-)
-_BUCKETS = BUCKETS_SQL.format(
-    **_TABLES,
-    now=":now",
-    since=":since",
-    since_us=":since_us",
-    width_us=":width_us",
-    finished_us=_FINISHED_US,
-)
-#: The durations behind p50/p99, the newest first, at most :cap per task.
-_DURATIONS = (
-    "SELECT task, started_at, finished_at FROM (SELECT r.task, e.started_at, e.finished_at,"
-    " row_number() OVER (PARTITION BY r.task ORDER BY e.finished_at DESC) AS n "
-    + FINISHED_SQL.format(**_TABLES, **_MARKS)
-    + ") WHERE n <= :cap"
-)
-
-
-def _claim_rows(
-    conn: sqlite3.Connection, claims: Sequence[tuple[Job, str]], lease: float, moment: datetime
-) -> list[Claim]:
-    """Claim in order inside the caller's transaction; a key twice in the batch is
-    decided against the first copy's claim."""
-    records: dict[str, JobRecord] = {}
-    keys = list(dict.fromkeys(job.idempotency_key for job, _ in claims))
-    for start in range(0, len(keys), _MAX_PARAMETERS):
-        chunk = keys[start : start + _MAX_PARAMETERS]
-        marks = ", ".join("?" * len(chunk))
-        for row in conn.execute(f"{_SELECT_MANY} ({marks})", chunk):
-            records[row[0]] = _record(row)
-    results: list[Claim] = []
-    saves: dict[str, tuple[Any, ...]] = {}
-    for job, worker in claims:
-        key = job.idempotency_key
-        record = records.get(key)
-        outcome = decide(record, job, worker, moment)
-        if outcome is not ClaimOutcome.CLAIMED:
-            assert record is not None
-            results.append(Claim(outcome, record))
-            continue
-        new = claimed_record(record, job, worker, lease, moment)
-        records[key] = new
-        saves[key] = _row(new)
-        results.append(Claim(outcome, new))
-    if saves:
-        conn.executemany(_SAVE, saves.values())
-    return results
-
-
-def _insert_fresh(
-    conn: sqlite3.Connection, claims: Sequence[tuple[Job, str]], lease: float, moment: datetime
-) -> dict[str, JobRecord]:
-    """Claim keys that have no record yet with one autocommitted INSERT per chunk
-    (atomic on its own); the new records by key, for the chunks where every key was
-    new. The others (a key with a record, a second copy in the batch, a chunk with
-    one of those) are left to the caller's long way, which finds the keys inserted
-    here already ours. No RETURNING: each row fetched would hand the GIL back once
-    more."""
-    # Each new key's record and its row; the times written once per batch (_row's four
-    # conversions cost ~11 us per job, on the loop, before the jobs start).
-    fresh: dict[str, tuple[JobRecord, tuple[Any, ...]]] = {}
-    now, lease_until = _text(moment), _text(moment + timedelta(seconds=lease))
-    for job, worker in claims:
-        if job.idempotency_key not in fresh:
-            record = claimed_record(None, job, worker, lease, moment)
-            fresh[job.idempotency_key] = (record, _fresh_row(job, worker, now, lease_until))
-    entries = list(fresh.values())
-    claimed: dict[str, JobRecord] = {}
-    for start in range(0, len(entries), _ROWS_PER_INSERT):
-        chunk = entries[start : start + _ROWS_PER_INSERT]
-        values = ", ".join([_ROW_MARKS] * len(chunk))
-        params = [value for _, row in chunk for value in row]
-        if conn.execute(f"{_INSERT_FRESH} {values} {_ON_CONFLICT}", params).rowcount == len(chunk):
-            claimed.update((record.idempotency_key, record) for record, _ in chunk)
-    return claimed
-
-
-def _fresh_row(job: Job, worker: str, now: str | None, lease_until: str | None) -> tuple[Any, ...]:
-    """``_row(claimed_record(None, job, worker, lease, moment))``, its times given as text."""
-    return (
-        job.idempotency_key,
-        job.id,
-        job.task,
-        Status.RUNNING.value,
-        job.attempt,
-        now,  # created_at
-        now,  # updated_at
-        worker,
-        lease_until,
-        None,  # last_error
-        None,  # due_at
-    )
-
-
-def _succeed_rows(
-    conn: sqlite3.Connection, finished: Sequence[tuple[str, str]], moment: str
-) -> list[str]:
-    """Record successes inside the caller's transaction; the keys whose lease was lost."""
-    updated = 0
-    for start in range(0, len(finished), _PAIRS_PER_UPDATE):
-        chunk = finished[start : start + _PAIRS_PER_UPDATE]
-        pairs = ", ".join(["(?, ?)"] * len(chunk))
-        params = [Status.SUCCEEDED.value, moment, *(value for pair in chunk for value in pair)]
-        updated += conn.execute(f"{_SUCCEED_MANY} {pairs})", params).rowcount
-    if updated == len(finished):
-        return []
-    lost = []
-    for key, worker in finished:
-        found = conn.execute(_SUCCEEDED_BY, (key,)).fetchone()
-        if found is None or tuple(found) != (Status.SUCCEEDED.value, worker, moment):
-            lost.append(key)
-    return lost
-
-
-def _execution(row: tuple[Any, ...]) -> Execution:
-    key, job_id, attempt, worker, started, finished, outcome, error = row
-    return Execution(
-        idempotency_key=key,
-        job_id=job_id,
-        attempt=attempt,
-        worker=worker,
-        started_at=_aware_time(started),
-        finished_at=_time(finished),
-        outcome=ExecutionOutcome(outcome) if outcome is not None else None,
-        error=error,
-    )
-
-
-def _record(row: tuple[Any, ...]) -> JobRecord:
-    key, job_id, task, status, attempts, created, updated, worker, lease, error, due = row
-    created_at, updated_at = _time(created), _time(updated)
-    assert created_at is not None  # NOT NULL columns
-    assert updated_at is not None
-    return JobRecord(
-        idempotency_key=key,
-        job_id=job_id,
-        task=task,
-        status=Status(status),
-        attempts=attempts,
-        created_at=created_at,
-        updated_at=updated_at,
-        worker=worker,
-        lease_until=_time(lease),
-        last_error=error,
-        due_at=_time(due),
-    )

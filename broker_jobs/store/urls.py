@@ -14,9 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
-from broker_jobs.store.base import Store, StoreError, mask_dsn
+from broker_jobs.store.base import Store
+from broker_jobs.store.errors import StoreError
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.sqlite import SQLiteStore
+from broker_jobs.store.values import mask_dsn
 
 __all__ = ["ACCEPTED", "mask_dsn", "open_store"]
 

@@ -1,0 +1,320 @@
+"""The PostgreSQL store's statements, composed once per store for its schema, and
+the parameters they take. Each state change is one statement (a claim is an upsert
+whose ``WHERE`` is the claim rules of :func:`broker_jobs.store.rules.decide`; an
+outcome and the payload kept with it are one statement with a CTE), so the store's
+methods mostly pick a statement and its parameters: the SQL is here, the control
+flow in :mod:`broker_jobs.store.postgres`. The tables themselves are
+:mod:`broker_jobs.store.postgres_schema`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from broker_jobs.envelope import Job
+from broker_jobs.store.ledger import BUCKETS_SQL, COUNTS_SQL, FINISHED_COUNTS_SQL, Dialect
+from broker_jobs.store.records import Finish, JobRecord, PayloadText
+from broker_jobs.store.rows import record_of
+from broker_jobs.store.values import payload_text, utc
+
+with contextlib.suppress(ImportError):  # the store says what to install
+    import psycopg
+    from psycopg import sql
+
+COLUMNS = (
+    "idempotency_key",
+    "job_id",
+    "task",
+    "status",
+    "attempts",
+    "created_at",
+    "updated_at",
+    "worker",
+    "lease_until",
+    "last_error",
+    "due_at",
+)
+COLUMN_TYPES = tuple(
+    zip(
+        COLUMNS,
+        ("text", "text", "text", "text", "integer")
+        + ("timestamptz",) * 2
+        + ("text", "timestamptz", "text", "timestamptz"),
+        strict=True,
+    )
+)
+#: The statement's time: the caller's fixed clock, else the server's.
+NOW = "COALESCE(%(now)s::timestamptz, statement_timestamp())"
+NEWEST_FIRST = 'ORDER BY updated_at DESC, idempotency_key COLLATE "C" DESC'
+
+
+def table_name(schema: str | None, table: str) -> sql.Identifier:
+    """``table`` in ``schema`` (else in the connection's search path)."""
+    return sql.Identifier(schema, table) if schema else sql.Identifier(table)
+
+
+class Queries:
+    """Every statement of the store's calls, composed once for the store's schema."""
+
+    def __init__(self, schema: str | None) -> None:
+        def name(table: str) -> sql.Identifier:
+            return table_name(schema, table)
+
+        self.records = name("broker_jobs_records")
+        self.version_table = name("broker_jobs_schema")
+        self.fires = name("broker_jobs_beat_fires")
+        self.leaders = name("broker_jobs_beat_leaders")
+        self.executions = name("broker_jobs_executions")
+        self.payloads = name("broker_jobs_payloads")
+        self.schema = sql.Identifier(schema) if schema else None
+        cols = sql.SQL(", ").join(map(sql.Identifier, COLUMNS))
+        self.cols = cols
+
+        def q(template: str) -> sql.Composed:
+            return sql.SQL(template).format(records=self.records, cols=cols)
+
+        self.claim = q(
+            "INSERT INTO {records} AS r ({cols})"
+            " SELECT %(key)s, %(job_id)s, %(task)s, 'running', %(attempt)s, n.now, n.now,"
+            "  %(worker)s, n.now + make_interval(secs => %(lease)s), NULL, NULL"
+            f" FROM (SELECT {NOW} AS now) AS n"
+            " ON CONFLICT (idempotency_key) DO UPDATE SET"
+            "  job_id = excluded.job_id, task = excluded.task, status = 'running',"
+            "  attempts = excluded.attempts, updated_at = excluded.updated_at,"
+            "  worker = excluded.worker, lease_until = excluded.lease_until, due_at = NULL"
+            # The claim rules of broker_jobs.store.rules.decide, as SQL:
+            " WHERE (r.status = 'running' AND r.attempts <= excluded.attempts"
+            "        AND (r.worker = excluded.worker OR r.lease_until IS NULL"
+            "             OR r.lease_until <= excluded.updated_at))"
+            "  OR (r.status = 'retrying' AND r.attempts < excluded.attempts)"
+            "  OR r.status IN ('queued', 'scheduled')"  # known from its publish: as new
+            " RETURNING {cols}"
+        )
+        self.get_at = q(f"SELECT {{cols}}, {NOW} FROM {{records}} WHERE idempotency_key = %(key)s")
+        self.lock_at = q(
+            f"SELECT {{cols}}, {NOW} FROM {{records}} WHERE idempotency_key = %(key)s FOR UPDATE"
+        )
+        held = " WHERE idempotency_key = %(key)s AND status = 'running' AND worker = %(worker)s"
+        self.renew = q(
+            f"UPDATE {{records}} SET lease_until = {NOW} + make_interval(secs => %(lease)s)" + held
+        )
+        self.finish = q(
+            f"UPDATE {{records}} SET status = %(status)s, updated_at = {NOW},"
+            " lease_until = NULL, last_error = COALESCE(%(error)s::text, last_error),"
+            " due_at = %(due_at)s::timestamptz" + held
+        )
+        self.release = q(f"UPDATE {{records}} SET worker = NULL, lease_until = {NOW}" + held)
+        self.keep_payload = self.keep("VALUES (%(key)s, %(payload)s, %(bytes)s, %(kept_at)s)")
+        # An outcome and its payload in one statement: the count says if it was ours.
+        self.finish_keeping = sql.Composed(
+            [
+                sql.SQL("WITH done AS ("),
+                self.finish,
+                sql.SQL(" RETURNING idempotency_key, updated_at), kept AS ("),
+                self.keep("SELECT idempotency_key, %(payload)s, %(bytes)s, updated_at FROM done"),
+                sql.SQL(") SELECT count(*) FROM done"),
+            ]
+        )
+        self.kept_payload = sql.SQL(
+            "SELECT payload, bytes, kept_at FROM {payloads} WHERE idempotency_key = %(key)s"
+        ).format(payloads=self.payloads)
+        self.insert_missing = q(
+            "INSERT INTO {records} ({cols}) VALUES (%(idempotency_key)s, %(job_id)s,"
+            " %(task)s, %(status)s, %(attempts)s, %(created_at)s, %(updated_at)s, %(worker)s,"
+            " %(lease_until)s, %(last_error)s, %(due_at)s)"
+            " ON CONFLICT (idempotency_key) DO NOTHING"
+        )
+        self.overwrite = q(
+            "UPDATE {records} SET job_id = %(job_id)s, task = %(task)s, status = %(status)s,"
+            " attempts = %(attempts)s, created_at = %(created_at)s, updated_at = %(updated_at)s,"
+            " worker = %(worker)s, lease_until = %(lease_until)s, last_error = %(last_error)s,"
+            " due_at = %(due_at)s WHERE idempotency_key = %(idempotency_key)s"
+        )
+        self.server_now = sql.SQL(f"SELECT {NOW}")
+        # One statement for a batch: the rows as one array per column.
+        arrays = ", ".join(f"%({column})s::{kind}[]" for column, kind in COLUMN_TYPES)
+        self.publish = q(
+            "INSERT INTO {records} ({cols}) SELECT * FROM unnest(" + arrays + ")"
+            " ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key"
+        )
+        # The same, keeping the payload of each record it creates (one statement).
+        self.publish_keeping = sql.Composed(
+            [
+                sql.SQL("WITH inserted AS ("),
+                self.publish,
+                sql.SQL("), kept AS ("),
+                self.keep(
+                    "SELECT p.key, p.payload, p.bytes, %(kept_at)s FROM unnest("
+                    "%(payload_keys)s::text[], %(payload_texts)s::text[],"
+                    " %(payload_bytes)s::integer[]) AS p (key, payload, bytes)"
+                    " JOIN inserted ON inserted.idempotency_key = p.key"
+                ),
+                sql.SQL(") SELECT idempotency_key FROM inserted"),
+            ]
+        )
+        self.get_many = q("SELECT {cols} FROM {records} WHERE idempotency_key = ANY(%(keys)s)")
+        self.task_counts = self.summary(COUNTS_SQL)
+        durations = "WITHIN GROUP (ORDER BY e.finished_at - e.started_at)"
+        self.task_finished = self.summary(
+            FINISHED_COUNTS_SQL,
+            more=f", percentile_cont(0.5) {durations}, percentile_cont(0.99) {durations}",
+        )
+        # extract: numeric seconds from PostgreSQL 14 on, exact; a double before, still
+        # exact to the microsecond once ::bigint rounds it (epoch microseconds < 2^53).
+        self.outcome_buckets = self.summary(
+            BUCKETS_SQL,
+            finished_us="(extract(epoch FROM e.finished_at) * 1000000)::bigint",
+            **{name: f"%({name})s" for name in ("since", "since_us", "width_us")},
+        )
+        self.get = q("SELECT {cols} FROM {records} WHERE idempotency_key = %(key)s")
+        self.by_job_id = q("SELECT {cols} FROM {records} WHERE job_id = %(job_id)s " + NEWEST_FIRST)
+        self.counts = q("SELECT status, count(*) FROM {records} GROUP BY status")
+        self.executions_of = sql.SQL(
+            "SELECT idempotency_key, job_id, attempt, worker, started_at, finished_at, outcome,"
+            " error FROM {executions} WHERE idempotency_key = %(key)s ORDER BY id"
+        ).format(executions=self.executions)
+        self.prune = q(
+            "DELETE FROM {records} WHERE status = ANY(%(terminal)s) AND updated_at < %(cutoff)s"
+        )
+        # The records' payloads with them, in the same statement.
+        self.prune_keeping = sql.Composed(
+            [
+                sql.SQL("WITH doomed AS ("),
+                self.prune,
+                sql.SQL(
+                    " RETURNING idempotency_key), gone AS (DELETE FROM {payloads} WHERE"
+                    " idempotency_key IN (SELECT idempotency_key FROM doomed))"
+                    " SELECT count(*) FROM doomed"
+                ).format(payloads=self.payloads),
+            ]
+        )
+
+        def beat(template: str) -> sql.Composed:
+            return sql.SQL(template).format(fires=self.fires, leaders=self.leaders)
+
+        self.record_fire = beat(
+            "INSERT INTO {fires} AS f (schedule, fire_at) VALUES (%(schedule)s, %(fire_at)s)"
+            " ON CONFLICT (schedule) DO UPDATE SET fire_at = GREATEST(f.fire_at, excluded.fire_at)"
+        )
+        self.last_fire = beat("SELECT fire_at FROM {fires} WHERE schedule = %(schedule)s")
+        self.last_fires = beat(
+            "SELECT schedule, fire_at FROM {fires} WHERE starts_with(schedule, %(prefix)s)"
+            ' ORDER BY schedule COLLATE "C"'
+        )
+        self.record_leader = beat(
+            "INSERT INTO {leaders} (group_name, identity, since, seen_at)"
+            f" VALUES (%(group)s, %(identity)s, %(since)s, {NOW})"
+            " ON CONFLICT (group_name) DO UPDATE SET identity = excluded.identity,"
+            "  since = excluded.since, seen_at = excluded.seen_at"
+        )
+        self.leader = beat(
+            "SELECT group_name, identity, since, seen_at FROM {leaders}"
+            " WHERE group_name = %(group)s"
+        )
+
+    def keep(self, rows: str) -> sql.Composed:
+        """Keep the payloads of ``rows`` (a VALUES or SELECT of key, payload, bytes,
+        kept_at); a key that has one keeps it (the first one kept wins)."""
+        return sql.SQL(
+            "INSERT INTO {payloads} (idempotency_key, payload, bytes, kept_at) "
+            + rows
+            + " ON CONFLICT (idempotency_key) DO NOTHING"
+        ).format(payloads=self.payloads)
+
+    def find(self, where: str) -> sql.Composed:
+        return sql.SQL(
+            "SELECT {cols} FROM {records} " + where + " " + NEWEST_FIRST + " LIMIT %(limit)s"
+        ).format(records=self.records, cols=self.cols)
+
+    def summary(self, template: str, **more: str) -> sql.Composed:
+        """A query of :mod:`broker_jobs.store.ledger` for these tables."""
+        marks = {name: f"%({name})s" for name in ("now", "minute", "hour")}
+        text = template.format(records="{records}", executions="{executions}", **marks, **more)
+        return sql.SQL(text).format(records=self.records, executions=self.executions)
+
+
+def as_is(moment: datetime) -> datetime:
+    return moment
+
+
+DIALECT = Dialect(
+    mark=lambda name: f"%({name})s",
+    key='idempotency_key COLLATE "C"',  # by code point, as the order of find
+    starts_with="starts_with(idempotency_key, {prefix})",
+    time=as_is,
+)
+
+
+def one_row(cursor: psycopg.Cursor[Any]) -> tuple[Any, ...]:
+    row = cursor.fetchone()
+    assert row is not None  # an aggregate or expression query always returns a row
+    return tuple(row)
+
+
+def opt_utc(moment: datetime | None) -> datetime | None:
+    return utc(moment) if moment is not None else None
+
+
+def aware(value: Any) -> datetime:
+    assert isinstance(value, datetime)
+    return value.astimezone(UTC)
+
+
+def maybe_aware(value: Any) -> datetime | None:
+    return aware(value) if value is not None else None
+
+
+def read_record(row: Sequence[Any]) -> JobRecord:
+    return record_of(row, maybe_aware)
+
+
+def record_params(record: JobRecord) -> dict[str, Any]:
+    params = asdict(record)
+    params["status"] = record.status.value
+    return params
+
+
+def payload_params(key: str, stored: PayloadText, moment: datetime) -> dict[str, Any]:
+    return {"key": key, "payload": stored.text, "bytes": stored.size, "kept_at": moment}
+
+
+def payload_columns(jobs: Sequence[Job], moment: datetime) -> dict[str, Any]:
+    """The payloads of ``jobs`` as arrays (the first copy of a key only; a job whose
+    payload is no JSON is left out), for :attr:`Queries.publish_keeping`."""
+    keys: list[str] = []
+    texts: list[str | None] = []
+    sizes: list[int] = []
+    for job in jobs:
+        stored = payload_text(job.payload)
+        if stored is not None and job.idempotency_key not in keys:
+            keys.append(job.idempotency_key)
+            texts.append(stored.text)
+            sizes.append(stored.size)
+    return {"payload_keys": keys, "payload_texts": texts, "payload_bytes": sizes, "kept_at": moment}
+
+
+def claim_params(job: Job, worker: str, lease: float, now: datetime | None) -> dict[str, Any]:
+    return {
+        "key": job.idempotency_key,
+        "job_id": job.id,
+        "task": job.task,
+        "attempt": job.attempt,
+        "worker": worker,
+        "lease": lease,
+        "now": opt_utc(now),
+    }
+
+
+def finish_params(key: str, worker: str, finish: Finish, now: datetime | None) -> dict[str, Any]:
+    return {
+        "key": key,
+        "worker": worker,
+        "status": finish.status.value,
+        "error": finish.error,
+        "due_at": finish.due_at,
+        "now": opt_utc(now),
+    }

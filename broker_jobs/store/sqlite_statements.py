@@ -1,0 +1,291 @@
+"""The SQLite store's statements, and the few that its hot path runs on a
+connection: a batch of claims is one ``INSERT`` for the keys never seen and one
+read-decide-write for the rest, a batch of successes one ``UPDATE`` (each statement
+hands the GIL back and forth: under load that cost a job's start up to milliseconds
+per statement). Times are stored as fixed-width UTC text, which SQL compares and
+orders as time; rows read back through :mod:`broker_jobs.store.rows`. The names
+keep their leading underscore: they are the SQLite store's own, not the package's
+(``bench/dashboard.py`` reads some of them through ``broker_jobs.store.sqlite``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from broker_jobs.envelope import Job
+from broker_jobs.store.ledger import (
+    BUCKETS_SQL,
+    COUNTS_SQL,
+    FINISHED_COUNTS_SQL,
+    FINISHED_SQL,
+    Dialect,
+)
+from broker_jobs.store.records import Claim, ClaimOutcome, Finish, JobRecord, Status
+from broker_jobs.store.rows import record_of
+from broker_jobs.store.rules import claimed_record, decide
+
+_COLUMNS = (
+    "idempotency_key, job_id, task, status, attempts, created_at, updated_at, worker,"
+    " lease_until, last_error, due_at"
+)
+
+_EXECUTION_COLUMNS = (
+    "idempotency_key, job_id, attempt, worker, started_at, finished_at, outcome, error"
+)
+
+_NEWEST_FIRST = "ORDER BY updated_at DESC, idempotency_key DESC"
+_BY_JOB_ID = (
+    f"SELECT {_COLUMNS} FROM broker_jobs_records WHERE idempotency_key = ? AND job_id = ?"
+    f" UNION ALL SELECT {_COLUMNS} FROM broker_jobs_records"
+    f" WHERE job_id = ? AND job_id <> idempotency_key {_NEWEST_FIRST}"
+)
+
+_SELECT_MANY = f"SELECT {_COLUMNS} FROM broker_jobs_records WHERE idempotency_key IN"
+_INSERT_FRESH = f"INSERT INTO broker_jobs_records ({_COLUMNS}) VALUES"
+_ROW_MARKS = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_ON_CONFLICT = "ON CONFLICT (idempotency_key) DO NOTHING"
+_SUCCEED_MANY = (
+    "UPDATE broker_jobs_records SET status = ?, updated_at = ?, lease_until = NULL, due_at = NULL"
+    " WHERE status = 'running' AND (idempotency_key, worker) IN (VALUES"
+)
+_SUCCEEDED_BY = (
+    "SELECT status, worker, updated_at FROM broker_jobs_records WHERE idempotency_key = ?"
+)
+#: Rows per statement (SQLite before 3.32 allows 999 parameters per statement).
+_MAX_PARAMETERS = 500
+_ROWS_PER_INSERT = 80
+#: The most jobs :meth:`SQLiteStore.try_claim_many` claims at once (it runs on the
+#: worker's event loop, which waits for it); larger batches go the store thread's way.
+_AT_ONCE_ROWS = 80
+_PAIRS_PER_UPDATE = 400
+_SAVE = (
+    f"INSERT OR REPLACE INTO broker_jobs_records ({_COLUMNS})"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_FINISH = (
+    "UPDATE broker_jobs_records SET status = ?, updated_at = ?, lease_until = NULL, due_at = ?"
+    " WHERE idempotency_key = ? AND status = 'running' AND worker = ?"
+)
+_FINISH_ERROR = (
+    "UPDATE broker_jobs_records SET status = ?, updated_at = ?, lease_until = NULL,"
+    " last_error = ?, due_at = ? WHERE idempotency_key = ? AND status = 'running' AND worker = ?"
+)
+_COUNT_STATUSES = "SELECT status, count(*) FROM broker_jobs_records GROUP BY status"
+_EXECUTIONS_OF = (
+    f"SELECT {_EXECUTION_COLUMNS} FROM broker_jobs_executions"
+    " WHERE idempotency_key = ? ORDER BY number"
+)
+#: The first payload kept for a key wins.
+_KEEP_PAYLOAD = (
+    "INSERT INTO broker_jobs_payloads (idempotency_key, payload, bytes, kept_at)"
+    " VALUES (?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING"
+)
+_KEPT_PAYLOAD = "SELECT payload, bytes, kept_at FROM broker_jobs_payloads WHERE idempotency_key = ?"
+
+_RECORD_FIRE = (
+    "INSERT INTO broker_jobs_beat_fires (schedule, fire_at) VALUES (?, ?)"
+    " ON CONFLICT (schedule) DO UPDATE SET fire_at = excluded.fire_at"
+    " WHERE excluded.fire_at > broker_jobs_beat_fires.fire_at"  # fixed-width UTC text
+)
+_LAST_FIRE = "SELECT fire_at FROM broker_jobs_beat_fires WHERE schedule = ?"
+_LAST_FIRES = (
+    "SELECT schedule, fire_at FROM broker_jobs_beat_fires"
+    " WHERE substr(schedule, 1, length(?1)) = ?1 ORDER BY schedule"
+)
+_LEADER = (
+    "SELECT group_name, identity, since, seen_at FROM broker_jobs_beat_leaders WHERE group_name = ?"
+)
+_RECORD_LEADER = (
+    "INSERT OR REPLACE INTO broker_jobs_beat_leaders (group_name, identity, since, seen_at)"
+    " VALUES (?, ?, ?, ?)"
+)
+
+
+def _text(moment: datetime | None) -> str | None:
+    """Fixed-width UTC ISO text: SQL compares and orders it as time."""
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _time(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text is not None else None
+
+
+def _aware_time(text: str) -> datetime:
+    moment = _time(text)
+    assert moment is not None  # NOT NULL columns
+    return moment
+
+
+# The ledger's queries (they need _text).
+_DIALECT = Dialect(
+    mark=lambda name: f":{name}",
+    key="idempotency_key",  # BINARY: UTF-8 bytes, in code point order
+    starts_with="substr(idempotency_key, 1, length({prefix})) = {prefix}",
+    time=_text,
+)
+_TABLES = {"records": "broker_jobs_records", "executions": "broker_jobs_executions"}
+_MARKS = {name: f":{name}" for name in ("now", "minute", "hour")}
+_COUNTS = COUNTS_SQL.format(**_TABLES, **_MARKS)
+_FINISHED_COUNTS = FINISHED_COUNTS_SQL.format(**_TABLES, **_MARKS, more="")
+#: ``finished_at`` in microseconds since the epoch, exactly: whole seconds from
+#: strftime, the six digits of the fixed-width text after them (SQLite's date
+#: functions keep milliseconds only, which would move executions across a bucket's end).
+_FINISHED_US = (
+    "(CAST(strftime('%s', e.finished_at) AS INTEGER) * 1000000"
+    " + CAST(substr(e.finished_at, 21, 6) AS INTEGER))"
+)
+_BUCKETS = BUCKETS_SQL.format(
+    **_TABLES,
+    now=":now",
+    since=":since",
+    since_us=":since_us",
+    width_us=":width_us",
+    finished_us=_FINISHED_US,
+)
+#: The durations behind p50/p99, the newest first, at most :cap per task.
+_DURATIONS = (
+    "SELECT task, started_at, finished_at FROM (SELECT r.task, e.started_at, e.finished_at,"
+    " row_number() OVER (PARTITION BY r.task ORDER BY e.finished_at DESC) AS n "
+    + FINISHED_SQL.format(**_TABLES, **_MARKS)
+    + ") WHERE n <= :cap"
+)
+
+
+def _row(record: JobRecord) -> tuple[Any, ...]:
+    return (
+        record.idempotency_key,
+        record.job_id,
+        record.task,
+        record.status.value,
+        record.attempts,
+        _text(record.created_at),
+        _text(record.updated_at),
+        record.worker,
+        _text(record.lease_until),
+        record.last_error,
+        _text(record.due_at),
+    )
+
+
+def _claim_rows(
+    conn: sqlite3.Connection, claims: Sequence[tuple[Job, str]], lease: float, moment: datetime
+) -> list[Claim]:
+    """Claim in order inside the caller's transaction; a key twice in the batch is
+    decided against the first copy's claim."""
+    records: dict[str, JobRecord] = {}
+    keys = list(dict.fromkeys(job.idempotency_key for job, _ in claims))
+    for start in range(0, len(keys), _MAX_PARAMETERS):
+        chunk = keys[start : start + _MAX_PARAMETERS]
+        marks = ", ".join("?" * len(chunk))
+        for row in conn.execute(f"{_SELECT_MANY} ({marks})", chunk):
+            records[row[0]] = _record(row)
+    results: list[Claim] = []
+    saves: dict[str, tuple[Any, ...]] = {}
+    for job, worker in claims:
+        key = job.idempotency_key
+        record = records.get(key)
+        outcome = decide(record, job, worker, moment)
+        if outcome is not ClaimOutcome.CLAIMED:
+            assert record is not None
+            results.append(Claim(outcome, record))
+            continue
+        new = claimed_record(record, job, worker, lease, moment)
+        records[key] = new
+        saves[key] = _row(new)
+        results.append(Claim(outcome, new))
+    if saves:
+        conn.executemany(_SAVE, saves.values())
+    return results
+
+
+def _insert_fresh(
+    conn: sqlite3.Connection, claims: Sequence[tuple[Job, str]], lease: float, moment: datetime
+) -> dict[str, JobRecord]:
+    """Claim keys that have no record yet with one autocommitted INSERT per chunk
+    (atomic on its own); the new records by key, for the chunks where every key was
+    new. The others (a key with a record, a second copy in the batch, a chunk with
+    one of those) are left to the caller's long way, which finds the keys inserted
+    here already ours. No RETURNING: each row fetched would hand the GIL back once
+    more."""
+    # Each new key's record and its row; the times written once per batch (_row's four
+    # conversions cost ~11 us per job, on the loop, before the jobs start).
+    fresh: dict[str, tuple[JobRecord, tuple[Any, ...]]] = {}
+    now, lease_until = _text(moment), _text(moment + timedelta(seconds=lease))
+    for job, worker in claims:
+        if job.idempotency_key not in fresh:
+            record = claimed_record(None, job, worker, lease, moment)
+            fresh[job.idempotency_key] = (record, _fresh_row(job, worker, now, lease_until))
+    entries = list(fresh.values())
+    claimed: dict[str, JobRecord] = {}
+    for start in range(0, len(entries), _ROWS_PER_INSERT):
+        chunk = entries[start : start + _ROWS_PER_INSERT]
+        values = ", ".join([_ROW_MARKS] * len(chunk))
+        params = [value for _, row in chunk for value in row]
+        if conn.execute(f"{_INSERT_FRESH} {values} {_ON_CONFLICT}", params).rowcount == len(chunk):
+            claimed.update((record.idempotency_key, record) for record, _ in chunk)
+    return claimed
+
+
+def _fresh_row(job: Job, worker: str, now: str | None, lease_until: str | None) -> tuple[Any, ...]:
+    """``_row(claimed_record(None, job, worker, lease, moment))``, its times given as text."""
+    return (
+        job.idempotency_key,
+        job.id,
+        job.task,
+        Status.RUNNING.value,
+        job.attempt,
+        now,  # created_at
+        now,  # updated_at
+        worker,
+        lease_until,
+        None,  # last_error
+        None,  # due_at
+    )
+
+
+def _succeed_rows(
+    conn: sqlite3.Connection, finished: Sequence[tuple[str, str]], moment: str
+) -> list[str]:
+    """Record successes inside the caller's transaction; the keys whose lease was lost."""
+    updated = 0
+    for start in range(0, len(finished), _PAIRS_PER_UPDATE):
+        chunk = finished[start : start + _PAIRS_PER_UPDATE]
+        pairs = ", ".join(["(?, ?)"] * len(chunk))
+        params = [Status.SUCCEEDED.value, moment, *(value for pair in chunk for value in pair)]
+        updated += conn.execute(f"{_SUCCEED_MANY} {pairs})", params).rowcount
+    if updated == len(finished):
+        return []
+    lost = []
+    for key, worker in finished:
+        found = conn.execute(_SUCCEEDED_BY, (key,)).fetchone()
+        if found is None or tuple(found) != (Status.SUCCEEDED.value, worker, moment):
+            lost.append(key)
+    return lost
+
+
+def _finish_row(
+    conn: sqlite3.Connection, key: str, worker: str, finish: Finish, moment: datetime
+) -> bool:
+    """Record ``finish`` of ``worker``'s hold of ``key`` (and keep its payload if the
+    key has none); False when ``worker`` does not hold it (nothing written)."""
+    status, due_at = finish.status.value, _text(finish.due_at)
+    if finish.error is None:
+        cursor = conn.execute(_FINISH, (status, _text(moment), due_at, key, worker))
+    else:
+        params = (status, _text(moment), finish.error, due_at, key, worker)
+        cursor = conn.execute(_FINISH_ERROR, params)
+    if cursor.rowcount != 1:
+        return False
+    if finish.payload is not None:
+        stored = finish.payload
+        conn.execute(_KEEP_PAYLOAD, (key, stored.text, stored.size, _text(moment)))
+    return True
+
+
+def _record(row: Sequence[Any]) -> JobRecord:
+    return record_of(row, _time)

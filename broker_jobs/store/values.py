@@ -1,0 +1,97 @@
+"""What the stores check in a call and how they shape what they keep: aware UTC times,
+positive leases, error texts cut to a bound, payloads as compact JSON text (or only
+their size), passwords masked in messages. One place, so a value means the same in
+every store and a ledger written by one reads the same through another.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from broker_jobs.store.records import KeptPayload, PayloadText
+
+#: Error texts are stored truncated to this many bytes of UTF-8 (a traceback's tail
+#: is cut, with a marker), so one huge exception cannot bloat the ledger.
+MAX_ERROR_BYTES = 4096
+_TRUNCATED = "\n... [truncated by broker-jobs]"
+
+#: A job's payload is kept (as JSON text) only up to this many bytes of UTF-8: a
+#: larger one is not kept at all (its size is), so one huge job cannot bloat the
+#: ledger. Cut JSON would not be JSON, so nothing is truncated.
+MAX_PAYLOAD_BYTES = 64 * 1024
+
+
+def clip_error(error: str) -> str:
+    """``error`` as stored: at most :data:`MAX_ERROR_BYTES` of UTF-8, NUL characters
+    escaped (PostgreSQL text cannot hold them), unencodable characters replaced."""
+    data = error.replace("\x00", "\\x00").encode("utf-8", "replace")
+    if len(data) <= MAX_ERROR_BYTES:
+        return data.decode("utf-8")
+    keep = MAX_ERROR_BYTES - len(_TRUNCATED.encode("utf-8"))
+    return data[:keep].decode("utf-8", "ignore") + _TRUNCATED
+
+
+def payload_text(payload: Mapping[str, Any] | None) -> PayloadText | None:
+    """``payload`` as the ledger stores it: compact JSON text, unless its UTF-8 is
+    larger than :data:`MAX_PAYLOAD_BYTES` (then only the size). None for no payload,
+    or one that is no JSON (a job's always is: it came as JSON or was sent as JSON).
+    Control characters (NUL included) are escaped by JSON: PostgreSQL text takes it."""
+    if payload is None:
+        return None
+    try:
+        text = json.dumps(dict(payload), ensure_ascii=False, separators=(",", ":"))
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: JSON's escapes carry it
+        text = json.dumps(dict(payload), separators=(",", ":"))
+        data = text.encode("utf-8")
+    except (TypeError, ValueError):
+        return None
+    return PayloadText(text if len(data) <= MAX_PAYLOAD_BYTES else None, len(data))
+
+
+def read_payload(text: str | None, size: int, kept_at: datetime) -> KeptPayload:
+    """A stored payload back (JSON parsed, never evaluated); text that is not a JSON
+    object (no code writes such) reads as not kept, like one too large."""
+    payload = None
+    if text is not None:
+        try:
+            found = json.loads(text)
+        except ValueError:
+            found = None
+        payload = found if isinstance(found, dict) else None
+    return KeptPayload(payload, size, kept_at)
+
+
+def utc(moment: datetime | None) -> datetime:
+    """``moment`` in UTC (now when None); naive datetimes are refused."""
+    if moment is None:
+        return datetime.now(UTC)
+    if moment.tzinfo is None:
+        raise ValueError(f"{moment!r} must be timezone-aware (for example datetime.now(UTC))")
+    return moment.astimezone(UTC)
+
+
+def check_lease(lease: float) -> float:
+    if not lease > 0:
+        raise ValueError(f"lease must be a positive number of seconds, got {lease!r}")
+    return float(lease)
+
+
+def check_limit(limit: int) -> int:
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    return limit
+
+
+_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s]*):[^@\s]*@", re.IGNORECASE)
+_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
+
+
+def mask_dsn(text: str) -> str:
+    """Mask passwords in database URLs (``scheme://user:***@host``) and in libpq
+    ``password=...`` settings (keyword form or URL query) anywhere in ``text``."""
+    return _KEYWORD_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", text))
