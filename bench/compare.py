@@ -26,7 +26,6 @@ docs/benchmarks.md with a plot per figure, and prints one JSON object last.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -40,6 +39,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from bench.common import REPO, Admin, bench_parser, broker, throwaway_postgres
 from bench.comparison import (
     DEFAULT_JOBS,
     DEFAULT_ROUNDS,
@@ -52,6 +52,7 @@ from bench.comparison import (
     Peer,
     Results,
 )
+from bench.figures import percentile, round_order
 from bench.peers import bj, celery_peer, raw
 from bench.peers.common import (
     Lane,
@@ -59,12 +60,10 @@ from bench.peers.common import (
     RecordReader,
     Variant,
     WorkerProcess,
-    repo_root,
-    round_order,
     running,
     wait_for_jobs,
 )
-from bench.publish import Admin, add_url_argument, broker, percentile, throwaway_postgres
+from bench.workers import worker_has_option
 from broker_jobs import mask_url
 from broker_jobs.testing.postgres_node import PostgresNode
 
@@ -80,10 +79,7 @@ FILL_TIMEOUT, IDLE_TIMEOUT = 300.0, 60.0
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.compare", description=__doc__.split("\n\n", 1)[0]
-    )
-    add_url_argument(parser)
+    parser = bench_parser("compare", __doc__)
     parser.add_argument("--jobs", type=int, help=f"jobs per workload ({DEFAULT_JOBS:,})")
     parser.add_argument("--rounds", type=int, help=f"rounds ({DEFAULT_ROUNDS})")
     parser.add_argument("--rss-jobs", type=int, help=f"jobs before RSS ({DEFAULT_RSS_JOBS:,})")
@@ -94,7 +90,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--rate", type=float, default=DEFAULT_RATE, help="latency jobs/s (200)")
     parser.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, help="latency s (5)")
     parser.add_argument(
-        "--output", type=Path, default=repo_root() / "docs" / "benchmarks.md", help="the page"
+        "--output", type=Path, default=REPO / "docs" / "benchmarks.md", help="the page"
     )
     parser.add_argument("--quick", action="store_true", help="smoke run: small and 2 rounds")
     parser.add_argument(
@@ -538,7 +534,7 @@ def describe(options: Options, url: str, node: Any, postgres_dsn: str | None) ->
         "latency": f"{options.rate:g} jobs/s for {options.seconds:g} s, one confirmed publish each",
         "delay": f"{DELAY_JOBS} jobs at {DELAY_RATE:g}/s, each delayed {DELAY_S:g} s",
         "postgresql": "throwaway cluster (fsync off)" if postgres_dsn else "not available",
-        "processes_option": bj.has_processes_option(),
+        "processes_option": worker_has_option("--processes"),
     }
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench.publish import Admin, broker, describe_broker, throwaway_postgres
+from bench.common import Admin, broker, describe_broker, throwaway_postgres
 from broker_jobs import App, JobRequest, Publisher, QueueOptions
 from broker_jobs.testing.postgres_node import PostgresNode
 from topology.model import QueueType

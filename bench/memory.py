@@ -31,8 +31,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from bench.costs import STORES, postgres
-from bench.publish import Admin, broker, describe_broker
+from bench.common import Admin, broker, describe_broker, throwaway_postgres
+from bench.costs import STORES
 from broker_jobs import App, JobRequest, Publisher
 
 TASK = "bench.memory"
@@ -151,7 +151,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    with broker(None) as (url, node), postgres() as pg:
+    with broker(None) as (url, node), throwaway_postgres() as pg:
         admin = Admin(url)
         config = {**describe_broker(url, node, admin), "jobs": options.jobs,
                   "chunk": options.chunk, "worker": "CLI, --concurrency 8"}

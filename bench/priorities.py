@@ -40,7 +40,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench.publish import Admin, add_url_argument, broker, describe_broker
+from bench.common import Admin, add_url_argument, broker, describe_broker
 from broker_jobs import App, JobRequest, Publisher
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.testing.rabbit_node import RabbitNode

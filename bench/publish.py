@@ -13,23 +13,18 @@ The last line of the output is one JSON object with every figure.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
+import functools
 import json
-import math
-import os
-import platform
 import secrets
 import statistics
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,17 +32,23 @@ import aio_pika
 import aio_pika.abc
 import pika
 import pika.exceptions
-from pika.adapters.blocking_connection import BlockingChannel
 from pydantic import BaseModel
 
-from broker_jobs import App, AsyncPublisher, JobRequest, Publisher, mask_url
+from bench.common import (
+    Admin,
+    add_number,
+    bench_parser,
+    describe_broker,
+    measure_on_broker,
+    print_config,
+)
+from bench.figures import round_order
+from broker_jobs import App, AsyncPublisher, JobRequest, Publisher
 from broker_jobs.store import SQLiteStore, Store
-from broker_jobs.testing.postgres_node import PostgresNode
 from broker_jobs.testing.rabbit_node import RabbitNode
-from topology import Topology, declare
+from topology import Topology
 from topology import names as n
 
-URL_ENV = "BROKER_JOBS_BENCH_URL"
 TASK = "bench.noop"
 PAYLOAD: dict[str, Any] = {"url": "https://example.com/images/123.png", "width": 128}
 BODY = json.dumps(PAYLOAD, separators=(",", ":")).encode()
@@ -105,7 +106,7 @@ class Noop(BaseModel):
     width: int
 
 
-# -- options and broker ---------------------------------------------------------------
+# -- options ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -116,22 +117,10 @@ class Options:
     quick: bool
 
 
-def add_url_argument(parser: argparse.ArgumentParser) -> None:
-    """``--url``, shared by every benchmark: the broker to measure."""
-    parser.add_argument(
-        "--url",
-        default=os.environ.get(URL_ENV),
-        help=f"AMQP URL (default: ${URL_ENV}; neither: start a throwaway RabbitMQ node)",
-    )
-
-
 def parse_args(argv: Sequence[str] | None) -> Options:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.publish", description=__doc__.split("\n\n", 1)[0]
-    )
-    add_url_argument(parser)
-    parser.add_argument("--jobs", type=int, default=None, help=f"jobs per round ({DEFAULT_JOBS})")
-    parser.add_argument("--rounds", type=int, default=None, help=f"rounds ({DEFAULT_ROUNDS})")
+    parser = bench_parser("publish", __doc__)
+    add_number(parser, "--jobs", int, DEFAULT_JOBS, "jobs per round", later=True)
+    add_number(parser, "--rounds", int, DEFAULT_ROUNDS, "rounds", later=True)
     parser.add_argument(
         "--quick", action="store_true", help=f"smoke run: {QUICK_JOBS} jobs, {QUICK_ROUNDS} rounds"
     )
@@ -141,37 +130,6 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     if jobs < 1 or rounds < 1:
         parser.error("--jobs and --rounds must be positive")
     return Options(url=args.url or None, jobs=jobs, rounds=rounds, quick=args.quick)
-
-
-@contextlib.contextmanager
-def broker(url: str | None) -> Iterator[tuple[str, RabbitNode | None]]:
-    """The given broker, or a throwaway node started for this run and removed after."""
-    if url:
-        yield url, None
-        return
-    if not RabbitNode.available():
-        raise SystemExit(f"no --url, no ${URL_ENV} and no local rabbitmq-server to start")
-    node = RabbitNode.create()
-    print(f"No --url and no ${URL_ENV}: starting a throwaway RabbitMQ node ({node.nodename})")
-    try:
-        node.start()
-        print(f"Throwaway node up at {mask_url(node.url)}; it is removed at the end")
-        yield node.url, node
-    finally:
-        node.cleanup()
-
-
-@contextlib.contextmanager
-def throwaway_postgres() -> Iterator[PostgresNode]:
-    """A PostgreSQL cluster started for this run from the installed server, removed
-    after (also when its start fails half-way)."""
-    node = PostgresNode.create()
-    try:
-        node.start()
-        print(f"Throwaway PostgreSQL on port {node.port}; it is removed at the end")
-        yield node
-    finally:
-        node.cleanup()
 
 
 @dataclass(frozen=True)
@@ -198,50 +156,6 @@ class Target:
     @property
     def topology(self) -> Topology:
         return self.app.topology()
-
-
-class Admin:
-    """A plain pika connection to purge, count and finally delete the benchmark's objects."""
-
-    def __init__(self, url: str) -> None:
-        parameters = pika.URLParameters(url)
-        parameters.heartbeat = 0  # idle while the variants run; must not be dropped
-        parameters.client_properties = {"connection_name": "bench admin"}
-        self._connection = pika.BlockingConnection(parameters)
-        self._channel = self._connection.channel()
-
-    def server_version(self) -> str | None:
-        impl = getattr(self._connection, "_impl", None)
-        properties = getattr(impl, "server_properties", None) or {}
-        found = properties.get("version")
-        return found.decode() if isinstance(found, bytes) else found
-
-    def declare(self, topology: Topology) -> None:
-        """Declare up front, so the raw variants never depend on running after ours."""
-        declare(self._connection, topology)
-
-    def purge(self, queue: str) -> None:
-        self._channel.queue_purge(queue)
-
-    def depth(self, queue: str) -> int:
-        return self._channel.queue_declare(queue, passive=True).method.message_count or 0
-
-    def delete(self, topology: Topology) -> None:
-        for queue in topology.queues:
-            with contextlib.suppress(pika.exceptions.AMQPError):
-                self._fresh_channel().queue_delete(queue.name)
-        for exchange in topology.exchanges:
-            with contextlib.suppress(pika.exceptions.AMQPError):
-                self._fresh_channel().exchange_delete(exchange.name)
-
-    def close(self) -> None:
-        with contextlib.suppress(pika.exceptions.AMQPError):
-            self._connection.close()
-
-    def _fresh_channel(self) -> BlockingChannel:
-        if not self._channel.is_open:
-            self._channel = self._connection.channel()
-        return self._channel
 
 
 # -- the variants -----------------------------------------------------------------------
@@ -473,15 +387,6 @@ def measure(variant: Variant, admin: Admin, target: Target, count: int) -> tuple
     return count / elapsed, depth
 
 
-def round_order(variants: Sequence[Variant], round_index: int) -> list[Variant]:
-    """Rotate the order each round, and reverse it every other round: rotation alone
-    keeps every variant behind the same neighbour, whose backlog the broker may still
-    be writing."""
-    shift = round_index % len(variants)
-    order = [*variants[shift:], *variants[:shift]]
-    return order[::-1] if round_index % 2 else order
-
-
 def run_rounds(options: Options, target: Target, admin: Admin) -> Results:
     results = Results()
     with asyncio.Runner() as runner, tempfile.TemporaryDirectory() as directory:
@@ -504,22 +409,6 @@ def run_rounds(options: Options, target: Target, admin: Admin) -> Results:
 # -- reporting --------------------------------------------------------------------------
 
 
-def describe_broker(url: str, node: RabbitNode | None, admin: Admin) -> dict[str, Any]:
-    """What every benchmark prints about the broker, the client and the machine."""
-    server = admin.server_version()
-    if server is None and node is not None:
-        server = node.server_version()
-    return {
-        "broker": mask_url(url),
-        "broker_origin": "throwaway node" if node is not None else "given",
-        "rabbitmq": server or "unknown",
-        "python": platform.python_version(),
-        "pika": version("pika"),
-        "aio_pika": version("aio-pika"),
-        "cpus": os.cpu_count(),
-    }
-
-
 def describe_config(
     options: Options, url: str, node: RabbitNode | None, admin: Admin
 ) -> dict[str, Any]:
@@ -530,12 +419,6 @@ def describe_config(
         "queue": "durable quorum, persistent messages, publisher confirms, mandatory",
         "body_bytes": len(BODY),
     }
-
-
-def print_config(config: dict[str, Any]) -> None:
-    print("Publish benchmark (broker_jobs)")
-    for key, value in config.items():
-        print(f"  {key:<15} {value}")
 
 
 def print_table(results: Results) -> None:
@@ -595,9 +478,8 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
     admin = Admin(url)
     try:
         config = describe_config(options, url, node, admin)
-        print_config(config)
-        print(f"  {'namespace':<15} {target.app.namespace}")
-        print()
+        title = "Publish benchmark (broker_jobs)"
+        print_config(title, {**config, "namespace": target.app.namespace}, 15)
         admin.declare(target.topology)
         results = run_rounds(options, target, admin)
     finally:
@@ -611,21 +493,8 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    with broker(options.url) as (url, node):
-        figures = bench(options, url, node)
-    print(json.dumps(figures, sort_keys=False))
+    measure_on_broker(options.url, functools.partial(bench, options))
     return 0
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100), interpolated between the closest ranks."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 if __name__ == "__main__":

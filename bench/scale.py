@@ -28,7 +28,6 @@ The last line of the output is one JSON object with every figure.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -49,14 +48,23 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench.publish import Admin, add_url_argument, broker, describe_broker, throwaway_postgres
+from bench.common import (
+    REPO,
+    Admin,
+    bench_parser,
+    broker,
+    describe_broker,
+    from_args,
+    throwaway_postgres,
+)
+from bench.figures import round_order
+from bench.workers import WORKER_COMMAND
 from broker_jobs import App, JobRequest, Publisher
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import mask_url
 
 TASK = "bench.noop"
 APP_MODULE = "scale_app"
-REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JOBS, DEFAULT_ROUNDS, DEFAULT_CONCURRENCY = 20_000, 3, 8
 STORES = ("memory", "sqlite", "postgres")
 PROCESSES = {"memory": (1, 2, 4), "sqlite": (1, 2, 4), "postgres": (1, 2, 4, 8)}
@@ -129,10 +137,7 @@ class Drain:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.scale", description=__doc__.split("\n\n", 1)[0]
-    )
-    add_url_argument(parser)
+    parser = bench_parser("scale", __doc__)
     parser.add_argument("--postgres", help="a PostgreSQL DSN (default: a throwaway node)")
     parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
@@ -145,15 +150,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     stores = tuple(s.strip() for s in args.stores.split(",") if s.strip())
     if unknown := set(stores) - set(STORES):
         parser.error(f"unknown stores {sorted(unknown)}: use {', '.join(STORES)}")
-    return Options(
-        url=args.url,
-        postgres=args.postgres,
-        jobs=args.jobs,
-        rounds=args.rounds,
-        concurrency=args.concurrency,
-        stores=stores,
-        diagnose=not args.no_diagnose,
-    )
+    return from_args(Options, args, stores=stores, diagnose=not args.no_diagnose)
 
 
 def configs(options: Options, *, throwaway_pg: bool) -> list[Config]:
@@ -306,15 +303,14 @@ def drain(url: str, config: Config, options: Options, dsn: str | None) -> Drain:
         ledger = store_url(config, workdir, dsn)
         if config.store != "memory":
             open_store(ledger).close()  # the schema first, not raced by the processes
-        admin = Admin(url)
-        try:
-            admin.declare(app.topology())
-            seqs = publish(url, app, options.jobs)
-            run = Run(url, namespace, workdir, ledger, seqs)
-            result = _run_worker(run, config, options, dsn)
-        finally:
-            admin.delete(app.topology())
-            admin.close()
+        with Admin(url) as admin:
+            try:
+                admin.declare(app.topology())
+                seqs = publish(url, app, options.jobs)
+                run = Run(url, namespace, workdir, ledger, seqs)
+                result = _run_worker(run, config, options, dsn)
+            finally:
+                admin.delete(app.topology())
         if dsn is not None and config.store != "memory" and "schema=" in ledger:
             schema = ledger.rsplit("schema=", 1)[1]
             pg_execute(dsn, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
@@ -333,8 +329,7 @@ class Run:
 def _run_worker(run: Run, config: Config, options: Options, dsn: str | None) -> Drain:
     url, workdir, ledger = run.url, run.workdir, run.ledger
     command = [
-        sys.executable, "-c", "from broker_jobs.cli import main; main()", "worker",
-        "--url", url, f"{APP_MODULE}:app", "--store", ledger, "--burst",
+        *WORKER_COMMAND, "--url", url, f"{APP_MODULE}:app", "--store", ledger, "--burst",
         "--processes", str(config.processes), "--concurrency", str(options.concurrency),
         "--log-level", "warning",
     ]  # fmt: skip
@@ -395,12 +390,8 @@ def run_rounds(
 ) -> dict[str, list[Drain]]:
     results: dict[str, list[Drain]] = {c.label: [] for c in all_configs}
     for number in range(options.rounds):
-        shift = number % len(all_configs)
-        order = all_configs[shift:] + all_configs[:shift]
-        if number % 2:
-            order.reverse()
         figures = []
-        for config in order:
+        for config in round_order(all_configs, number):
             result = drain_config(url, config, options, dsn)
             results[config.label].append(result)
             figures.append(f"{config.label} {result.rate:,.0f}")
@@ -485,11 +476,8 @@ def _cell(value: float | None, spec: str) -> str:
 
 def bench(options: Options) -> dict[str, Any]:
     with broker(options.url) as (url, node), postgres(options) as (dsn, throwaway_pg):
-        admin = Admin(url)
-        try:
+        with Admin(url) as admin:
             described = describe_broker(url, node, admin)
-        finally:
-            admin.close()
         all_configs = configs(options, throwaway_pg=throwaway_pg)
         config = {
             **described,
@@ -515,7 +503,7 @@ def bench(options: Options) -> dict[str, Any]:
 
 
 #: Where the plot of jobs/s against processes per store goes (docs/scaling.md shows it).
-PLOT = Path(__file__).resolve().parent.parent / "docs" / "images" / "scaling-processes.png"
+PLOT = REPO / "docs" / "images" / "scaling-processes.png"
 
 
 def plot(summary: dict[str, Any], config: dict[str, Any], path: Path = PLOT) -> Path | None:

@@ -9,6 +9,7 @@ workers load as a module in the run's temp dir: :func:`write_app`.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import signal
@@ -27,6 +28,15 @@ from broker_jobs import App
 LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (\w+) (\S+): (.*)$")
 #: The worker command line, without its options: this interpreter, this checkout.
 WORKER_COMMAND = (sys.executable, "-c", "from broker_jobs.cli import main; main()", "worker")
+
+
+@functools.cache
+def worker_has_option(option: str) -> bool:
+    """Does this checkout's ``broker-jobs worker`` take ``option`` (in its ``--help``)?"""
+    shown = subprocess.run(
+        [*WORKER_COMMAND, "--help"], check=False, capture_output=True, text=True, timeout=60
+    )
+    return option in shown.stdout
 
 
 def write_app(workdir: Path, module: str, source: str) -> App:

@@ -1,7 +1,7 @@
 """What every fault scenario shares: nodes, app, ledger, workers, loads, drain, tally.
 
 A scenario opens a :class:`Run` (a fresh namespace, ledger and temp dir), starts a
-:class:`Fleet` of worker processes and one :class:`~bench.recovery.Load` per task,
+:class:`Fleet` of worker processes and one :class:`~bench.load.Load` per task,
 breaks something, marks the fault's end (:meth:`Run.fault`), stops the loads, waits
 until every confirmed job is accounted for (:meth:`Run.drain`, bounded) and returns
 :meth:`Run.finish`: one summary with the figures the suite judges.
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import string
 import tempfile
 from collections import Counter
@@ -23,8 +22,7 @@ from typing import Any
 import pika
 import pika.exceptions
 
-from bench.publish import percentile
-from bench.recovery import Effects
+from bench.effects import Effects
 from broker_jobs.store.base import Execution, Status
 from broker_jobs.store.urls import open_store
 from broker_jobs.testing.postgres_node import PostgresNode
@@ -351,19 +349,7 @@ def dead_letters(url: str, queue: str) -> list[DeadLetter]:
     return found
 
 
-# -- figures ---------------------------------------------------------------------------------
-
-
-def stats(values: Sequence[float]) -> dict[str, float | int | None]:
-    def rounded(value: float) -> float | None:
-        return None if math.isnan(value) else round(value, 3)
-
-    return {
-        "count": len(values),
-        "p50": rounded(percentile(values, 50)),
-        "max": rounded(max(values, default=math.nan)),
-        "min": rounded(min(values, default=math.nan)),
-    }
+# -- the output ------------------------------------------------------------------------------
 
 
 def dumps(value: Any) -> str:

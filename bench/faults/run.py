@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.common import Admin
 from bench.faults.fleet import WORKERS, Fleet, notable_records
 from bench.faults.harness import (
     APP_MODULE,
@@ -33,8 +34,7 @@ from bench.faults.harness import (
     RunLog,
     dead_letters,
 )
-from bench.publish import Admin
-from bench.recovery import Load
+from bench.load import Load
 from bench.workers import write_app
 from broker_jobs import App
 from broker_jobs.store.base import Status
@@ -139,11 +139,8 @@ class Run:
 
     def declare(self, url: str) -> None:
         """The topology, before any publish (the workers declare it too)."""
-        admin = Admin(url)
-        try:
+        with Admin(url) as admin:
             admin.declare(self.app_.topology())
-        finally:
-            admin.close()
         self.admin_url = self.admin_url or url
 
     def start_workers(
@@ -179,6 +176,23 @@ class Run:
             self.loads[task] = load
             load.start()
 
+    def begin(self, url: str, rate: float, *, settle: float = 0.0) -> Fleet:
+        """Declare the topology on ``url`` (then wait ``settle`` s), start the workers
+        on it and the loads: ``rate`` jobs/s per task."""
+        self.declare(url)
+        time.sleep(settle)
+        fleet = self.start_workers([url])
+        self.start_loads(rate, url)
+        return fleet
+
+    def end(self, steady: float) -> dict[str, Any]:
+        """``steady`` s more of the load after the fault, then stop it, drain (90 s at
+        most) and :meth:`finish`."""
+        time.sleep(max(0.0, steady))
+        self.stop_loads()
+        self.drain(timeout=90)
+        return self.finish()
+
     def stop_loads(self) -> None:
         for load in self.loads.values():
             load.stop()
@@ -196,6 +210,22 @@ class Run:
         record = Fault(started, ended, details)
         self.faults.append(record)
         return record
+
+    def held_fault(
+        self,
+        lasting: float,
+        kind: str,
+        cause: Callable[[], dict[str, Any]],
+        heal: Callable[[], object],
+    ) -> Fault:
+        """``cause()`` the fault (it returns the fault's details), hold it until
+        ``lasting`` s after it began, ``heal()`` it: the fault, from its start to the
+        heal's end."""
+        started = time.time()
+        details = cause()
+        time.sleep(max(0.0, lasting - (time.time() - started)))
+        heal()
+        return self.fault(started, time.time(), kind=kind, **details)
 
     # -- the end ----------------------------------------------------------------------
 
@@ -250,12 +280,9 @@ class Run:
                 continue
             queue = self.app_.names.dead_letter_queue(task)
             try:
-                admin = Admin(self.admin_url)
-                try:
+                with Admin(self.admin_url) as admin:
                     if admin.depth(queue) < len(keys):
                         return False
-                finally:
-                    admin.close()
                 if not keys <= {d.key for d in dead_letters(self.admin_url, queue)}:
                     return False
             except Exception:  # the broker away: not settled

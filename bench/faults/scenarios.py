@@ -35,10 +35,10 @@ from bench.faults.harness import (
     ScenarioError,
     ScenarioSkipped,
     Settings,
-    stats,
 )
 from bench.faults.run import Run
-from bench.workers import WORKER_COMMAND
+from bench.figures import spread
+from bench.workers import worker_has_option
 from broker_jobs.store.base import TERMINAL
 from broker_jobs.testing.postgres_node import PostgresNode
 from broker_jobs.testing.processes import child_pids
@@ -121,7 +121,7 @@ def at_least_once(run: Run) -> dict[str, Any]:
         "started_more_than_once": sum(len(runs) > 1 for runs in by_key.values()),
         "runs_cut_short_by_a_kill": len(cut),
         "causes": dict(causes),
-        "handler_end_to_kill_s": stats(gaps),
+        "handler_end_to_kill_s": spread(gaps),
         "ledger_histories": dict(histories.most_common(8)),
     }
 
@@ -144,10 +144,8 @@ def _broker_down(env: Env, store: str, settings: Settings, *, graceful: bool) ->
     node = env.rabbit()
     name = "broker-restart" if graceful else "broker-kill"
     with Run(env, name, store) as run:
-        run.declare(node.url)
-        _pause(1.0)  # RabbitNode.kill: a quorum queue younger than ~0.5 s comes back empty
-        run.start_workers([node.url])
-        run.start_loads(jobs / (rounds * (steady + RESTART_S) + steady), node.url)
+        # RabbitNode.kill: a quorum queue younger than ~0.5 s comes back empty.
+        run.begin(node.url, jobs / (rounds * (steady + RESTART_S) + steady), settle=1.0)
         for number in range(1, rounds + 1):
             _pause(steady)
             started = time.time()
@@ -164,10 +162,7 @@ def _broker_down(env: Env, store: str, settings: Settings, *, graceful: bool) ->
                 round=number,
                 stop_s=round(down - started, 3),
             )
-        _pause(steady)
-        run.stop_loads()
-        run.drain(timeout=90)
-        return run.finish()
+        return run.end(steady)
 
 
 # -- 3. cluster-leader ----------------------------------------------------------------------
@@ -265,10 +260,7 @@ def black_hole(env: Env, store: str, settings: Settings) -> dict[str, Any]:
             kind=f"proxy black-holes the workers' connections (heartbeat {HEARTBEAT} s)",
             noticed_s=noticed,
         )
-        _pause(steady + 2)
-        run.stop_loads()
-        run.drain(timeout=90)
-        return run.finish()
+        return run.end(steady + 2)
 
 
 # -- 5. postgres-kill -----------------------------------------------------------------------
@@ -280,24 +272,15 @@ def postgres_kill(env: Env, store: str, settings: Settings) -> dict[str, Any]:
     jobs, steady, down = settings.jobs_for(300, 3000), settings.pick(2, 4), settings.pick(6, 10)
     node, postgres = env.rabbit(), env.postgres()
     with Run(env, "postgres-kill", POSTGRES) as run:
-        run.declare(node.url)
-        run.start_workers([node.url])
-        run.start_loads(jobs / (2 * steady + down + 1), node.url)
+        run.begin(node.url, jobs / (2 * steady + down + 1))
         _pause(steady)
-        killed = time.time()
-        processes = kill_postgres(postgres)
-        _pause(down - (time.time() - killed))
-        postgres.start()
-        run.fault(
-            killed,
-            time.time(),
-            kind="kill -9 of every PostgreSQL process, restart",
-            processes=processes,
+        run.held_fault(
+            down,
+            "kill -9 of every PostgreSQL process, restart",
+            lambda: {"processes": kill_postgres(postgres)},
+            postgres.start,
         )
-        _pause(steady)
-        run.stop_loads()
-        run.drain(timeout=90)
-        return run.finish()
+        return run.end(steady)
 
 
 def kill_postgres(node: PostgresNode) -> int:
@@ -338,27 +321,19 @@ def sqlite_full_disk(env: Env, store: str, settings: Settings) -> dict[str, Any]
     node = env.rabbit()
     mount = env.base / "ledger-tmpfs"
     with _tmpfs(mount, "64m"), Run(env, "sqlite-full-disk", SQLITE, ledger_dir=mount) as run:
-        run.declare(node.url)
-        run.start_workers([node.url])
-        run.start_loads(jobs / (2 * steady + hold + 1), node.url)
+        run.begin(node.url, jobs / (2 * steady + hold + 1))
         _pause(steady)
-        filling = time.time()
         filler = mount / "filler"
-        filled = fill(filler)
-        left = os.statvfs(mount)
-        _pause(hold - (time.time() - filling))
-        filler.unlink()
-        run.fault(
-            filling,
-            time.time(),
-            kind="the ledger's file system full (tmpfs 64 MiB)",
-            filled_mib=round(filled / 2**20, 1),
-            free_bytes_while_full=left.f_bavail * left.f_frsize,
-        )
-        _pause(steady)
-        run.stop_loads()
-        run.drain(timeout=90)
-        return run.finish()
+
+        def fill_up() -> dict[str, Any]:
+            filled, left = fill(filler), os.statvfs(mount)
+            return {
+                "filled_mib": round(filled / 2**20, 1),
+                "free_bytes_while_full": left.f_bavail * left.f_frsize,
+            }
+
+        run.held_fault(hold, "the ledger's file system full (tmpfs 64 MiB)", fill_up, filler.unlink)
+        return run.end(steady)
 
 
 def fill(path: Path) -> int:
@@ -412,9 +387,7 @@ def memory_alarm(env: Env, store: str, settings: Settings) -> dict[str, Any]:
     jobs, steady, hold = settings.jobs_for(300, 3000), settings.pick(2, 4), settings.pick(6, 10)
     node = env.rabbit()
     with Run(env, "memory-alarm", store) as run:
-        run.declare(node.url)
-        run.start_workers([node.url])
-        run.start_loads(jobs / (2 * steady + hold + 1), node.url)
+        run.begin(node.url, jobs / (2 * steady + hold + 1))
         _pause(steady)
         raised = time.time()
         try:
@@ -481,7 +454,7 @@ def time_limit_overrun(env: Env, store: str, settings: Settings) -> dict[str, An
                 "executions": len([r for key_runs in runs.values() for r in key_runs]),
                 "executions_per_key": dict(Counter(len(v) for v in runs.values())),
                 "overlapping": dict(sorted(overlapping.items())[:20]),
-                "run_s": stats(durations),
+                "run_s": spread(durations),
                 "statuses": dict(run.ledger_.statuses(keys)),
             },
         )
@@ -502,14 +475,6 @@ def overlaps(
         end = run.ended or ended_at(run.pid) or now
         latest_end = max(latest_end, end)
     return count
-
-
-def worker_has_option(option: str) -> bool:
-    """Does this checkout's ``broker-jobs worker`` take ``option``?"""
-    shown = subprocess.run(
-        [*WORKER_COMMAND, "--help"], check=False, capture_output=True, text=True, timeout=60
-    )
-    return option in shown.stdout
 
 
 # -- the list -------------------------------------------------------------------------------

@@ -9,18 +9,17 @@ from __future__ import annotations
 import functools
 import os
 import secrets
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from bench.publish import Admin as TopologyAdmin
+from bench.common import Admin
+from bench.workers import WORKER_COMMAND, worker_has_option
 from broker_jobs import App, JobRequest, Publisher
 from topology import QueueOptions
 
-from .common import Variant, WorkerProcess, python_command, record
+from .common import FamilyBase, Variant, WorkerProcess, record
 
 NAME = "broker-jobs"
 TASK = "bench.noop"
@@ -104,11 +103,8 @@ class BjLane:
     def __post_init__(self) -> None:
         self.app = make_app(f"bcmp{secrets.token_hex(4)}", self.queue_type)
         self.queue = self.app.names.task_queue(TASK)
-        admin = TopologyAdmin(self.url)
-        try:
+        with Admin(self.url) as admin:
             admin.declare(self.app.topology())  # the ladder too: no delay pays for it
-        finally:
-            admin.close()
 
     def publisher(self) -> BjPublisher:
         return BjPublisher(self.url, self.app)
@@ -128,8 +124,7 @@ class BjLane:
 
     def worker(self, variant: Variant, workdir: Path) -> WorkerProcess:
         argv = [
-            *python_command("-c", "from broker_jobs.cli import main; main()"),
-            "worker", "--url", self.url, "--app", "bench.peers.bj:app",
+            *WORKER_COMMAND, "--url", self.url, "--app", "bench.peers.bj:app",
             "--store", self.store_url(variant, workdir),
             "--concurrency", str(CONCURRENCY), "--log-level", "warning",
         ]  # fmt: skip
@@ -141,35 +136,15 @@ class BjLane:
         return WorkerProcess(variant.name, argv, workdir, env)
 
     def cleanup(self) -> None:
-        admin = TopologyAdmin(self.url)
-        try:
+        with Admin(self.url) as admin:
             admin.delete(self.app.topology())
-        finally:
-            admin.close()
 
 
-@functools.cache
-def has_processes_option() -> bool:
-    """``--processes`` is in ``broker-jobs worker --help`` (newer versions only)."""
-    shown = subprocess.run(
-        [sys.executable, "-c", "from broker_jobs.cli import main; main()", "worker", "--help"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return "--processes" in shown.stdout
-
-
-class BjFamily:
+class BjFamily(FamilyBase):
     name = NAME
-    batch_na: str | None = None
-    delay_na: str | None = None
 
     def __init__(self, postgres_dsn: str | None = None) -> None:
         self.postgres_dsn = postgres_dsn
-
-    def queue_type_na(self, queue_type: str) -> str | None:
-        return None
 
     def lane(self, url: str, queue_type: str) -> BjLane:
         return BjLane(url, queue_type, self.postgres_dsn)
@@ -193,7 +168,7 @@ class BjFamily:
 
 def variants() -> tuple[Variant, ...]:
     found = [Variant("broker-jobs 1x8", NAME), Variant("broker-jobs async", NAME, pool="async")]
-    if has_processes_option():
+    if worker_has_option("--processes"):  # newer versions only
         found.append(Variant("broker-jobs 2x8", NAME, processes=2))
     found += [
         Variant("broker-jobs sqlite", NAME, store="sqlite", consume_only=True),

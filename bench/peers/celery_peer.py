@@ -7,20 +7,15 @@ the settings documented for throughput, and ``apply_async`` with publisher confi
 from __future__ import annotations
 
 import json
-import secrets
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.celery_baseline import (
-    PREFETCH_MULTIPLIER,
-    Admin,
-    delayed_delivery_objects,
-    make_app,
-)
+from bench.celery_baseline.app import PREFETCH_MULTIPLIER, delayed_delivery_objects, make_app
+from bench.common import Admin
 
-from .common import Variant, WorkerProcess, python_command, record
+from .common import FamilyBase, OwnQueueLane, Variant, WorkerProcess, python_command, record
 
 if TYPE_CHECKING:
     from celery import Celery  # type: ignore[import-untyped]
@@ -86,13 +81,10 @@ class CeleryPublisher:
 
 
 @dataclass
-class CeleryLane:
-    url: str
-    queue_type: str
-    queue: str = ""
+class CeleryLane(OwnQueueLane):
+    PREFIX = "celery"
 
-    def __post_init__(self) -> None:
-        self.queue = f"bcmp-celery-{secrets.token_hex(4)}"
+    def declare(self) -> None:
         app = fair_app(self.url, self.queue, self.queue_type, confirm=False)
         try:
             with app.connection_for_write() as connection:
@@ -119,40 +111,26 @@ class CeleryLane:
         argv = python_command("-m", "bench.peers.celery_peer", "worker", json.dumps(asdict(spec)))
         return WorkerProcess(variant.name, argv, workdir)
 
-    def cleanup(self) -> None:
-        admin = Admin(self.url)
-        try:
-            admin.delete([self.queue], [self.queue])
-        finally:
-            admin.close()
+    def owned(self) -> tuple[list[str], list[str]]:
+        return [self.queue], [self.queue]
 
 
 def delete_delayed_delivery(url: str) -> None:
     """What Celery declares for native delayed delivery (28 levels): once, at the end."""
-    admin = Admin(url)
-    try:
-        admin.delete(*delayed_delivery_objects())
-    finally:
-        admin.close()
+    with Admin(url) as admin:
+        admin.delete_named(*delayed_delivery_objects())
 
 
 def delayed_delivery_existed(url: str) -> bool:
-    admin = Admin(url)
-    try:
+    with Admin(url) as admin:
         return admin.exchange_exists(delayed_delivery_objects()[1][-1])
-    finally:
-        admin.close()
 
 
-class CeleryFamily:
+class CeleryFamily(FamilyBase):
     name = NAME
     batch_na: str | None = (
         "n/a: Celery has no batched confirm (group/chord publish each task, one confirm each)"
     )
-    delay_na: str | None = None
-
-    def queue_type_na(self, queue_type: str) -> str | None:
-        return None
 
     def lane(self, url: str, queue_type: str) -> CeleryLane:
         return CeleryLane(url, queue_type)

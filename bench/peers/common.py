@@ -1,11 +1,12 @@
 """What every peer shares: the record file its handlers write, the worker process
-(its own session, so that its whole tree can be measured and stopped), and the order of
-the rounds."""
+(its own session, so that its whole tree can be measured and stopped), and what a
+peer provides (its family, its lanes, its publishers)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -13,17 +14,14 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import ClassVar, Protocol
+
+from bench.common import REPO, Admin, child_env
 
 #: The environment variable naming the record file of a worker's handlers.
 RECORD_ENV = "BENCH_RECORD"
 POLL_S = 0.005
 STOP_TIMEOUT = 20.0
-T = TypeVar("T")
-
-
-def repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent.parent
 
 
 # -- the record file ----------------------------------------------------------------------
@@ -119,17 +117,11 @@ class WorkerProcess:
 
     def start(self) -> RecordReader:
         self.records.unlink(missing_ok=True)
-        root = str(repo_root())
-        env = {
-            **os.environ,
-            **self.env,
-            RECORD_ENV: str(self.records),
-            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
-        }
+        env = child_env({**self.env, RECORD_ENV: str(self.records)})
         with self.log.open("wb") as output:
             self.process = subprocess.Popen(
                 list(self.argv),
-                cwd=root,
+                cwd=REPO,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=output,
@@ -207,17 +199,6 @@ def wait_for_jobs(reader: RecordReader, seqs: range, worker: WorkerProcess, time
         time.sleep(POLL_S)
 
 
-# -- rounds -------------------------------------------------------------------------------
-
-
-def round_order(items: Sequence[T], round_index: int) -> list[T]:
-    """Rotated each round and reversed every other round (as in bench.publish): a slow
-    neighbour, or a broker still writing the previous peer's jobs, moves around."""
-    shift = round_index % len(items) if items else 0
-    order = [*items[shift:], *items[:shift]]
-    return order[::-1] if round_index % 2 else order
-
-
 @contextlib.contextmanager
 def running(worker: WorkerProcess) -> Iterator[RecordReader]:
     try:
@@ -284,3 +265,39 @@ class Family(Protocol):
 
     def settings(self) -> dict[str, str]:
         """How each workload is configured, citing the peer's own setting names."""
+
+
+class FamilyBase:
+    """What a family supports unless it says otherwise: batched confirms, delayed
+    delivery and both queue types."""
+
+    batch_na: str | None = None
+    delay_na: str | None = None
+
+    def queue_type_na(self, queue_type: str) -> str | None:
+        return None
+
+
+@dataclass
+class OwnQueueLane:
+    """A lane on a queue of the peer's own, ``bcmp-<PREFIX>-<hex>``: named here,
+    declared by the peer's :meth:`declare`, deleted by :meth:`cleanup`."""
+
+    url: str
+    queue_type: str
+    queue: str = ""
+    PREFIX: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        self.queue = f"bcmp-{self.PREFIX}-{secrets.token_hex(4)}"
+        self.declare()
+
+    def declare(self) -> None: ...
+
+    def owned(self) -> tuple[list[str], list[str]]:
+        """The queues and exchanges the lane declared: what :meth:`cleanup` deletes."""
+        return [self.queue], []
+
+    def cleanup(self) -> None:
+        with Admin(self.url) as admin:
+            admin.delete_named(*self.owned())

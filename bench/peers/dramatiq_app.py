@@ -10,7 +10,6 @@ option (``RabbitmqBroker._build_queue_arguments``).
 from __future__ import annotations
 
 import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,7 @@ from typing import Any
 import dramatiq
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-from bench.celery_baseline import Admin
-
-from .common import Variant, WorkerProcess, python_command, record
+from .common import FamilyBase, OwnQueueLane, Variant, WorkerProcess, python_command, record
 
 NAME = "dramatiq"
 ACTOR = "bench_compare_noop"
@@ -60,15 +57,12 @@ class DramatiqPublisher:
 
 
 @dataclass
-class DramatiqLane:
-    url: str
-    queue_type: str
-    queue: str = ""
+class DramatiqLane(OwnQueueLane):
+    PREFIX = "dramatiq"
 
-    def __post_init__(self) -> None:
+    def declare(self) -> None:
         if self.queue_type != "classic":
             raise ValueError(QUORUM_NA)
-        self.queue = f"bcmp-dramatiq-{secrets.token_hex(4)}"
         actor = make_actor(self.url, self.queue, confirm=False)
         try:
             actor.broker.declare_queue(self.queue, ensure=True)
@@ -96,21 +90,16 @@ class DramatiqLane:
         env = {URL_ENV: self.url, QUEUE_ENV: self.queue}
         return WorkerProcess(variant.name, argv, workdir, env)
 
-    def cleanup(self) -> None:
-        admin = Admin(self.url)
-        try:
-            admin.delete([self.queue, f"{self.queue}.DQ", f"{self.queue}.XQ"])
-        finally:
-            admin.close()
+    def owned(self) -> tuple[list[str], list[str]]:
+        return [self.queue, f"{self.queue}.DQ", f"{self.queue}.XQ"], []
 
 
-class DramatiqFamily:
+class DramatiqFamily(FamilyBase):
     name = NAME
     batch_na: str | None = (
         "n/a: Dramatiq has no batched confirm (group/pipeline enqueue each message,"
         " one confirm each)"
     )
-    delay_na: str | None = None
 
     def queue_type_na(self, queue_type: str) -> str | None:
         return None if queue_type == "classic" else QUORUM_NA

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +17,14 @@ import aio_pika
 import aio_pika.abc
 import pika
 
-from bench.celery_baseline import Admin
-from bench.peers.common import Variant, WorkerProcess, python_command, record
+from bench.peers.common import (
+    FamilyBase,
+    OwnQueueLane,
+    Variant,
+    WorkerProcess,
+    python_command,
+    record,
+)
 from broker_jobs.worker import WorkerSettings
 
 NAME = "raw"
@@ -75,13 +80,10 @@ async def publish_pipelined(url: str, queue: str, seqs: range) -> None:
 
 
 @dataclass
-class RawLane:
-    url: str
-    queue_type: str
-    queue: str = ""
+class RawLane(OwnQueueLane):
+    PREFIX = "raw"
 
-    def __post_init__(self) -> None:
-        self.queue = f"bcmp-raw-{secrets.token_hex(4)}"
+    def declare(self) -> None:
         connection = pika.BlockingConnection(pika.URLParameters(self.url))
         try:
             connection.channel().queue_declare(
@@ -100,21 +102,10 @@ class RawLane:
         argv = python_command("-m", "bench.peers.raw", "consume", self.url, self.queue)
         return WorkerProcess(variant.name, [*argv, str(PREFETCH)], workdir)
 
-    def cleanup(self) -> None:
-        admin = Admin(self.url)
-        try:
-            admin.delete([self.queue])
-        finally:
-            admin.close()
 
-
-class RawFamily:
+class RawFamily(FamilyBase):
     name = NAME
-    batch_na: str | None = None
     delay_na: str | None = "n/a: raw AMQP has no delayed delivery"
-
-    def queue_type_na(self, queue_type: str) -> str | None:
-        return None
 
     def lane(self, url: str, queue_type: str) -> RawLane:
         return RawLane(url, queue_type)
