@@ -6,7 +6,7 @@ so for an object that exists we declare it again with the wanted settings: on an
 existing object that is a no-op when they agree and ``406 PRECONDITION_FAILED``
 naming one differing argument when they do not. Like :mod:`topology.declare`, we
 then adopt the broker's value and declare again until it agrees, collecting every
-difference. Nothing that is missing is ever declared.
+difference (:mod:`topology.probe`). Nothing that is missing is ever declared.
 
 Caveats, both inherent to AMQP 0-9-1:
 
@@ -21,28 +21,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 import pika
-from pika.adapters.blocking_connection import BlockingChannel
 from pika.exceptions import ChannelClosedByBroker
 
-# The 406 parser is private to declare.py; sharing it keeps one reading of the
-# broker's messages (a public name there is proposed to its owner).
-from topology.declare import (
-    PRECONDITION_FAILED,
-    adopt_exchange,
-    declare_exchange,
-    parse_difference,
-)
-from topology.errors import Conflict, Difference
+from topology.errors import Conflict
 from topology.model import BindingSpec, ExchangeSpec, QueueSpec, Topology
 from topology.names import ARG_QUEUE_TYPE
+from topology.probe import EXCHANGE, QUEUE, Channels, Kind, Spec, probe
 
 NOT_FOUND = 404
 ACCESS_REFUSED = 403
-#: Bound on probe rounds per queue, as in declare.py: more than any queue's arguments.
-_MAX_PROBES = 16
 
 
 class Status(StrEnum):
@@ -99,9 +88,9 @@ class Inspection:
 
 def inspect_topology(connection: pika.BlockingConnection, topology: Topology) -> Inspection:
     """The state of every object of ``topology`` on the broker; changes nothing."""
-    channels = _Channels(connection)
-    states = [_exchange_state(channels, spec) for spec in topology.exchanges]
-    states += [_queue_state(channels, spec) for spec in topology.queues]
+    channels = Channels(connection)
+    states = [_state(channels, EXCHANGE, spec, spec.type) for spec in topology.exchanges]
+    states += [_state(channels, QUEUE, spec, _queue_type(spec)) for spec in topology.queues]
     channels.close()
     by_name = {(state.kind, state.name): state.status for state in states}
     bindings = tuple(
@@ -110,118 +99,37 @@ def inspect_topology(connection: pika.BlockingConnection, topology: Topology) ->
     return Inspection(tuple(states), bindings)
 
 
-class _Channels:
-    """One open channel at a time: the broker closes a channel on every 404/406."""
+def _state(channels: Channels, kind: Kind[Spec], spec: Spec, detail: str) -> ObjectState:
+    """The broker's state of one exchange or queue: a passive declare for existence,
+    then (it exists: declaring it again cannot create it) the probe for differences
+    (of an exchange: type, durability or alternate exchange, one per declare, the
+    type first; measured on RabbitMQ 3.10, an alternate exchange added, removed or
+    changed is a 406 too)."""
 
-    def __init__(self, connection: pika.BlockingConnection) -> None:
-        self._connection = connection
-        self._channel: BlockingChannel | None = None
-
-    def get(self) -> BlockingChannel:
-        if self._channel is None or not self._channel.is_open:
-            self._channel = self._connection.channel()
-        return self._channel
-
-    def close(self) -> None:
-        if self._channel is not None and self._channel.is_open:
-            self._channel.close()
-
-
-def _exchange_state(channels: _Channels, spec: ExchangeSpec) -> ObjectState:
     def state(status: Status, conflict: Conflict | None = None) -> ObjectState:
-        return ObjectState("exchange", spec.name, status, spec.type, conflict)
+        return ObjectState(kind.name, spec.name, status, detail, conflict)
 
     try:
-        channels.get().exchange_declare(spec.name, passive=True)
+        if isinstance(spec, ExchangeSpec):
+            channels.get().exchange_declare(spec.name, passive=True)
+        else:
+            channels.get().queue_declare(spec.name, passive=True)
     except ChannelClosedByBroker as error:
         if error.reply_code == NOT_FOUND:
             return state(Status.MISSING)
-        return state(Status.CONFLICT, _unexplained("exchange", spec.name, error))
-    # Exists: declaring it again cannot create it, and reports a difference of type,
-    # durability or alternate exchange, one per declare, the type first (measured on
-    # RabbitMQ 3.10: an alternate exchange added, removed or changed is a 406 too).
-    declaration: ExchangeSpec | None = spec
-    differences: list[Difference] = []
-    first_message = ""
-    while declaration is not None and len(differences) < _MAX_PROBES:
-        try:
-            declare_exchange(channels.get(), declaration)
-        except ChannelClosedByBroker as error:
-            if error.reply_code == ACCESS_REFUSED:
-                return state(Status.UNCHECKED)
-            if error.reply_code != PRECONDITION_FAILED:
-                return state(Status.CONFLICT, _unexplained("exchange", spec.name, error))
-            first_message = first_message or error.reply_text
-            difference = parse_difference(error.reply_text)
-            if difference is None or _known(difference, differences):
-                break  # cannot learn more: report what we have and the broker's words
-            differences.append(difference)
-            declaration = adopt_exchange(declaration, difference)
-        else:
-            if not differences:
-                return state(Status.IN_SYNC)
-            break
-    conflict = Conflict("exchange", spec.name, tuple(differences), first_message)
-    return state(Status.CONFLICT, conflict)
-
-
-def _queue_state(channels: _Channels, spec: QueueSpec) -> ObjectState:
+        # 405 RESOURCE_LOCKED: an exclusive queue of another connection
+        return state(Status.CONFLICT, _unexplained(kind.name, spec.name, error))
     try:
-        channels.get().queue_declare(spec.name, passive=True)
+        conflict = probe(channels, kind, spec)
     except ChannelClosedByBroker as error:
-        if error.reply_code == NOT_FOUND:
-            status, conflict = Status.MISSING, None
-        else:  # 405 RESOURCE_LOCKED: an exclusive queue of another connection
-            status, conflict = Status.CONFLICT, _unexplained("queue", spec.name, error)
-    else:
-        status, conflict = _probe_queue(channels, spec)
-    detail = str(spec.arguments.get(ARG_QUEUE_TYPE, "classic"))
-    return ObjectState("queue", spec.name, status, detail, conflict)
+        if error.reply_code == ACCESS_REFUSED:
+            return state(Status.UNCHECKED)
+        return state(Status.CONFLICT, _unexplained(kind.name, spec.name, error))
+    return state(Status.IN_SYNC) if conflict is None else state(Status.CONFLICT, conflict)
 
 
-def _probe_queue(channels: _Channels, spec: QueueSpec) -> tuple[Status, Conflict | None]:
-    """Re-declare the existing queue, adopting each argument the broker names."""
-    arguments: dict[str, Any] = dict(spec.arguments)
-    durable = spec.durable
-    differences: list[Difference] = []
-    first_message = ""
-    for _ in range(_MAX_PROBES):
-        try:
-            channels.get().queue_declare(spec.name, durable=durable, arguments=arguments)
-        except ChannelClosedByBroker as error:
-            if error.reply_code == ACCESS_REFUSED:
-                return Status.UNCHECKED, None
-            if error.reply_code != PRECONDITION_FAILED:
-                return Status.CONFLICT, _unexplained("queue", spec.name, error)
-            first_message = first_message or error.reply_text
-            difference = parse_difference(error.reply_text)
-            if difference is None or _known(difference, differences):
-                break  # cannot learn more: report what we have and the broker's words
-            differences.append(difference)
-            durable, arguments = _adopt(difference, durable, arguments)
-        else:
-            if not differences:
-                return Status.IN_SYNC, None
-            break
-    return Status.CONFLICT, Conflict("queue", spec.name, tuple(differences), first_message)
-
-
-def _adopt(
-    difference: Difference, durable: bool, arguments: dict[str, Any]
-) -> tuple[bool, dict[str, Any]]:
-    """The declaration with the broker's value of one argument."""
-    if difference.argument == "durable":
-        return bool(difference.existing), arguments
-    arguments = dict(arguments)
-    if difference.existing is None:
-        arguments.pop(difference.argument, None)
-    else:
-        arguments[difference.argument] = difference.existing
-    return durable, arguments
-
-
-def _known(difference: Difference, differences: list[Difference]) -> bool:
-    return any(known.argument == difference.argument for known in differences)
+def _queue_type(spec: QueueSpec) -> str:
+    return str(spec.arguments.get(ARG_QUEUE_TYPE, "classic"))
 
 
 def _unexplained(kind: str, name: str, error: ChannelClosedByBroker) -> Conflict:

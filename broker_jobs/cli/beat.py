@@ -25,10 +25,8 @@ from broker_jobs.cli.options import (
     app_argument,
     app_option,
     chosen_app,
-    log_options,
-    metrics_port_option,
+    daemon_options,
     store_option,
-    url_option,
 )
 from broker_jobs.cli.output import echo_json, json_option
 from broker_jobs.envelope import utc_now
@@ -76,11 +74,8 @@ def beat_group() -> None:
 
 
 @beat_group.command("run")
-@url_option
-@app_argument
-@app_option
+@daemon_options
 @schedules_option
-@store_option
 @click.option(
     "--heartbeat",
     default=5,
@@ -88,11 +83,6 @@ def beat_group() -> None:
     help="AMQP heartbeat (s): a paused leader is replaced about two heartbeats later.",
 )
 @click.option("--identity", help="This beat's name in `beat status` (default host:pid).")
-@click.option(
-    "--no-declare", is_flag=True, help="Declare nothing; the topology is operator-managed."
-)
-@metrics_port_option
-@log_options
 def run_command(  # noqa: PLR0917 - click passes every option positionally
     url: BrokerURLs,
     app_argument: str | None,

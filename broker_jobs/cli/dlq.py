@@ -11,13 +11,15 @@ and prints. Errors are one line, ``error: ...`` on stderr (passwords masked), ex
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 from rich.console import Console
@@ -48,7 +50,10 @@ from topology.names import (
     Names,
 )
 
-F = TypeVar("F", bound=Callable[..., Any])
+#: A command's function, as click calls it (every option a keyword).
+Command = Callable[..., None]
+#: How --task's help ends.
+_PURPOSE = "whose dead letters to take"
 #: Characters of an error shown in a table cell (``show`` prints it whole).
 ERROR_CELL = 60
 _AGO = re.compile(r"^(\d+)([smhd])$")
@@ -71,38 +76,94 @@ def dlq_group() -> None:
 # -- options --------------------------------------------------------------------------
 
 
-def _queue_options(function: F) -> F:
-    """Which dead-letter queues: --app (all its tasks, or --task) or --namespace --task."""
-    return url_option(task_options("whose dead letters to take")(function))
+@dataclass(frozen=True)
+class _Queues:
+    """The dead-letter queues a command takes: those of ``tasks`` in the namespace of
+    ``names``, on the broker at ``url``."""
+
+    url: BrokerURLs
+    names: Names
+    tasks: tuple[str, ...]
+
+    def open(self, command: str) -> DeadLetterQueues:
+        """Their :class:`DeadLetterQueues`, connecting as ``broker-jobs dlq <command>``."""
+        return DeadLetterQueues(
+            self.url, self.names, self.tasks, connection_name=f"broker-jobs dlq {command}"
+        )
+
+    @property
+    def listed(self) -> str:
+        return ", ".join(self.names.dead_letter_queue(task) for task in self.tasks)
 
 
-def _filter_options(function: F) -> F:
-    function = click.option(
+def _queue_options(function: Command) -> Command:
+    """Which dead-letter queues: --url, and --app (all its tasks, or --task) or
+    --namespace --task. The command function gets them as ``queues`` (:class:`_Queues`)."""
+
+    @functools.wraps(function)
+    def with_queues(
+        *,
+        url: BrokerURLs,
+        app_option: str | None,
+        namespace: str | None,
+        tasks: tuple[str, ...],
+        **options: Any,
+    ) -> None:
+        with _errors():
+            chosen = chosen_tasks(app_option, namespace, tasks, _PURPOSE)
+        function(queues=_Queues(url, chosen.names, tuple(chosen.tasks)), **options)
+
+    return url_option(task_options(_PURPOSE)(with_queues))
+
+
+def _filter_options(function: Command) -> Command:
+    """--reason, --error, --since, --until and --limit. The command function gets the
+    first four as ``where`` (a :class:`DeadLetterFilter`), and ``limit``."""
+
+    @functools.wraps(function)
+    def with_filter(
+        *,
+        reasons: tuple[str, ...],
+        error_text: str | None,
+        since: str | None,
+        until: str | None,
+        **options: Any,
+    ) -> None:
+        where = DeadLetterFilter(
+            reasons=frozenset(reasons),
+            error=error_text,
+            since=_moment(since, "--since"),
+            until=_moment(until, "--until"),
+        )
+        function(where=where, **options)
+
+    decorated: Command = with_filter
+    decorated = click.option(
         "--limit", type=click.IntRange(min=1), help="Take at most this many dead letters."
-    )(function)
-    function = click.option(
+    )(decorated)
+    decorated = click.option(
         "--until",
         metavar="TIME",
         help="Dead before TIME: ISO 8601 with a zone, or an age such as 30m, 2h, 7d.",
-    )(function)
-    function = click.option(
+    )(decorated)
+    decorated = click.option(
         "--since",
         metavar="TIME",
         help="Dead at or after TIME: ISO 8601 with a zone, or an age such as 30m, 2h, 7d.",
-    )(function)
-    function = click.option(
+    )(decorated)
+    decorated = click.option(
         "--error",
         "error_text",
         metavar="TEXT",
         help="Only dead letters whose error contains TEXT (any case).",
-    )(function)
+    )(decorated)
     return click.option(
         "--reason",
         "reasons",
         multiple=True,
         type=click.Choice([*DEAD_REASONS, BROKER_DELIVERY_LIMIT]),
         help="Only dead letters with this reason (repeatable; docs/wire-format.md).",
-    )(function)
+    )(decorated)
 
 
 #: list and show read a ledger only when given one: they never need it.
@@ -123,24 +184,16 @@ _optional_store_option = click.option(
 @_filter_options
 @_optional_store_option
 @json_option
-def list_command(  # noqa: PLR0917 - click passes every option positionally
-    url: BrokerURLs,
-    app_option: str | None,
-    namespace: str | None,
-    tasks: tuple[str, ...],
-    reasons: tuple[str, ...],
-    error_text: str | None,
-    since: str | None,
-    until: str | None,
+def list_command(
+    queues: _Queues,
+    where: DeadLetterFilter,
     limit: int | None,
     store_url: str | None,
     as_json: bool,
 ) -> None:
     """List dead letters, oldest first; they stay in their queues, in order."""
-    where = _filter(reasons, error_text, since, until)
     with _errors():
-        names, chosen = _queues(app_option, namespace, tasks)
-        with DeadLetterQueues(url, names, chosen, connection_name="broker-jobs dlq list") as dlq:
+        with queues.open("list") as dlq:
             depths = dlq.depths()
             letters = dlq.list(where, limit=limit)
         statuses = _ledger_statuses(store_url, letters)
@@ -148,10 +201,10 @@ def list_command(  # noqa: PLR0917 - click passes every option positionally
         echo_json([_with_ledger(letter, statuses) for letter in letters])
         return
     if letters:
-        Console().print(_table(letters, statuses, several_tasks=len(chosen) > 1))
+        Console().print(_table(letters, statuses, several_tasks=len(queues.tasks) > 1))
     total = sum(depths.values())
     click.echo(
-        f"{len(letters)} dead letter(s) shown of {total} in {_queue_list(names, chosen)}"
+        f"{len(letters)} dead letter(s) shown of {total} in {queues.listed}"
         + ("" if where.is_empty else " (filtered)")
     )
 
@@ -161,24 +214,15 @@ def list_command(  # noqa: PLR0917 - click passes every option positionally
 @_optional_store_option
 @json_option
 @click.argument("ref", metavar="JOB_ID_OR_KEY")
-def show_command(  # noqa: PLR0917 - click passes every option positionally
-    url: BrokerURLs,
-    app_option: str | None,
-    namespace: str | None,
-    tasks: tuple[str, ...],
-    store_url: str | None,
-    as_json: bool,
-    ref: str,
-) -> None:
+def show_command(queues: _Queues, store_url: str | None, as_json: bool, ref: str) -> None:
     """Show one dead letter in full: headers, error, traceback, payload."""
     with _errors():
-        names, chosen = _queues(app_option, namespace, tasks)
-        with DeadLetterQueues(url, names, chosen, connection_name="broker-jobs dlq show") as dlq:
+        with queues.open("show") as dlq:
             found = dlq.find(ref)
         if not found:
             raise BrokerJobsError(
                 f"no dead letter has job id or idempotency key {ref!r} in"
-                f" {_queue_list(names, chosen)}: check the id (`broker-jobs dlq list`) and"
+                f" {queues.listed}: check the id (`broker-jobs dlq list`) and"
                 " the --app, --namespace or --task"
             )
         statuses = _ledger_statuses(store_url, found[:1])
@@ -200,36 +244,20 @@ def show_command(  # noqa: PLR0917 - click passes every option positionally
 @_filter_options
 @store_option
 @json_option
-def replay_command(  # noqa: PLR0917 - click passes every option positionally
-    url: BrokerURLs,
-    app_option: str | None,
-    namespace: str | None,
-    tasks: tuple[str, ...],
-    reasons: tuple[str, ...],
-    error_text: str | None,
-    since: str | None,
-    until: str | None,
-    limit: int | None,
-    store_url: str,
-    as_json: bool,
+def replay_command(
+    queues: _Queues, where: DeadLetterFilter, limit: int | None, store_url: str, as_json: bool
 ) -> None:
     """Publish dead jobs again, each once: reset its ledger record, publish, ack.
 
     --store must be the store the workers use: the reset lets the job run again
     (docs/operations.md explains why an interrupted replay is safe to run again).
     """
-    where = _filter(reasons, error_text, since, until)
-    with _errors():
-        names, chosen = _queues(app_option, namespace, tasks)
-        with (
-            open_store(store_url, must_exist=True) as store,
-            DeadLetterQueues(url, names, chosen, connection_name="broker-jobs dlq replay") as dlq,
-        ):
-            summary = _replay_with_progress(dlq, store, where, limit, show=not as_json)
+    with _errors(), open_store(store_url, must_exist=True) as store, queues.open("replay") as dlq:
+        summary = _replay_with_progress(dlq, store, where, limit, show=not as_json)
     if as_json:
         echo_json(summary.to_json())
     else:
-        _echo_replay(summary, names, chosen)
+        _echo_replay(summary, queues)
     unknown = summary.count(LedgerAction.UNKNOWN)
     if unknown:
         click.echo(
@@ -244,55 +272,22 @@ def replay_command(  # noqa: PLR0917 - click passes every option positionally
 @_queue_options
 @_filter_options
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-def purge_command(  # noqa: PLR0917 - click passes every option positionally
-    url: BrokerURLs,
-    app_option: str | None,
-    namespace: str | None,
-    tasks: tuple[str, ...],
-    reasons: tuple[str, ...],
-    error_text: str | None,
-    since: str | None,
-    until: str | None,
-    limit: int | None,
-    yes: bool,
-) -> None:
+def purge_command(queues: _Queues, where: DeadLetterFilter, limit: int | None, yes: bool) -> None:
     """Delete dead letters for good: those matching the filters, or all of them.
 
     Asks first unless --yes; without a terminal, --yes is required.
     """
-    where = _filter(reasons, error_text, since, until)
     with _errors():
-        names, chosen = _queues(app_option, namespace, tasks)
-        queues = _queue_list(names, chosen)
         every = where.is_empty and limit is None
         what = "every dead letter" if every else "the matching dead letters"
         if not yes:
-            _confirm(f"delete {what} of {queues} for good?")
-        with DeadLetterQueues(url, names, chosen, connection_name="broker-jobs dlq purge") as dlq:
+            _confirm(f"delete {what} of {queues.listed} for good?")
+        with queues.open("purge") as dlq:
             deleted = dlq.purge(where, limit=limit)
-    click.echo(f"purged {deleted} dead letter(s) from {queues}")
+    click.echo(f"purged {deleted} dead letter(s) from {queues.listed}")
 
 
 # -- helpers --------------------------------------------------------------------------
-
-
-def _queues(
-    app_path: str | None, namespace: str | None, tasks: tuple[str, ...]
-) -> tuple[Names, tuple[str, ...]]:
-    """The namespace and the tasks whose dead-letter queues a command takes."""
-    chosen = chosen_tasks(app_path, namespace, tasks, "whose dead letters to take")
-    return chosen.names, tuple(chosen.tasks)
-
-
-def _filter(
-    reasons: Sequence[str], error_text: str | None, since: str | None, until: str | None
-) -> DeadLetterFilter:
-    return DeadLetterFilter(
-        reasons=frozenset(reasons),
-        error=error_text,
-        since=_moment(since, "--since"),
-        until=_moment(until, "--until"),
-    )
 
 
 def _moment(text: str | None, option: str) -> datetime | None:
@@ -314,10 +309,6 @@ def _moment(text: str | None, option: str) -> datetime | None:
             param_hint=option,
         )
     return moment
-
-
-def _queue_list(names: Names, tasks: Sequence[str]) -> str:
-    return ", ".join(names.dead_letter_queue(task) for task in tasks)
 
 
 def _ledger_statuses(store_url: str | None, letters: Sequence[DeadLetter]) -> dict[str, str]:
@@ -429,14 +420,14 @@ def _replay_with_progress(
         return dlq.replay(store, where, limit=limit, on_progress=advance)
 
 
-def _echo_replay(summary: ReplaySummary, names: Names, tasks: Sequence[str]) -> None:
+def _echo_replay(summary: ReplaySummary, queues: _Queues) -> None:
     for skipped in summary.skipped:
         letter = skipped.letter
         click.echo(f"skipped {letter.job_id or '-'} ({letter.task}): {skipped.why}")
     counted = {action: summary.count(action) for action in LedgerAction}
     counts = ", ".join(f"{count} {action.value}" for action, count in counted.items() if count)
     click.echo(
-        f"replayed {len(summary.replayed)} dead letter(s) of {_queue_list(names, tasks)}"
+        f"replayed {len(summary.replayed)} dead letter(s) of {queues.listed}"
         f" (ledger: {counts or 'nothing to do'}); {len(summary.skipped)} skipped (left in"
         f" the queue), {summary.scanned} looked at"
     )

@@ -111,3 +111,26 @@ metrics_port_option = click.option(
     show_envvar=True,
     help="Serve Prometheus /metrics, /healthz and /readyz on this port (default: off).",
 )
+
+#: ``--no-declare``: a daemon that declares nothing, for a topology the operator applies.
+no_declare_option = click.option(
+    "--no-declare", is_flag=True, help="Declare nothing; the topology is operator-managed."
+)
+
+
+def daemon_options(function: F) -> F:
+    """What every daemon (``worker``, ``beat``) takes alike, first in its help: --url,
+    the app (as --app or as the first argument: pass ``app_option`` and
+    ``app_argument`` to :func:`chosen_app`), --store, --no-declare, --metrics-port and
+    the log options (:func:`log_options`)."""
+    for option in (
+        log_options,
+        metrics_port_option,
+        no_declare_option,
+        store_option,
+        app_option,
+        app_argument,
+        url_option,
+    ):
+        function = option(function)
+    return function

@@ -3,7 +3,9 @@
 The topology comes from the app (``--app module:attr``) or from a TOML file
 (``--file``, see ``docs/operations.md``); both become one
 :class:`~topology.file.NamespaceSpec`. ``plan`` and ``verify`` change nothing on
-the broker, ``apply`` declares and never deletes.
+the broker, ``apply`` declares and never deletes. The options that name the
+topology are :mod:`broker_jobs.cli.topology_source`'s; what plan, apply and verify
+print is :mod:`broker_jobs.cli.topology_report`'s.
 
 Exit codes: 0 in sync or done, 1 conflicts or any error (``error: ...`` on stderr,
 passwords masked), 2 only from ``plan``, meaning changes are pending. Usage errors
@@ -14,39 +16,48 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any
 
 import click
 import pika
 import pika.exceptions
 
 from broker_jobs.amqp.connecting import connect_first_blocking
-from broker_jobs.app_loader import load_app
 from broker_jobs.cli.options import url_option
 from broker_jobs.cli.output import fail
+from broker_jobs.cli.topology_report import (
+    APPLY,
+    EXIT_CONFLICT,
+    LEFT_AS_THEY_ARE,
+    PLAN,
+    VERIFY,
+    Report,
+    bindings_line,
+    fail_conflicts,
+    ladder_names,
+    report_options,
+    with_conflicts,
+)
+from broker_jobs.cli.topology_source import namespace_option, namespace_spec, source_options
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.urls import BrokerURL, BrokerURLs
-from topology import Names, TopologyConflictError, declare
+from topology import TopologyConflictError, declare
 from topology.definitions import RABBITMQ_DEFINITIONS, definitions
-from topology.delay import DELAY_LEVELS
 from topology.errors import Conflict
-from topology.file import NamespaceSpec, TopologyFileError, load_file
-from topology.inspect import BindingStatus, Inspection, ObjectState, Status, inspect_topology
-from topology.names import DEFAULT_NAMESPACE, InvalidNameError
+from topology.file import NamespaceSpec, TopologyFileError
+from topology.inspect import Inspection, Status, inspect_topology
+from topology.names import InvalidNameError
 from topology.permissions import Role, role_permissions
 from topology.preflight import Level, Needs, preflight, rabbitmqctl
 
+__all__ = ["topology_group"]
+
 #: Seconds for the TCP and AMQP handshake of the operator's commands.
 CONNECT_TIMEOUT = 10.0
-EXIT_CONFLICT = 1
 EXIT_PENDING = 2
-_SYMBOLS = {Status.IN_SYNC: "=", Status.MISSING: "+", Status.CONFLICT: "!", Status.UNCHECKED: "?"}
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _TopologyGroup(click.Group):
@@ -71,51 +82,13 @@ def topology_group() -> None:
     """
 
 
-def _source_options(function: F) -> F:
-    function = click.option(
-        "--file",
-        "file_path",
-        type=click.Path(dir_okay=False, path_type=Path),
-        help="TOML file describing the namespace (for operators without the app's code).",
-    )(function)
-    return click.option(
-        "--app",
-        "app_path",
-        metavar="MODULE:ATTR",
-        help="The App object, e.g. myproject.tasks:app (imported from the current directory).",
-    )(function)
-
-
-def _namespace_option(function: F) -> F:
-    return click.option(
-        "--namespace",
-        help=f"Namespace without --app/--file (default {DEFAULT_NAMESPACE!r}).",
-    )(function)
-
-
-def _report_options(function: F) -> F:
-    function = click.option(
-        "--json",
-        "as_json",
-        is_flag=True,
-        help="Print one JSON document on stdout, for scripts (see docs/operations.md);"
-        " the exit code is the same.",
-    )(function)
-    return click.option(
-        "--verbose",
-        "-v",
-        is_flag=True,
-        help="List each of the delay ladder's exchanges and queues, not one summary line.",
-    )(function)
-
-
 # -- commands -----------------------------------------------------------------------
 
 
 @topology_group.command()
 @url_option
-@_source_options
-@_report_options
+@source_options
+@report_options
 def plan(
     url: BrokerURLs, app_path: str | None, file_path: Path | None, verbose: bool, as_json: bool
 ) -> None:
@@ -131,9 +104,9 @@ def plan(
       broker-jobs topology plan --app myproject.tasks:app
     """
     with _errors():
-        spec = _spec(app_path, file_path)
+        spec = namespace_spec(app_path, file_path)
         inspection, node = _inspect(url, spec, "plan")
-    report = _Report(PLAN, spec.names.namespace, node, inspection, _ladder_names(spec))
+    report = Report(PLAN, spec.names.namespace, node, inspection, ladder_names(spec))
     missing = len(inspection.having(Status.MISSING))
     conflicts = len(inspection.having(Status.CONFLICT))
     if as_json:
@@ -141,7 +114,7 @@ def plan(
     else:
         click.echo(f"namespace {report.namespace!r} on {node.masked}")
         report.echo_objects(verbose=verbose)
-        click.echo(_bindings_line(inspection))
+        click.echo(bindings_line(inspection))
         in_sync = len(inspection.objects) - missing - conflicts
         click.echo(f"plan: {missing} to create, {conflicts} conflicting, {in_sync} in sync")
     if conflicts:
@@ -159,8 +132,8 @@ def plan(
 
 @topology_group.command()
 @url_option
-@_source_options
-@_report_options
+@source_options
+@report_options
 def apply(
     url: BrokerURLs, app_path: str | None, file_path: Path | None, verbose: bool, as_json: bool
 ) -> None:
@@ -177,7 +150,7 @@ def apply(
     """
     conflicts: tuple[Conflict, ...] = ()
     with _errors():
-        spec = _spec(app_path, file_path)
+        spec = namespace_spec(app_path, file_path)
         with _connection(url, "apply") as (connection, node):
             before = inspect_topology(connection, spec.topology())
             try:
@@ -190,16 +163,16 @@ def apply(
                     " exchanges and queues, which needs configure permission on the"
                     " namespace: run it as an operator user"
                 )
-    report = _Report(
-        APPLY, spec.names.namespace, node, _with_conflicts(before, conflicts), _ladder_names(spec)
+    report = Report(
+        APPLY, spec.names.namespace, node, with_conflicts(before, conflicts), ladder_names(spec)
     )
     if as_json:
         report.echo_json()
         if conflicts:
-            fail(_LEFT_AS_THEY_ARE.format(count=len(conflicts)), EXIT_CONFLICT)
+            fail(LEFT_AS_THEY_ARE.format(count=len(conflicts)), EXIT_CONFLICT)
         return
     if conflicts:
-        _fail_conflicts(conflicts)
+        fail_conflicts(conflicts)
     report.echo_objects(verbose=verbose)
     click.echo(
         f"applied namespace {report.namespace!r} on {node.masked}:"
@@ -211,8 +184,8 @@ def apply(
 
 @topology_group.command()
 @url_option
-@_source_options
-@_report_options
+@source_options
+@report_options
 def verify(
     url: BrokerURLs, app_path: str | None, file_path: Path | None, verbose: bool, as_json: bool
 ) -> None:
@@ -227,9 +200,9 @@ def verify(
       broker-jobs topology verify --app myproject.tasks:app || exit 1
     """
     with _errors():
-        spec = _spec(app_path, file_path)
+        spec = namespace_spec(app_path, file_path)
         inspection, node = _inspect(url, spec, "verify")
-    report = _Report(VERIFY, spec.names.namespace, node, inspection, _ladder_names(spec))
+    report = Report(VERIFY, spec.names.namespace, node, inspection, ladder_names(spec))
     namespace = report.namespace
     if as_json:
         report.echo_json()
@@ -253,7 +226,7 @@ def verify(
 
 
 @topology_group.command()
-@_source_options
+@source_options
 @click.option(
     "--format",
     "output_format",
@@ -290,7 +263,7 @@ def export(
     """
     del output_format  # one format so far; the option keeps the command line stable
     with _errors():
-        spec = _spec(app_path, file_path)
+        spec = namespace_spec(app_path, file_path)
         document = definitions(spec.topology(), vhost)
         text = json.dumps(document, indent=2) + "\n"
         if output is None:
@@ -303,8 +276,8 @@ def export(
 
 @topology_group.command("preflight")
 @url_option
-@_source_options
-@_namespace_option
+@source_options
+@namespace_option
 @click.option(
     "--max-task-timeout",
     type=click.FloatRange(min=0, min_open=True),
@@ -339,7 +312,7 @@ def preflight_command(  # noqa: PLR0917 - click passes every option positionally
       broker-jobs topology preflight --rabbitmqctl 'docker compose exec -T rabbitmq rabbitmqctl'
     """
     with _errors():
-        spec = _spec(app_path, file_path, namespace=namespace, required=False)
+        spec = namespace_spec(app_path, file_path, namespace=namespace, required=False)
         nodes: list[BrokerURL] = []  # the node checked: reconnects go to it first
 
         def connect() -> pika.BlockingConnection:
@@ -375,8 +348,8 @@ def preflight_command(  # noqa: PLR0917 - click passes every option positionally
     required=True,
     help="Who the user is.",
 )
-@_source_options
-@_namespace_option
+@source_options
+@namespace_option
 @click.option(
     "--vhost", default="/", show_default=True, help="The vhost the permissions are for."
 )
@@ -401,7 +374,7 @@ def permissions(  # noqa: PLR0917 - click passes every option positionally
       broker-jobs topology permissions --role publisher --namespace jobs | sh
     """
     with _errors():
-        spec = _spec(app_path, file_path, namespace=namespace, required=False)
+        spec = namespace_spec(app_path, file_path, namespace=namespace, required=False)
         tasks = spec.task_names if app_path or file_path else None
         granted = role_permissions(Role(role), spec.names, tasks)
     namespace = spec.names.namespace
@@ -412,30 +385,6 @@ def permissions(  # noqa: PLR0917 - click passes every option positionally
 
 
 # -- helpers ------------------------------------------------------------------------
-
-
-def _spec(
-    app_path: str | None,
-    file_path: Path | None,
-    *,
-    namespace: str | None = None,
-    required: bool = True,
-) -> NamespaceSpec:
-    given = [option for option, value in [("--app", app_path), ("--file", file_path)] if value]
-    if namespace is not None:
-        given.append("--namespace")
-    if len(given) > 1:
-        raise click.UsageError(f"give one of {' and '.join(given)}, not both")
-    if app_path:
-        app = load_app(app_path)
-        return NamespaceSpec(app.names, tuple((task.name, task.queue) for task in app))
-    if file_path:
-        return load_file(file_path)
-    if required:
-        raise click.UsageError(
-            "give the topology: --app MODULE:ATTR (the App object) or --file topology.toml"
-        )
-    return NamespaceSpec(Names(namespace or DEFAULT_NAMESPACE))
 
 
 @contextmanager
@@ -469,199 +418,3 @@ def _errors() -> Iterator[None]:
         fail(f"the broker failed the command: {type(error).__name__}: {error}")
     except OSError as error:
         fail(f"{error.filename or 'I/O'}: {error.strerror or error}")
-
-
-def _fail_conflicts(conflicts: tuple[Conflict, ...]) -> NoReturn:
-    for conflict in conflicts:
-        click.echo(f"  ! {conflict.kind} {conflict.name}: {_differences(conflict)}", err=True)
-        click.echo(f"      to fix: {conflict.remedy}", err=True)
-    fail(_LEFT_AS_THEY_ARE.format(count=len(conflicts)), EXIT_CONFLICT)
-
-
-def _differences(conflict: Conflict) -> str:
-    if conflict.differences:
-        return "; ".join(difference.describe() for difference in conflict.differences)
-    return f"broker said: {conflict.broker_message}"
-
-
-# -- rendering of plan, apply and verify ---------------------------------------------
-
-_LEFT_AS_THEY_ARE = (
-    "{count} object(s) conflict and were left as they are; everything else was declared"
-)
-#: An object's state in the JSON document of plan and verify.
-_JSON_STATES = {
-    Status.IN_SYNC: "in_sync",
-    Status.MISSING: "create",
-    Status.CONFLICT: "conflict",
-    Status.UNCHECKED: "unchecked",
-}
-_JSON_BINDING_STATES = {
-    BindingStatus.CREATE: "create",
-    BindingStatus.REDECLARE: "redeclare",
-    BindingStatus.BLOCKED: "blocked",
-}
-
-
-@dataclass(frozen=True)
-class _View:
-    """How one command shows the objects: which lines, and the words it uses."""
-
-    command: str
-    #: The states listed one line each (conflicts are always among them, or on stderr).
-    listed: frozenset[Status]
-    #: The words of the delay ladder's summary line, per state.
-    summary: Mapping[Status, str]
-    #: A line's label and a JSON state that differ from plan's (apply's "created").
-    labels: Mapping[Status, str] = field(default_factory=dict)
-    states: Mapping[Status, str] = field(default_factory=dict)
-
-
-_SUMMARY = {
-    Status.IN_SYNC: "in sync",
-    Status.MISSING: "to create",
-    Status.CONFLICT: "conflicting",
-    Status.UNCHECKED: "not checked (no configure permission)",
-}
-PLAN = _View("plan", frozenset(Status), _SUMMARY)
-VERIFY = _View(
-    "verify", frozenset({Status.MISSING, Status.CONFLICT}), {**_SUMMARY, Status.MISSING: "missing"}
-)
-#: apply lists what it created; its conflicts go to stderr (or into the JSON).
-APPLY = _View(
-    "apply",
-    frozenset({Status.MISSING}),
-    {**_SUMMARY, Status.MISSING: "created"},
-    labels={Status.MISSING: "created"},
-    states={Status.MISSING: "created"},
-)
-
-
-@dataclass(frozen=True)
-class _Report:
-    """What plan, apply or verify found, shown as lines or as one JSON document."""
-
-    view: _View
-    namespace: str
-    node: BrokerURL
-    inspection: Inspection
-    ladder: frozenset[str]  # the delay ladder's exchange and queue names
-
-    def echo_objects(self, *, verbose: bool) -> None:
-        """One line per listed object; the ladder's in one summary unless ``verbose``.
-        A conflict is always shown in full."""
-        ladder: list[ObjectState] = []
-        for state in self.inspection.objects:
-            in_ladder = state.name in self.ladder
-            if in_ladder:
-                ladder.append(state)
-            if state.status not in self.view.listed:
-                continue
-            if in_ladder and not verbose and state.status is not Status.CONFLICT:
-                continue
-            for line in self._lines(state):
-                click.echo(line)
-        if ladder:
-            click.echo(self._ladder_line(ladder, verbose=verbose))
-
-    def _lines(self, state: ObjectState) -> Iterator[str]:
-        label = self.view.labels.get(state.status, state.status.value)
-        head = f"  {_SYMBOLS[state.status]} {state.kind} {state.name} ({state.detail}): {label}"
-        if state.conflict is None:
-            yield head
-            return
-        yield f"{head}: {_differences(state.conflict)}"
-        yield f"      to fix: {state.conflict.remedy}"
-
-    def _ladder_line(self, ladder: list[ObjectState], *, verbose: bool) -> str:
-        counts = {status: sum(s.status is status for s in ladder) for status in Status}
-        if counts[Status.IN_SYNC] == len(ladder):
-            return f"  delay ladder: {len(ladder)} objects in sync"
-        parts = ", ".join(
-            f"{count} {self.view.summary[status]}" for status, count in counts.items() if count
-        )
-        hidden = any(
-            state.status in self.view.listed and state.status is not Status.CONFLICT
-            for state in ladder
-        )
-        hint = " (run with --verbose to see them)" if hidden and not verbose else ""
-        return f"  delay ladder: {parts}{hint}"
-
-    def document(self) -> dict[str, Any]:
-        """The JSON document (docs/operations.md, "--json")."""
-        states = [self._object(state) for state in self.inspection.objects]
-        counts = dict.fromkeys({**_JSON_STATES, **self.view.states}.values(), 0)
-        for state in states:
-            counts[state["state"]] += 1
-        return {
-            "command": self.view.command,
-            "namespace": self.namespace,
-            "node": self.node.masked,
-            "in_sync": self.inspection.in_sync,
-            "counts": counts,
-            "objects": states,
-            "bindings": [
-                {
-                    "source": state.binding.exchange,
-                    "destination": state.binding.destination,
-                    "destination_kind": "exchange" if state.binding.to_exchange else "queue",
-                    "routing_key": state.binding.routing_key,
-                    "state": _JSON_BINDING_STATES[state.status],
-                }
-                for state in self.inspection.bindings
-            ],
-        }
-
-    def _object(self, state: ObjectState) -> dict[str, Any]:
-        conflict = state.conflict
-        return {
-            "kind": state.kind,
-            "name": state.name,
-            "type": state.detail,
-            "ladder": state.name in self.ladder,
-            "state": self.view.states.get(state.status, _JSON_STATES[state.status]),
-            "differences": [
-                {"argument": d.argument, "wanted": d.wanted, "broker": d.existing}
-                for d in (conflict.differences if conflict else ())
-            ],
-            "broker_message": (conflict.broker_message or None) if conflict else None,
-            "remedy": conflict.remedy if conflict else None,
-        }
-
-    def echo_json(self) -> None:
-        click.echo(json.dumps(self.document(), indent=2, default=str))
-
-
-def _ladder_names(spec: NamespaceSpec) -> frozenset[str]:
-    """The delay ladder's levels (exchange and queue of each). delay.out and the
-    unroutable pair are listed with the namespace's own objects: an operator looks
-    at those."""
-    names = spec.names
-    return frozenset(
-        name
-        for level in range(DELAY_LEVELS)
-        for name in (names.delay_exchange(level), names.delay_queue(level))
-    )
-
-
-def _with_conflicts(inspection: Inspection, conflicts: tuple[Conflict, ...]) -> Inspection:
-    """``inspection`` (before apply) with the conflicts declare met, as declare saw them."""
-    found = {(conflict.kind, conflict.name): conflict for conflict in conflicts}
-    return replace(
-        inspection,
-        objects=tuple(
-            replace(state, status=Status.CONFLICT, conflict=found[state.kind, state.name])
-            if (state.kind, state.name) in found
-            else state
-            for state in inspection.objects
-        ),
-    )
-
-
-def _bindings_line(inspection: Inspection) -> str:
-    parts = [
-        f"{len(found)} {status.value}"
-        for status in BindingStatus
-        if (found := inspection.bindings_having(status))
-    ]
-    return f"  bindings: {'; '.join(parts) or 'none'}"

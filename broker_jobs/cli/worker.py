@@ -15,15 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from broker_jobs.app import App
 from broker_jobs.app_loader import load_app
-from broker_jobs.cli.options import (
-    app_argument,
-    app_option,
-    chosen_app,
-    log_options,
-    metrics_port_option,
-    store_option,
-    url_option,
-)
+from broker_jobs.cli.options import chosen_app, daemon_options
 from broker_jobs.errors import BrokerJobsError, ConfigurationError, HandlerStuckError
 from broker_jobs.observe.logs import configure_logging
 from broker_jobs.observe.server import Health, serving
@@ -73,9 +65,7 @@ class WorkerRun:
 
 
 @click.command("worker")
-@url_option
-@app_argument
-@app_option
+@daemon_options
 @click.option(
     "--task", "tasks", multiple=True, help="A task type to run (repeatable); default: all."
 )
@@ -83,12 +73,8 @@ class WorkerRun:
 @click.option(
     "--prefetch", type=int, help="Unacked deliveries held (default 2 x concurrency + 64)."
 )
-@store_option
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty (tests, batch jobs).")
 @click.option("--grace", default=30.0, show_default=True, help="Seconds to finish jobs on SIGTERM.")
-@click.option(
-    "--no-declare", is_flag=True, help="Declare nothing; the topology is operator-managed."
-)
 @click.option(
     "--lease",
     default=60.0,
@@ -142,8 +128,6 @@ class WorkerRun:
     " broker connection and store handle, and serves --metrics-port + its index"
     " (docs/worker.md, Processes).",
 )
-@log_options
-@metrics_port_option
 def worker_command(  # noqa: PLR0917 - click passes every option positionally
     url: BrokerURLs,
     app_argument: str | None,

@@ -10,7 +10,13 @@ from broker_jobs.dashboard import audit
 from broker_jobs.dashboard.filters import LetterFilter
 from broker_jobs.dashboard.queries import dead_letter_queues
 from broker_jobs.dashboard.settings import DashboardSettings
-from broker_jobs.ops.dead_letters import LedgerAction, PurgeProgress, ReplayProgress
+from broker_jobs.ops.dead_letters import (
+    DeadLetterFilter,
+    DeadLetterQueues,
+    LedgerAction,
+    PurgeProgress,
+    ReplayProgress,
+)
 from broker_jobs.store.base import Cancellation
 
 #: Told, after each dead letter a bulk action looked at, how many it looked at so
@@ -50,49 +56,60 @@ def cancel(settings: DashboardSettings, ref: str, who: str) -> Result:
     )
 
 
-def replay(
-    settings: DashboardSettings,
-    chosen: LetterFilter,
-    refs: frozenset[str],
-    who: str,
-    on_progress: Progress | None = None,
-) -> Result:
-    """Replay the dead letters of ``refs`` (all that match ``chosen`` when empty)."""
+@dataclass(frozen=True)
+class Selection:
+    """The dead letters a bulk action (replay, purge) takes: those of ``refs``, or
+    all that match ``chosen`` when ``refs`` is empty."""
 
-    with dead_letter_queues(settings, chosen.tasks(settings.tasks)) as dlq:
-        summary = dlq.replay(
-            settings.store, chosen.dead_letter_filter(refs), on_progress=_told(on_progress)
-        )
+    chosen: LetterFilter
+    refs: frozenset[str] = frozenset()
+
+    def queues(self, settings: DashboardSettings) -> DeadLetterQueues:
+        return dead_letter_queues(settings, self.chosen.tasks(settings.tasks))
+
+    def where(self) -> DeadLetterFilter:
+        return self.chosen.dead_letter_filter(self.refs)
+
+    def describe(self) -> str:
+        """The selection in the audit log's words."""
+        where = ", ".join(f"{k}={v!r}" for k, v in self.chosen.fields().items()) or "none"
+        refs = self.refs
+        if refs:
+            return f"{len(refs)} selected dead letter(s) {sorted(refs)!r} (filters: {where})"
+        return f"every dead letter matching filters: {where}"
+
+
+def replay(
+    settings: DashboardSettings, selection: Selection, who: str, on_progress: Progress | None = None
+) -> Result:
+    """Replay the selected dead letters."""
+    with selection.queues(settings) as dlq:
+        summary = dlq.replay(settings.store, selection.where(), on_progress=_told(on_progress))
     counts = {
         "scanned": summary.scanned,
         "replayed": len(summary.replayed),
         "skipped": len(summary.skipped),
         **{f"ledger {action.value}": summary.count(action) for action in LedgerAction},
     }
-    what = _scope(chosen, refs)
-    audit.record(who, "replay", what, len(summary.replayed), _counted(counts))
+    audit.record(who, "replay", selection.describe(), len(summary.replayed), _counted(counts))
     notes = [f"skipped {item.letter.job_id!r}: {item.why}" for item in summary.skipped]
     if summary.count(LedgerAction.UNKNOWN):
         notes.append(
             "the store has no record of some keys: is it the store the workers use?"
             " (they run once anyway)"
         )
+    refs = selection.refs
     job = next(iter(refs)) if len(refs) == 1 else None
     return Result("replay", f"replayed {len(summary.replayed)} dead letter(s)", counts, notes, job)
 
 
 def purge(
-    settings: DashboardSettings,
-    chosen: LetterFilter,
-    refs: frozenset[str],
-    who: str,
-    on_progress: Progress | None = None,
+    settings: DashboardSettings, selection: Selection, who: str, on_progress: Progress | None = None
 ) -> Result:
-    """Delete the dead letters of ``refs`` (all that match ``chosen`` when empty)."""
-
-    with dead_letter_queues(settings, chosen.tasks(settings.tasks)) as dlq:
-        deleted = dlq.purge(chosen.dead_letter_filter(refs), on_progress=_told(on_progress))
-    audit.record(who, "purge", _scope(chosen, refs), deleted, f"purged {deleted}")
+    """Delete the selected dead letters."""
+    with selection.queues(settings) as dlq:
+        deleted = dlq.purge(selection.where(), on_progress=_told(on_progress))
+    audit.record(who, "purge", selection.describe(), deleted, f"purged {deleted}")
     return Result(
         "purge",
         f"purged {deleted} dead letter(s)",
@@ -114,13 +131,6 @@ def _told(
         told(progress.scanned, progress.total)
 
     return progressed
-
-
-def _scope(chosen: LetterFilter, refs: frozenset[str]) -> str:
-    where = ", ".join(f"{name}={value!r}" for name, value in chosen.fields().items()) or "none"
-    if refs:
-        return f"{len(refs)} selected dead letter(s) {sorted(refs)!r} (filters: {where})"
-    return f"every dead letter matching filters: {where}"
 
 
 def _counted(counts: dict[str, int]) -> str:

@@ -96,11 +96,12 @@ async def _dead_letters(request: Request, action: str) -> Response:
     check_token(request, form, settings)
     act = actions.replay if action == "replay" else actions.purge
     actor = who(request, settings)
+    selection = actions.Selection(chosen, refs)
     if scope == "one":  # one dead letter: quick, its result page straight away
-        result = await run_in_threadpool(act, settings, chosen, refs, actor)
+        result = await run_in_threadpool(act, settings, selection, actor)
         return render(request, settings, "result.html", {"result": result})
     operation = operations_of(request).start(
-        action, actor, lambda progress: act(settings, chosen, refs, actor, progress)
+        action, actor, lambda progress: act(settings, selection, actor, progress)
     )
     # See Other: the browser GETs the page, so a reload there does not post again.
     return RedirectResponse(f"/operations/{operation.id}", status_code=SEE_OTHER)

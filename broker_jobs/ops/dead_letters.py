@@ -5,26 +5,13 @@ A task's dead letters wait in its queue ``<ns>.dead.<task>`` (``docs/wire-format
 replays them (publishes each job again to the work exchange) and purges them. The
 command line is ``broker-jobs dlq`` (:mod:`broker_jobs.cli.dlq`).
 
-**Reading loses nothing and keeps the order.** A pass over a queue takes its
-depth, then gets that many messages one by one (``basic.get``). A message the
-operation takes (a replayed or purged one) is acked; every other one is *moved to
-the back*: a copy is published to the queue (through the default exchange, so to
-that queue alone) and, once the broker confirmed the copy, the original is acked.
-After the whole pass the queue holds the kept dead letters in the order they were
-(a dead letter arriving meanwhile lands among them, in its arrival order).
-
-Giving the messages back instead (a reject with requeue, or closing the channel)
-does not keep the order of a quorum queue: measured on RabbitMQ 3.10.8, 40
-messages read unacked came back in a scrambled order after a channel close, and
-rotated after rejects in order (a classic queue kept the order both ways). Each
-giving back also counts as a delivery (``x-delivery-count``), and a quorum queue of
-RabbitMQ 4.0 to 4.2 has a default delivery limit of 20 that would drop a dead letter
-(a dead-letter queue has no dead-letter exchange) after as many reads. A moved copy
-starts with no count. The cost: a pass writes every message once, and an operation
-killed midway leaves at most one dead letter twice in the queue (its copy
-confirmed, the original not acked yet: the connection's end returns the original,
-out of its place). Nothing is lost, and a dead letter in the queue twice is
-harmless: a replay of both runs the job once (below).
+The pieces live in modules of their own, and this one gives out their public names
+too (``broker_jobs.ops.dead_letters`` is the path the library's users know):
+:mod:`~broker_jobs.ops.dead_letter_message` (a dead letter as read, and the messages
+made from it again), :mod:`~broker_jobs.ops.dead_letter_filter` (which ones an
+operation takes), :mod:`~broker_jobs.ops.dead_letter_outcomes` (what a replay or a
+purge reports) and :mod:`~broker_jobs.ops.dead_letter_pass` (a pass over a queue:
+**reading loses nothing and keeps the order**, it says how and why).
 
 **Replay: the order that makes an interruption harmless.** For each matching dead
 letter, one at a time:
@@ -63,33 +50,50 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from enum import StrEnum
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import Any
 
 import pika
-import pika.adapters.blocking_connection
 import pika.exceptions
-import pika.spec
 
 from broker_jobs.amqp.connecting import connect_first_blocking
-from broker_jobs.envelope import PERSISTENT, Job, WireMessage, decode
+from broker_jobs.envelope import Job, WireMessage
 from broker_jobs.errors import (
     BrokerConnectionError,
     BrokerJobsError,
     ConfirmTimeoutError,
-    DecodeError,
     NackedError,
-    TopologyMissingError,
     UnroutableError,
+)
+from broker_jobs.ops.dead_letter_filter import DeadLetterFilter
+from broker_jobs.ops.dead_letter_message import (
+    BROKER_DELIVERY_LIMIT,
+    DeadLetter,
+    jsonable,
+    moved_message,
+    read_dead_letter,
+    replay_message,
+    replayable,
+)
+from broker_jobs.ops.dead_letter_outcomes import (
+    LedgerAction,
+    PurgeProgress,
+    Replayed,
+    ReplayProgress,
+    ReplaySummary,
+    Skipped,
+)
+from broker_jobs.ops.dead_letter_pass import (
+    Channel,
+    Visit,
+    close_channel,
+    depth_of,
+    one_pass,
+    translated,
 )
 from broker_jobs.publish.pika_link import PikaLink
 from broker_jobs.store.base import Status, Store
-from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs, mask_text
+from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs
 from topology import names as n
 
 __all__ = [
@@ -103,202 +107,16 @@ __all__ = [
     "ReplaySummary",
     "Replayed",
     "Skipped",
+    "jsonable",
+    "moved_message",
+    "read_dead_letter",
+    "replay_message",
+    "replayable",
 ]
 
 #: Seconds for the TCP and AMQP handshake, and for each replayed job's confirm.
 CONNECT_TIMEOUT = 10.0
 CONFIRM_TIMEOUT = 10.0
-#: The headers a dead letter adds to the job (stripped from a replayed job).
-DEAD_HEADERS = frozenset(
-    {
-        n.HEADER_DEAD_REASON,
-        n.HEADER_DEAD_ERROR,
-        n.HEADER_DEAD_TRACEBACK,
-        n.HEADER_DEAD_ATTEMPTS,
-        n.HEADER_DEAD_WORKER,
-        n.HEADER_DEAD_AT,
-    }
-)
-#: RabbitMQ reserves this prefix for its own headers (x-death, x-delivery-count):
-#: never part of a job, and an x-death copied into a new message can trip the
-#: broker's dead-letter cycle detection.
-BROKER_HEADER_PREFIX = "x-"
-#: RabbitMQ's own header naming the dead-letterings of a message, newest first.
-HEADER_X_DEATH = "x-death"
-#: The reason of a dead letter that RabbitMQ dead-lettered itself (a quorum task
-#: queue's delivery limit: ``docs/wire-format.md``); it has no ``bj-dead-`` headers.
-BROKER_DELIVERY_LIMIT = "delivery_limit"
-#: AMQP reply code for a queue or exchange that does not exist.
-NOT_FOUND = 404
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """One message of a dead-letter queue, as read (nothing is decoded strictly: a
-    dead letter may be a message that was never a valid job)."""
-
-    task: str  #: the task of the dead-letter queue it is in
-    job_id: str | None  #: ``message_id``
-    idempotency_key: str | None  #: ``bj-idempotency-key``, else the job id
-    attempts: int | None  #: ``bj-dead-attempts``: how many attempts ran (None: never ran)
-    reason: str | None  #: ``bj-dead-reason``, or ``delivery_limit`` (RabbitMQ's own)
-    error: str | None
-    traceback: str | None
-    dead_at: datetime | None  #: aware UTC
-    worker: str | None  #: the worker that dead-lettered it
-    payload: Any  #: the body as JSON; None when it is not JSON
-    body: bytes
-    headers: Mapping[str, Any]  #: every header as the broker sent it
-    properties: Mapping[str, Any]  #: content_type, type, message_id, timestamp...
-
-    @property
-    def from_broker(self) -> bool:
-        """Dead-lettered by RabbitMQ (a delivery limit), not by a worker."""
-        return n.HEADER_DEAD_REASON not in self.headers
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (``docs/operations.md``, "what --json prints")."""
-        return {
-            "task": self.task,
-            "job_id": self.job_id,
-            "idempotency_key": self.idempotency_key,
-            "reason": self.reason,
-            "error": self.error,
-            "attempts": self.attempts,
-            "dead_at": _iso(self.dead_at),
-            "worker": self.worker,
-            "from_broker": self.from_broker,
-            "payload": self.payload,
-            "body": None if self.payload is not None else self.body.decode("utf-8", "replace"),
-            "traceback": self.traceback,
-            "properties": jsonable(self.properties),
-            "headers": jsonable(self.headers),
-        }
-
-
-@dataclass(frozen=True)
-class DeadLetterFilter:
-    """Which dead letters an operation takes: each given criterion must hold."""
-
-    reasons: frozenset[str] = frozenset()  #: any of these reasons
-    error: str | None = None  #: a substring of the error (any case)
-    since: datetime | None = None  #: dead at or after (aware)
-    until: datetime | None = None  #: dead before (aware)
-    ref: str | None = None  #: the job id or the idempotency key
-
-    def __post_init__(self) -> None:
-        for moment in (self.since, self.until):
-            if moment is not None and moment.tzinfo is None:
-                raise BrokerJobsError(
-                    "a dead-at bound must have a time zone (for example datetime.now(UTC))"
-                )
-
-    @property
-    def is_empty(self) -> bool:
-        """True when it takes every dead letter."""
-        return self == DeadLetterFilter()
-
-    def matches(self, letter: DeadLetter) -> bool:
-        if self.reasons and letter.reason not in self.reasons:
-            return False
-        if self.error is not None and self.error.lower() not in (letter.error or "").lower():
-            return False
-        if self.ref is not None and self.ref not in (letter.job_id, letter.idempotency_key):
-            return False
-        return self._in_range(letter.dead_at)
-
-    def _in_range(self, moment: datetime | None) -> bool:
-        if self.since is None and self.until is None:
-            return True
-        if moment is None:  # a time range never takes a dead letter of unknown time
-            return False
-        return (self.since is None or moment >= self.since) and (
-            self.until is None or moment < self.until
-        )
-
-
-class LedgerAction(StrEnum):
-    """What a replay did to the job's record before publishing it again."""
-
-    RESET = "reset"  #: DEAD or FAILED -> QUEUED: the job runs again
-    #: Left as it was (QUEUED after an interrupted replay, or already claimed or
-    #: finished by a copy published before: the publish is then a duplicate).
-    UNCHANGED = "unchanged"
-    #: This store has no record of the key: is it the store the workers use?
-    UNKNOWN = "unknown"
-
-
-@dataclass(frozen=True)
-class Replayed:
-    """A dead letter published again (confirmed) and acked."""
-
-    letter: DeadLetter
-    ledger: LedgerAction
-    status: Status | None  #: the record's status once reset, or as found (UNCHANGED)
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A matching dead letter that is not replayable; it stays in its queue."""
-
-    letter: DeadLetter
-    why: str
-
-
-@dataclass(frozen=True)
-class ReplayProgress:
-    """Passed to a replay's ``on_progress`` after each message it looked at."""
-
-    scanned: int  #: messages looked at so far
-    total: int  #: messages the replay looks at, at most (the queues' depth at the start)
-    replayed: int
-    skipped: int
-
-
-@dataclass(frozen=True)
-class PurgeProgress:
-    """Passed to a purge's ``on_progress`` after each message it looked at (once,
-    after the whole queues, for a purge without a filter or a limit: the broker
-    empties those in one step)."""
-
-    scanned: int  #: messages looked at so far
-    total: int  #: messages the purge looks at, at most (the queues' depth at the start)
-    deleted: int
-
-
-@dataclass
-class ReplaySummary:
-    """What a replay did."""
-
-    scanned: int = 0
-    replayed: list[Replayed] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)
-
-    def count(self, action: LedgerAction) -> int:
-        return sum(item.ledger is action for item in self.replayed)
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (``docs/operations.md``, "what --json prints")."""
-        return {
-            "scanned": self.scanned,
-            "replayed": len(self.replayed),
-            "skipped": len(self.skipped),
-            "ledger": {action.value: self.count(action) for action in LedgerAction},
-            "jobs": [
-                {
-                    "task": item.letter.task,
-                    "job_id": item.letter.job_id,
-                    "idempotency_key": item.letter.idempotency_key,
-                    "ledger": item.ledger.value,
-                    "status": item.status.value if item.status else None,
-                }
-                for item in self.replayed
-            ],
-            "skipped_jobs": [
-                {"task": item.letter.task, "job_id": item.letter.job_id, "why": item.why}
-                for item in self.skipped
-            ],
-        }
 
 
 class DeadLetterQueues:
@@ -340,14 +158,15 @@ class DeadLetterQueues:
 
     def depths(self) -> dict[str, int]:
         """How many dead letters each task's queue holds (a passive declare)."""
-        with _translated():
+        with translated():
             return {task: self._depth(task) for task in self.tasks}
 
     def list(
         self, where: DeadLetterFilter | None = None, *, limit: int | None = None
     ) -> builtins.list[DeadLetter]:
         """The matching dead letters, task by task in queue order, at most ``limit``;
-        every one stays in its queue, in its place (the module docstring says how)."""
+        every one stays in its queue, in its place
+        (:mod:`~broker_jobs.ops.dead_letter_pass` says how)."""
         where = where or DeadLetterFilter()
         found: builtins.list[DeadLetter] = []
 
@@ -386,7 +205,7 @@ class DeadLetterQueues:
                 and self._replay_one(link, letter, store, summary)
             )
             if on_progress is not None:
-                on_progress(_progress(summary, total))
+                on_progress(summary.progress(total))
             return taken
 
         self._passes(visit)
@@ -403,7 +222,7 @@ class DeadLetterQueues:
         the queues without a filter or a limit. Returns how many were deleted."""
         where = where or DeadLetterFilter()
         if where.is_empty and limit is None:
-            with _translated():
+            with translated():
                 purged = sum(self._purge_queue(task) for task in self.tasks)
             if on_progress is not None:
                 on_progress(PurgeProgress(purged, purged, purged))
@@ -462,17 +281,22 @@ class DeadLetterQueues:
             connection_name=f"{self._connection_name} (replay)",
         )
 
-    def _depth(self, task: str) -> int:
+    @contextlib.contextmanager
+    def _channel(self) -> Iterator[Channel]:
+        """A channel of its own for one step, closed after it."""
         channel = self._connected().channel()
         try:
-            queue = self.names.dead_letter_queue(task)
-            return _depth_of(channel, queue)
+            yield channel
         finally:
-            _close(channel)
+            close_channel(channel)
 
-    def _passes(self, visit: Callable[[DeadLetter, PikaLink], bool]) -> None:
+    def _depth(self, task: str) -> int:
+        with self._channel() as channel:
+            return depth_of(channel, self.names.dead_letter_queue(task))
+
+    def _passes(self, visit: Visit) -> None:
         """One pass over each task's dead-letter queue (see :meth:`_pass`)."""
-        with _translated():
+        with translated():
             link = self._publishing_link()
             try:
                 for task in self.tasks:
@@ -480,37 +304,21 @@ class DeadLetterQueues:
             finally:
                 link.close()
 
-    def _pass(
-        self, task: str, link: PikaLink, visit: Callable[[DeadLetter, PikaLink], bool]
-    ) -> None:
-        """Every message of ``task``'s dead-letter queue, as deep as it was at the start:
-        ``visit`` True acks it (taken); False moves it to the back (kept), so after the
-        whole pass the kept ones are in the order they were."""
-        channel = self._connected().channel()
-        queue = self.names.dead_letter_queue(task)
-        mover = _Mover(link, channel, queue, self._confirm_timeout)
-        try:
-            # Only the depth at the start: what arrives meanwhile (the copies among
-            # it) waits for the next pass.
-            for _ in range(_depth_of(channel, queue)):
-                method, properties, body = channel.basic_get(queue, auto_ack=False)
-                if method is None or method.delivery_tag is None or properties is None:
-                    break  # emptied meanwhile (another client took some)
-                letter = read_dead_letter(task, properties, _bytes(body))
-                if visit(letter, link):
-                    channel.basic_ack(method.delivery_tag)
-                else:
-                    mover.keep(method.delivery_tag, letter)
-        finally:
-            _close(channel)  # what is still unacked goes back to the queue
+    def _pass(self, task: str, link: PikaLink, visit: Visit) -> None:
+        """One pass over ``task``'s dead-letter queue (:func:`one_pass`)."""
+        one_pass(
+            self._connected().channel(),
+            task=task,
+            queue=self.names.dead_letter_queue(task),
+            link=link,
+            timeout=self._confirm_timeout,
+            visit=visit,
+        )
 
     def _purge_queue(self, task: str) -> int:
-        channel = self._connected().channel()
-        try:
+        with self._channel() as channel:
             purged = channel.queue_purge(self.names.dead_letter_queue(task)).method.message_count
             return purged or 0
-        finally:
-            _close(channel)
 
     def _replay_one(
         self, link: PikaLink, letter: DeadLetter, store: Store, summary: ReplaySummary
@@ -555,225 +363,5 @@ class DeadLetterQueues:
             )
 
 
-@dataclass
-class _Mover:
-    """Moves kept dead letters to the back of their queue: a copy is published and
-    confirmed, then the original is acked at once. Returning a message instead (a
-    reject, a channel close) does not keep the order of a quorum queue, and neither
-    did acking many ``basic.get`` deliveries late: on RabbitMQ 3.10.8, 40 gets acked
-    after the pass left 7 unacked (back in the queue, twice); acked one by one, none."""
-
-    link: PikaLink
-    channel: pika.adapters.blocking_connection.BlockingChannel
-    queue: str
-    timeout: float
-
-    def keep(self, tag: int, letter: DeadLetter) -> None:
-        # The default exchange routes to this queue alone, whatever else the
-        # dead-letter exchange may be bound to.
-        delivery = self.link.publish("", self.queue, moved_message(letter))
-        settled = self.link.wait(lambda: delivery.settled, self.timeout)
-        self.link.forget_settled()
-        if not settled:
-            why = self.link.describe_closed() if not self.link.is_open else "no confirm in time"
-            raise BrokerConnectionError(
-                f"moving a dead letter to the back of {self.queue}: {why}; none is lost,"
-                " but one may now be in the queue twice, and the unacked ones out of order"
-            )
-        if not delivery.acked or delivery.returned:
-            raise BrokerJobsError(
-                f"the broker refused to put a dead letter back at the end of {self.queue}"
-                " (basic.nack or basic.return): it stays where it was; check that the"
-                " queue exists and is not full, and try again"
-            )
-        self.channel.basic_ack(tag)
-
-
-# -- reading and writing one dead letter ------------------------------------------------
-
-
-def read_dead_letter(task: str, properties: pika.spec.BasicProperties, body: bytes) -> DeadLetter:
-    """A :class:`DeadLetter` from a message of ``task``'s dead-letter queue."""
-    headers: dict[str, Any] = dict(properties.headers or {})
-    death = _broker_death(headers)
-    job_id = properties.message_id
-    reason = _text(headers.get(n.HEADER_DEAD_REASON))
-    dead_at = _time(headers.get(n.HEADER_DEAD_AT))
-    if n.HEADER_DEAD_REASON not in headers and death is not None:
-        reason = _text(death.get("reason"))
-        dead_at = _time(death.get("time"))
-    return DeadLetter(
-        task=task,
-        job_id=job_id,
-        idempotency_key=_text(headers.get(n.HEADER_IDEMPOTENCY_KEY)) or job_id,
-        attempts=_integer(headers.get(n.HEADER_DEAD_ATTEMPTS)),
-        reason=reason,
-        error=_text(headers.get(n.HEADER_DEAD_ERROR)),
-        traceback=_text(headers.get(n.HEADER_DEAD_TRACEBACK)),
-        dead_at=dead_at,
-        worker=_text(headers.get(n.HEADER_DEAD_WORKER)),
-        payload=_json(body),
-        body=body,
-        headers=headers,
-        properties={
-            "content_type": properties.content_type,
-            "content_encoding": properties.content_encoding,
-            "message_id": properties.message_id,
-            "type": properties.type,
-            "timestamp": properties.timestamp,
-            "delivery_mode": properties.delivery_mode,
-        },
-    )
-
-
-def replayable(letter: DeadLetter) -> tuple[Job | None, str]:
-    """The job a dead letter holds, or None and why it cannot be replayed."""
-    try:
-        job = decode(_wire(letter, letter.headers))
-    except DecodeError as error:
-        return None, str(error)
-    if job.task != letter.task:
-        return None, (
-            f"its type names task {job.task!r}, not {letter.task!r}: a queue's messages"
-            " only ever run that queue's task"
-        )
-    return job, ""
-
-
-def replay_message(letter: DeadLetter) -> WireMessage:
-    """The job again: the same body, properties and headers, attempt 1, without the
-    ``bj-dead-*`` headers and RabbitMQ's ``x-*`` ones."""
-    headers = {
-        key: value
-        for key, value in letter.headers.items()
-        if key not in DEAD_HEADERS and not key.startswith(BROKER_HEADER_PREFIX)
-    }
-    headers[n.HEADER_ATTEMPT] = 1
-    return _wire(letter, headers)
-
-
-def moved_message(letter: DeadLetter) -> WireMessage:
-    """A dead letter as it is, to put at the back of its queue (without the delivery
-    count, which the broker sets on a redelivery)."""
-    headers = {k: v for k, v in letter.headers.items() if k != n.HEADER_DELIVERY_COUNT}
-    return _wire(letter, headers)
-
-
-def _wire(letter: DeadLetter, headers: Mapping[str, Any]) -> WireMessage:
-    properties = letter.properties
-    return WireMessage(
-        body=letter.body,
-        message_id=properties.get("message_id"),
-        type=properties.get("type"),
-        content_type=properties.get("content_type"),
-        content_encoding=properties.get("content_encoding"),
-        timestamp=properties.get("timestamp"),
-        delivery_mode=PERSISTENT,
-        headers=headers,
-    )
-
-
-def _broker_death(headers: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The newest ``x-death`` entry (RabbitMQ lists them newest first)."""
-    deaths = headers.get(HEADER_X_DEATH)
-    if isinstance(deaths, list) and deaths and isinstance(deaths[0], Mapping):
-        return deaths[0]
-    return None
-
-
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
-    return str(value)
-
-
-def _bytes(body: bytes | str | None) -> bytes:
-    return body.encode("utf-8") if isinstance(body, str) else body or b""
-
-
-def _integer(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _time(value: Any) -> datetime | None:
-    """An ISO 8601 header, or an AMQP timestamp (pika gives a naive UTC datetime)."""
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    text = _text(value)
-    if not text:
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
-def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, ValueError):
-        return None
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z") if moment else None
-
-
-def jsonable(value: Any) -> Any:
-    """AMQP values (bytes, datetimes, decimals, nested tables) as JSON values."""
-    if isinstance(value, Mapping):
-        return {str(key): jsonable(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(item) for item in value]
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
-    if isinstance(value, datetime):
-        return _iso(value if value.tzinfo else value.replace(tzinfo=UTC))
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return str(value)
-
-
 def _reached(count: int, limit: int | None) -> bool:
     return limit is not None and count >= limit
-
-
-def _progress(summary: ReplaySummary, total: int) -> ReplayProgress:
-    return ReplayProgress(
-        summary.scanned, max(total, summary.scanned), len(summary.replayed), len(summary.skipped)
-    )
-
-
-def _depth_of(channel: pika.adapters.blocking_connection.BlockingChannel, queue: str) -> int:
-    """The queue's depth (a passive declare: 404 when it does not exist)."""
-    return channel.queue_declare(queue, passive=True).method.message_count or 0
-
-
-def _close(channel: pika.adapters.blocking_connection.BlockingChannel) -> None:
-    """Close a channel: its unacked messages go back to the front of their queue."""
-    if channel.is_open:
-        with contextlib.suppress(pika.exceptions.AMQPError):
-            channel.close()
-
-
-@contextlib.contextmanager
-def _translated() -> Iterator[None]:
-    """pika's errors as the library's, with passwords masked."""
-    try:
-        yield
-    except pika.exceptions.ChannelClosedByBroker as error:
-        if error.reply_code == NOT_FOUND:
-            raise TopologyMissingError(error.reply_text) from None
-        raise BrokerJobsError(
-            f"the broker refused: {error.reply_code} {mask_text(error.reply_text)}. Reading"
-            " dead letters needs read permission on the dead-letter queues, replaying them"
-            " write permission on the work exchange too (broker-jobs topology permissions)"
-        ) from None
-    except pika.exceptions.AMQPError as error:
-        raise BrokerConnectionError(
-            f"the connection to the broker broke: {type(error).__name__}:"
-            f" {mask_text(str(error))}; unacked dead letters went back to their queue"
-        ) from None

@@ -20,14 +20,13 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-import re
-import shutil
 import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
+
+from broker_jobs.testing.throwaway import Throwaway, newest, tail
 
 BIN_ENV = "BROKER_JOBS_PG_BIN"
 _BIN_GLOB = "usr/lib/postgresql/*/bin"
@@ -45,10 +44,7 @@ def _find_bin() -> Path | None:
     """The bin dir holding initdb: ``$BROKER_JOBS_PG_BIN`` if set, else the highest version."""
     if override := os.environ.get(BIN_ENV):
         return Path(override) if (Path(override) / "initdb").is_file() else None
-    found = [p for p in Path("/").glob(_BIN_GLOB) if (p / "initdb").is_file()]
-    return max(
-        found, key=lambda p: [int(n) for n in re.findall(r"\d+", p.parent.name)], default=None
-    )
+    return newest(p for p in Path("/").glob(_BIN_GLOB) if (p / "initdb").is_file())
 
 
 def _free_port() -> int:
@@ -70,16 +66,8 @@ def _run_as_user() -> pwd.struct_passwd | None:
     )
 
 
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        text = f"<unreadable: {exc}>"
-    return f"--- tail of {path} ---\n{text}"
-
-
 @dataclass
-class PostgresNode:
+class PostgresNode(Throwaway):
     """One private PostgreSQL cluster; data, socket and log all live under ``cluster_dir``.
 
     ``cluster_dir`` is ``base_dir`` itself, except as root (see the module docstring),
@@ -176,7 +164,7 @@ class PostgresNode:
         if check and res.returncode != 0:
             raise PostgresNodeError(
                 f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}\n"
-                f"{_tail(self.log_file)}"
+                f"{tail(self.log_file)}"
             )
         return res
 
@@ -247,24 +235,7 @@ class PostgresNode:
             timeout=timeout + 10,
         )
 
-    def cleanup(self) -> None:
-        """Stop the server if needed and delete its directories."""
-        try:
-            self.stop()
-        finally:
-            shutil.rmtree(self.cluster_dir, ignore_errors=True)
-            if self.base_dir != self.cluster_dir:
-                shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> PostgresNode:
-        try:
-            self.start()
-        except BaseException:
-            self.cleanup()
-            raise
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.cleanup()
+    def scratch_dirs(self) -> tuple[Path, ...]:
+        if self.base_dir == self.cluster_dir:
+            return (self.cluster_dir,)
+        return self.cluster_dir, self.base_dir

@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 from broker_jobs.testing.rabbit_node import RabbitNode, RabbitNodeError, free_port, scratch_dir
+from broker_jobs.testing.throwaway import Throwaway
 
 T = TypeVar("T")
 
@@ -48,7 +47,7 @@ def _each(nodes: Sequence[RabbitNode], action: Callable[[RabbitNode], T]) -> lis
 
 
 @dataclass
-class RabbitCluster:
+class RabbitCluster(Throwaway):
     """Throwaway RabbitMQ nodes clustered together; node 1 is the one others join."""
 
     base_dir: Path
@@ -225,22 +224,5 @@ class RabbitCluster:
             except RabbitNodeError:
                 continue
 
-    def cleanup(self) -> None:
-        """Stop all nodes and delete ``base_dir``."""
-        try:
-            self.stop()
-        finally:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> RabbitCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.cleanup()
-            raise
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.cleanup()
+    def scratch_dirs(self) -> tuple[Path, ...]:
+        return (self.base_dir,)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import secrets
 import shlex
 import shutil
@@ -28,9 +27,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 from broker_jobs.testing.processes import child_pids
+from broker_jobs.testing.throwaway import Throwaway, newest, tail
 
 SBIN_ENV = "BROKER_JOBS_RABBITMQ_SBIN"
 _LIB_GLOB = "usr/lib/rabbitmq/lib/rabbitmq_server-*/sbin"
@@ -55,10 +54,7 @@ def _find_sbin(root: Path = Path("/")) -> Path | None:
     host's root), else the highest version."""
     if (override := os.environ.get(SBIN_ENV)) and root == Path("/"):
         return Path(override) if (Path(override) / "rabbitmq-server").is_file() else None
-    found = [p for p in root.glob(_LIB_GLOB) if (p / "rabbitmq-server").is_file()]
-    return max(
-        found, key=lambda p: [int(n) for n in re.findall(r"\d+", p.parent.name)], default=None
-    )
+    return newest(p for p in root.glob(_LIB_GLOB) if (p / "rabbitmq-server").is_file())
 
 
 #: Ports handed to the nodes created in this process. A killed node's ports are free
@@ -110,16 +106,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        text = f"<unreadable: {exc}>"
-    return f"--- tail of {path} ---\n{text}"
-
-
 @dataclass
-class RabbitNode:
+class RabbitNode(Throwaway):
     """One private RabbitMQ node; mnesia, logs, HOME and config all live under ``base_dir``."""
 
     base_dir: Path
@@ -293,7 +281,7 @@ class RabbitNode:
         return False
 
     def _error(self, what: str) -> RabbitNodeError:
-        tails = f"{_tail(self.stdout_log)}\n{_tail(self.rabbit_log)}"
+        tails = f"{tail(self.stdout_log)}\n{tail(self.rabbit_log)}"
         return RabbitNodeError(f"{what} (node {self.nodename})\n{tails}")
 
     def start(self, timeout: float = 60.0) -> None:
@@ -443,22 +431,5 @@ class RabbitNode:
         """The running server's version (``rabbitmqctl version`` is the CLI's own)."""
         return self._run("rabbitmq-diagnostics", "-q", "server_version", timeout=60.0).strip()
 
-    def cleanup(self) -> None:
-        """Stop the node if needed and delete base_dir."""
-        try:
-            self.stop()
-        finally:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> RabbitNode:
-        try:
-            self.start()
-        except BaseException:
-            self.cleanup()
-            raise
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.cleanup()
+    def scratch_dirs(self) -> tuple[Path, ...]:
+        return (self.base_dir,)
