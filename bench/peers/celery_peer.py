@@ -1,4 +1,4 @@
-"""Celery: ``celery worker`` (solo, prefork) on the app of bench/celery_baseline.py, with
+"""Celery: ``celery worker`` (solo, prefork) on the app of bench/celery_baseline/, with
 the settings documented for throughput, and ``apply_async`` with publisher confirms.
 
     python -m bench.peers.celery_peer worker SPEC_JSON    # the worker process

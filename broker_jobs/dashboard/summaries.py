@@ -2,7 +2,7 @@
 seconds when they are slow to compute.
 
 ``Store.task_summaries`` reads every record: ~10 ms on the demo's ledger, ~1.5 s on a
-million records (``bench/dashboard.py``). A page answers in a few milliseconds only
+million records (``bench/dashboard/``). A page answers in a few milliseconds only
 if it does not wait for that, so: while a computation takes at most
 :data:`SLOW` seconds, every request computes afresh (small ledgers, and the tests,
 see exact figures); once it takes longer, requests get the last figures while one

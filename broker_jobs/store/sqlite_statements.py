@@ -5,7 +5,7 @@ hands the GIL back and forth: under load that cost a job's start up to milliseco
 per statement). Times are stored as fixed-width UTC text, which SQL compares and
 orders as time; rows read back through :mod:`broker_jobs.store.rows`. The names
 keep their leading underscore: they are the SQLite store's own, not the package's
-(``bench/dashboard.py`` reads some of them through ``broker_jobs.store.sqlite``).
+(``bench/dashboard/`` reads some of them here).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Most deliveries are a job due now, for a plain (sync or async) handler, free to claim, that
 succeeds. Processed one task per delivery, each cost ~1.4 ms of CPU, mostly in hand-offs
 between the event loop and the store and handler threads (measured with
-bench/throughput.py). Here they flow in batches:
+bench/throughput/). Here they flow in batches:
 
     deliveries -> decode + validate (on the loop, as each arrives)
       -> a loop iteration's arrivals claimed in ONE store call: at once on the loop
