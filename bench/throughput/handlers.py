@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from bench.throughput.options import Options
 from broker_jobs import App
-from broker_jobs.store import MemoryStore, SQLiteStore
+from broker_jobs.store import MemoryStore, SQLiteStore, Store
 from topology import Topology
 
 TASK = "bench.noop"
@@ -77,10 +77,12 @@ class Settled:
             self.last = time.perf_counter()
 
 
-class TimedSQLiteStore(SQLiteStore):
-    def __init__(self, path: Path, settled: Settled) -> None:
-        super().__init__(path)
-        self.settled = settled
+class CountsSuccesses(Store):
+    """A store that counts the successes it records into ``settled``: one at a time
+    (the per-delivery path's batches of one too) or in the fast path's batches
+    (``try_succeed_many`` of the memory store lands in ``succeed_many``)."""
+
+    settled: Settled
 
     def succeed(self, key: str, worker: str, *, now: datetime | None = None) -> None:
         super().succeed(key, worker, now=now)
@@ -92,14 +94,16 @@ class TimedSQLiteStore(SQLiteStore):
         return lost
 
 
-class TimedMemoryStore(MemoryStore):
+class TimedSQLiteStore(CountsSuccesses, SQLiteStore):
+    def __init__(self, path: Path, settled: Settled) -> None:
+        super().__init__(path)
+        self.settled = settled
+
+
+class TimedMemoryStore(CountsSuccesses, MemoryStore):
     def __init__(self, settled: Settled) -> None:
         super().__init__()
         self.settled = settled
-
-    def succeed(self, key: str, worker: str, *, now: datetime | None = None) -> None:
-        super().succeed(key, worker, now=now)
-        self.settled.add()
 
 
 @dataclass(frozen=True)
