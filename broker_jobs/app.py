@@ -21,6 +21,7 @@ from broker_jobs.errors import (
     UnknownTaskError,
     describe_validation_error,
 )
+from broker_jobs.keywords import refuse_unknown_keywords
 from broker_jobs.retry import RetryPolicy
 from broker_jobs.schedule_decl import At, ScheduleDeclaration, Seconds, add_declaration
 from topology import InvalidNameError, Names, QueueOptions, Topology, namespace_topology
@@ -93,6 +94,7 @@ class App:
     def namespace(self) -> str:
         return self.names.namespace
 
+    @refuse_unknown_keywords()
     def declare(
         self,
         name: str,
@@ -107,6 +109,7 @@ class App:
         options = _queue_options(name, queue, priorities, shards)
         return self._add(TaskSpec(_task_name(name), payload_model, options))
 
+    @refuse_unknown_keywords()
     def task(
         self,
         name: str,
@@ -164,6 +167,7 @@ class App:
 
         return register
 
+    @refuse_unknown_keywords()
     def schedule(
         self,
         name: str,

@@ -29,6 +29,7 @@ CORE = frozenset(
         "due",
         "urls",
         "schedule_decl",
+        "keywords",
         "_moved",
         "publisher",
         "async_publisher",

@@ -26,6 +26,7 @@ from broker_jobs.errors import (
     TopologyMissingError,
     UnroutableError,
 )
+from broker_jobs.keywords import refuse_unknown_keywords
 from broker_jobs.publish.prepare import (
     BatchOutcome,
     JobOptions,
@@ -79,6 +80,7 @@ class AsyncPublisher(PublisherBase):
         await self._record_confirmed_async([prepared.job])
         return prepared.job
 
+    @refuse_unknown_keywords()
     async def publish_many(
         self,
         requests: Iterable[JobRequest],

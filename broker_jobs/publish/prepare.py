@@ -30,6 +30,7 @@ from broker_jobs.errors import (
     UnroutableError,
     describe_validation_error,
 )
+from broker_jobs.keywords import check_keywords, refuse_unknown_keywords
 from broker_jobs.observe.tracing import publish_span, publish_spans
 from broker_jobs.publish.ledger import PublishedLedger
 from broker_jobs.store.base import Store
@@ -246,7 +247,9 @@ class PublisherBase:
 
 @dataclass(frozen=True)
 class JobRequest:
-    """One job of a ``publish_many`` batch; the fields mean what ``publish`` takes."""
+    """One job of a ``publish_many`` batch; the fields mean what ``publish`` takes
+    (an unknown keyword is a ``TypeError`` naming it and, where one is close, the
+    right one)."""
 
     task: str
     payload: Payload
@@ -257,6 +260,13 @@ class JobRequest:
     delay: Delay | None = None
     eta: datetime | None = None
     priority: Priority | str | int | None = None
+
+
+JobRequest.__init__ = refuse_unknown_keywords(where="JobRequest")(  # type: ignore[method-assign]
+    JobRequest.__init__
+)
+#: What ``publish`` takes as ``**options``.
+JOB_OPTIONS = JobOptions.__required_keys__ | JobOptions.__optional_keys__
 
 
 class JobFactory:
@@ -282,7 +292,9 @@ class JobFactory:
         return namespace_topology(self.names, (), ladder=False)
 
     def build(self, task: str, payload: Payload, **options: Unpack[JobOptions]) -> Prepared:
-        """Validate, encode and route one job; raises a :class:`JobError` subclass."""
+        """Validate, encode and route one job; raises a :class:`JobError` subclass
+        (``TypeError`` for an option ``publish`` does not take)."""
+        check_keywords("publish", options, JOB_OPTIONS)
         data = self._payload_data(task, payload)
         now = utc_now()
         fields: dict[str, Any] = {

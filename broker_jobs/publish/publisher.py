@@ -20,6 +20,7 @@ from broker_jobs.errors import (
     NackedError,
     TopologyMissingError,
 )
+from broker_jobs.keywords import refuse_unknown_keywords
 from broker_jobs.publish.pika_link import Delivery, PikaLink
 from broker_jobs.publish.prepare import (
     BatchOutcome,
@@ -90,6 +91,7 @@ class Publisher(PublisherBase):
         self._record_confirmed([prepared.job])
         return prepared.job
 
+    @refuse_unknown_keywords()
     def publish_many(
         self,
         requests: Iterable[JobRequest],
