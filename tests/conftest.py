@@ -265,6 +265,8 @@ def needs_a_server(item: pytest.Item) -> bool:
     )
 
 
+# First: xdist's own hook (on each worker) reads the xdist_group marks added here.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``--quick`` leaves out what needs a server. Fault tests stop or kill the shared
     broker: run them after everything else."""
@@ -285,7 +287,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if left_out:
             config.hook.pytest_deselected(items=left_out)
             items[:] = kept
-    items.sort(key=lambda item: item.get_closest_marker("fault") is not None)
+    # Long tests first, so that none starts last and ends the run alone (processes
+    # take tests in this order); fault tests last: they stop the process's broker.
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("fault") is not None,
+            item.get_closest_marker("long") is None and item.get_closest_marker("cluster") is None,
+        )
+    )
 
 
 @pytest.fixture(scope="session")

@@ -140,6 +140,7 @@ every = 1
 """
 
 
+@pytest.mark.long
 def test_killing_the_leader_five_times_loses_and_doubles_no_fire(
     broker: Broker,
     namespace: str,
@@ -159,7 +160,7 @@ def test_killing_the_leader_five_times_loses_and_doubles_no_fire(
         start = store.last_fire(key)
         assert start is not None
         wait_until(
-            lambda start=start: (store.last_fire(key) or start) >= start + 8 * SECOND,
+            lambda start=start: (store.last_fire(key) or start) >= start + 4 * SECOND,
             within=20,
             what=f"{leader.identity} emitting",
         )
@@ -196,7 +197,7 @@ def test_killing_the_leader_five_times_loses_and_doubles_no_fire(
     assert fires, "no fire reached the ledger"
     assert fires == every_second(fires[0], last), "a fire of the window is missing"
     assert ran["tick"] == len(fires), "a fire executed more than once"
-    assert fires[-1] - fires[0] >= 40 * SECOND
+    assert fires[-1] - fires[0] >= 20 * SECOND  # five terms of four fires or more
 
 
 def test_a_paused_leader_is_replaced_and_stands_down_when_resumed(

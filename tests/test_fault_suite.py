@@ -20,7 +20,8 @@ import pytest
 from bench.faults.harness import Env, Settings, environment
 from bench.faults.scenarios import run_case
 
-pytestmark = [pytest.mark.broker, pytest.mark.fault]
+# Not ``fault``: it kills only servers of its own, never the process's shared ones.
+pytestmark = [pytest.mark.broker, pytest.mark.long]
 
 
 @pytest.fixture(scope="module")

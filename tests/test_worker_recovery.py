@@ -134,6 +134,7 @@ def no_tracebacks(worker: WorkerProcess) -> None:
 
 @pytest.mark.fault
 @pytest.mark.parametrize("fault", ["kill -9", "rabbitmqctl stop"])
+@pytest.mark.long
 def test_two_workers_drain_through_a_broker_restart_each_effect_exactly_once(
     broker: Broker,
     namespace: str,
