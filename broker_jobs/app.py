@@ -11,7 +11,7 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, Generic, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ValidationError
 
@@ -31,17 +31,20 @@ from topology.priority import InvalidPriorityError, PriorityPolicy
 
 Handler = Callable[..., Any]
 HandlerT = TypeVar("HandlerT", bound=Handler)
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 @dataclass(frozen=True)
-class TaskSpec:
+class TaskSpec(Generic[ModelT]):
     """A declared task type: its name, payload model, queue options and handler.
 
-    ``handler`` is ``None`` in services that only publish.
+    ``handler`` is ``None`` in services that only publish. What :meth:`App.declare`
+    returns: ``publisher.publish(spec, payload)`` type-checks the payload against the
+    task's model.
     """
 
     name: str
-    payload_model: type[BaseModel]
+    payload_model: type[ModelT]
     queue: QueueOptions
     handler: Handler | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -56,6 +59,15 @@ class TaskSpec:
     def is_async(self) -> bool:
         """Whether the handler is a coroutine function (run on the event loop)."""
         return self.handler is not None and inspect.iscoroutinefunction(self.handler)
+
+    def same_contract(self, other: TaskSpec[Any]) -> bool:
+        """Whether ``other`` declares the same payload model and queue options."""
+        return self.payload_model is other.payload_model and self.queue == other.queue
+
+    def describe(self) -> str:
+        """The contract in words, for errors naming two declarations."""
+        model = f"{self.payload_model.__module__}.{self.payload_model.__qualname__}"
+        return f"payload {model}, {self.queue}"
 
     def validate(self, payload: BaseModel | Mapping[str, Any]) -> BaseModel:
         """The payload as an instance of the task's model, or ``PayloadValidationError``."""
@@ -87,7 +99,7 @@ class App:
             self.names = Names(namespace)
         except InvalidNameError as error:
             raise ConfigurationError(str(error)) from None
-        self._tasks: dict[str, TaskSpec] = {}
+        self._tasks: dict[str, TaskSpec[Any]] = {}
         self._schedules: dict[str, ScheduleDeclaration] = {}
 
     @property
@@ -98,16 +110,51 @@ class App:
     def declare(
         self,
         name: str,
-        payload_model: type[BaseModel],
+        payload_model: type[ModelT],
         *,
         queue: QueueOptions | None = None,
         priorities: PriorityPolicy | str | None = None,
         shards: int | None = None,
-    ) -> TaskSpec:
-        """Declare a task type without a handler (for services that only publish);
-        ``priorities`` and ``shards`` as for :meth:`task`."""
+    ) -> TaskSpec[ModelT]:
+        """Declare a task type without a handler: a contract that the publishing
+        service and the worker share (``priorities`` and ``shards`` as for
+        :meth:`task`). The worker binds its handler with :meth:`handler` (or
+        :meth:`task` with the same model), so the publisher never imports the
+        worker's code and the queue options cannot drift. Returns the task's handle:
+        ``publisher.publish(handle, Model(...))`` type-checks the payload."""
         options = _queue_options(name, queue, priorities, shards)
-        return self._add(TaskSpec(_task_name(name), payload_model, options))
+        spec = TaskSpec(_task_name(name), payload_model, options)
+        declared = self._tasks.get(spec.name)
+        if declared is not None and declared.same_contract(spec):
+            return declared  # the same contract, again
+        return self._add(spec)
+
+    @refuse_unknown_keywords()
+    def handler(
+        self,
+        name: str,
+        *,
+        retry: RetryPolicy | None = None,
+        time_limit: float | None = None,
+        transactional: bool = False,
+    ) -> Callable[[HandlerT], HandlerT]:
+        """Decorator binding a handler to a task declared with :meth:`declare` (in a
+        contracts module the publishing service imports too): the handler's payload
+        model must be the declared one; the queue options are the declaration's.
+        ``retry``, ``time_limit`` and ``transactional`` as for :meth:`task`."""
+        if name not in self._tasks:
+            raise ConfigurationError(
+                f"task {name!r} is not declared in this app: declare it first"
+                f" (app.declare({name!r}, Model)), or use @app.task({name!r})"
+            )
+        declared = self._tasks[name]
+        return self.task(
+            name,
+            queue=declared.queue,
+            retry=retry,
+            time_limit=time_limit,
+            transactional=transactional,
+        )
 
     @refuse_unknown_keywords()
     def task(
@@ -135,6 +182,10 @@ class App:
         task is spread over several queues and their leaders (docs/scaling.md).
         """
         options = _queue_options(name, queue, priorities, shards)
+        # Not given: a task declared already (a shared contract) keeps its options.
+        options_given = (
+            options if (queue, priorities, shards) != (None, None, None) else None
+        )
         if transactional and time_limit is not None:
             raise ConfigurationError(
                 f"task {name!r}: a transactional handler cannot have a time_limit; bound"
@@ -156,13 +207,13 @@ class App:
             spec = TaskSpec(
                 _task_name(name),
                 model,
-                options,
+                options_given or self._declared_options(name, options),
                 handler,
                 retry or RetryPolicy(),
                 time_limit,
                 transactional,
             )
-            self._add(spec)
+            self._bind(spec, handler)
             return handler
 
         return register
@@ -207,7 +258,7 @@ class App:
         """The declared schedules, in declaration order."""
         return tuple(self._schedules.values())
 
-    def get(self, name: str) -> TaskSpec:
+    def get(self, name: str) -> TaskSpec[Any]:
         try:
             return self._tasks[name]
         except KeyError:
@@ -216,7 +267,7 @@ class App:
     def __contains__(self, name: object) -> bool:
         return name in self._tasks
 
-    def __iter__(self) -> Iterator[TaskSpec]:
+    def __iter__(self) -> Iterator[TaskSpec[Any]]:
         return iter(self._tasks.values())
 
     def __len__(self) -> int:
@@ -237,11 +288,40 @@ class App:
         tasks = ((spec.name, spec.queue) for spec in self)
         return namespace_topology(self.names, tasks, ladder=ladder)
 
-    def _add(self, spec: TaskSpec) -> TaskSpec:
-        if spec.name in self._tasks:
-            raise ConfigurationError(f"task {spec.name!r} is declared twice in this app")
+    def _add(self, spec: TaskSpec[ModelT]) -> TaskSpec[ModelT]:
+        declared = self._tasks.get(spec.name)
+        if declared is not None:
+            raise ConfigurationError(
+                f"task {spec.name!r} is declared twice in this app, differently:"
+                f" {declared.describe()}; then {spec.describe()}"
+            )
         self._tasks[spec.name] = spec
         return spec
+
+    def _declared_options(self, name: str, default: QueueOptions) -> QueueOptions:
+        declared = self._tasks.get(name)
+        return declared.queue if declared is not None else default
+
+    def _bind(self, spec: TaskSpec[Any], handler: Handler) -> None:
+        """Register a task with its handler: new, or bound to its declaration (the
+        same model and queue options; anything else names both)."""
+        declared = self._tasks.get(spec.name)
+        if declared is None:
+            self._tasks[spec.name] = spec
+            return
+        name = getattr(handler, "__qualname__", repr(handler))
+        if declared.handler is not None:
+            raise ConfigurationError(
+                f"task {spec.name!r} already has a handler"
+                f" ({getattr(declared.handler, '__qualname__', declared.handler)!r});"
+                f" {name!r} cannot be bound to it too"
+            )
+        if not declared.same_contract(spec):
+            raise ConfigurationError(
+                f"handler {name!r} does not match the declaration of task {spec.name!r}:"
+                f" declared with {declared.describe()}; the handler has {spec.describe()}"
+            )
+        self._tasks[spec.name] = spec
 
     def __repr__(self) -> str:
         return f"App(namespace={self.namespace!r}, tasks={sorted(self._tasks)})"

@@ -20,6 +20,10 @@ class Resize(BaseModel):
     width: int
 
 
+class Crop(BaseModel):
+    url: str
+
+
 def test_declare_and_decorator_register_tasks() -> None:
     app = App()
     app.declare("image.resize", Resize)
@@ -58,9 +62,10 @@ def test_validation_accepts_dicts_and_models_and_names_bad_fields() -> None:
 
 def test_bad_declarations_fail_loudly() -> None:
     app = App()
-    app.declare("image.resize", Resize)
+    declared = app.declare("image.resize", Resize)
+    assert app.declare("image.resize", Resize) is declared  # the same contract: one task
     with pytest.raises(ConfigurationError, match="declared twice"):
-        app.declare("image.resize", Resize)
+        app.declare("image.resize", Crop)
     with pytest.raises(ConfigurationError, match="invalid task name"):
         app.declare("image.*", Resize)
     with pytest.raises(ConfigurationError, match="invalid namespace"):

@@ -6,15 +6,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Unpack
+from typing import Any, Unpack, overload
 
 import aio_pika
 import aio_pika.abc
 import aio_pika.exceptions
 
 from broker_jobs.amqp.connecting import CONNECT_ERRORS, connect_first, describe
+from broker_jobs.app import ModelT, TaskSpec
 from broker_jobs.envelope import Job, WireMessage
 from broker_jobs.errors import (
     BrokerConnectionError,
@@ -34,6 +35,7 @@ from broker_jobs.publish.prepare import (
     Payload,
     Prepared,
     PublisherBase,
+    TaskRef,
     check_unique_ids,
 )
 from broker_jobs.urls import mask_text
@@ -63,7 +65,20 @@ class AsyncPublisher(PublisherBase):
         self._exchanges: dict[str, aio_pika.abc.AbstractExchange] = {}
         self._connecting = asyncio.Lock()
 
-    async def publish(self, task: str, payload: Payload, **options: Unpack[JobOptions]) -> Job:
+    @overload
+    async def publish(
+        self, task: TaskSpec[ModelT], payload: ModelT, **options: Unpack[JobOptions]
+    ) -> Job: ...
+
+    @overload
+    async def publish(
+        self, task: TaskSpec[Any], payload: Mapping[str, Any], **options: Unpack[JobOptions]
+    ) -> Job: ...
+
+    @overload
+    async def publish(self, task: str, payload: Payload, **options: Unpack[JobOptions]) -> Job: ...
+
+    async def publish(self, task: TaskRef, payload: Payload, **options: Unpack[JobOptions]) -> Job:
         """Publish one job and wait for its confirm; return the job (``job.id``).
         Options as for ``Publisher.publish``, ``delay`` and ``eta`` included."""
         with self._traced(self._factory.build(task, payload, **options)) as prepared:

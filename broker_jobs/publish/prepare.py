@@ -17,7 +17,7 @@ from typing import Any, TypedDict, Unpack
 from pydantic import BaseModel, ValidationError
 
 from broker_jobs.amqp.declaring import declare_topology, prepare_ladder
-from broker_jobs.app import App
+from broker_jobs.app import App, TaskSpec
 from broker_jobs.due import Delay, Route, due_time, route_for
 from broker_jobs.envelope import Job, WireMessage, encode, utc_now
 from broker_jobs.errors import (
@@ -39,6 +39,13 @@ from topology import DEFAULT_NAMESPACE, InvalidNameError, Names, Topology, names
 from topology.priority import InvalidPriorityError, Priority
 
 Payload = BaseModel | Mapping[str, Any]
+#: A task by name, or by the handle ``App.declare`` returned (typed publishing).
+TaskRef = str | TaskSpec[Any]
+
+
+def task_name(task: TaskRef) -> str:
+    """The name of a task given by name or by its handle."""
+    return task.name if isinstance(task, TaskSpec) else task
 
 #: Seconds to wait for a publisher confirm. A quorum queue that lost its majority
 #: never confirms; without a bound the caller would hang forever.
@@ -251,7 +258,7 @@ class JobRequest:
     (an unknown keyword is a ``TypeError`` naming it and, where one is close, the
     right one)."""
 
-    task: str
+    task: TaskRef
     payload: Payload
     job_id: str | None = None
     idempotency_key: str | None = None
@@ -291,10 +298,13 @@ class JobFactory:
             return self.app.topology(ladder=False)
         return namespace_topology(self.names, (), ladder=False)
 
-    def build(self, task: str, payload: Payload, **options: Unpack[JobOptions]) -> Prepared:
+    def build(
+        self, task: TaskRef, payload: Payload, **options: Unpack[JobOptions]
+    ) -> Prepared:
         """Validate, encode and route one job; raises a :class:`JobError` subclass
         (``TypeError`` for an option ``publish`` does not take)."""
         check_keywords("publish", options, JOB_OPTIONS)
+        task = task_name(task)
         data = self._payload_data(task, payload)
         now = utc_now()
         fields: dict[str, Any] = {

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Unpack
+from typing import Any, Unpack, overload
 
 from pika.exceptions import ChannelClosedByBroker
 
+from broker_jobs.app import ModelT, TaskSpec
 from broker_jobs.envelope import Job
 from broker_jobs.errors import (
     BrokerConnectionError,
@@ -29,6 +30,7 @@ from broker_jobs.publish.prepare import (
     Payload,
     Prepared,
     PublisherBase,
+    TaskRef,
     check_unique_ids,
 )
 
@@ -68,7 +70,20 @@ class Publisher(PublisherBase):
         self._lock = threading.Lock()
         self._link: PikaLink | None = None
 
-    def publish(self, task: str, payload: Payload, **options: Unpack[JobOptions]) -> Job:
+    @overload
+    def publish(
+        self, task: TaskSpec[ModelT], payload: ModelT, **options: Unpack[JobOptions]
+    ) -> Job: ...
+
+    @overload
+    def publish(
+        self, task: TaskSpec[Any], payload: Mapping[str, Any], **options: Unpack[JobOptions]
+    ) -> Job: ...
+
+    @overload
+    def publish(self, task: str, payload: Payload, **options: Unpack[JobOptions]) -> Job: ...
+
+    def publish(self, task: TaskRef, payload: Payload, **options: Unpack[JobOptions]) -> Job:
         """Publish one job and wait for its confirm; return the job (``job.id``).
 
         Options: ``job_id``, ``idempotency_key``, ``traceparent``, ``tracestate``, and

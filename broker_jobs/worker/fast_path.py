@@ -69,7 +69,7 @@ class _Item:
     acks: ChannelAcks
     task: str
     job: Job
-    spec: TaskSpec
+    spec: TaskSpec[Any]
     payload: BaseModel
     holder: str = ""
     #: The lease-renewal timers of a claimed job.

@@ -285,7 +285,7 @@ class Runner:
         self,
         message: Delivery,
         job: Job,
-        spec: TaskSpec,
+        spec: TaskSpec[Any],
         payload: BaseModel,
     ) -> str | None:
         """The protocol from a decoded, valid job on: hold until due, claim, run."""
@@ -304,7 +304,7 @@ class Runner:
         self,
         message: Delivery,
         job: Job,
-        spec: TaskSpec,
+        spec: TaskSpec[Any],
         payload: BaseModel,
     ) -> str | None:
         """Claim and run, holding the delivery while the job runs under a live lease
@@ -336,7 +336,7 @@ class Runner:
         self,
         message: Delivery,
         job: Job,
-        spec: TaskSpec,
+        spec: TaskSpec[Any],
         payload: BaseModel,
     ) -> str | None:
         settings, store = self._settings, self._store
@@ -363,7 +363,7 @@ class Runner:
         self,
         message: Delivery,
         job: Job,
-        spec: TaskSpec,
+        spec: TaskSpec[Any],
         payload: BaseModel,
         holder: str,
     ) -> str | None:
@@ -392,7 +392,7 @@ class Runner:
         self,
         message: Delivery,
         job: Job,
-        spec: TaskSpec,
+        spec: TaskSpec[Any],
         payload: BaseModel,
         holder: str,
     ) -> str | None:
@@ -436,7 +436,7 @@ class Runner:
         self,
         message: Delivery,
         job: Job,
-        spec: TaskSpec,
+        spec: TaskSpec[Any],
         error: Exception,
         holder: str,
         *,
@@ -587,7 +587,7 @@ class Runner:
             await self.release(job, holder)
 
     async def _at_delivery_limit(
-        self, message: Delivery, job: Job, spec: TaskSpec
+        self, message: Delivery, job: Job, spec: TaskSpec[Any]
     ) -> DeathCause | Rescue | None:
         """On the last delivery its quorum queue allows, the ledger decides whether the
         job is a crash loop (dead-lettered here, one run before the broker would, and
