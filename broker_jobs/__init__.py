@@ -23,6 +23,7 @@ from broker_jobs.errors import (
     UnknownTaskError,
     UnroutableError,
 )
+from broker_jobs.job_context import JobContext
 from broker_jobs.publish.async_publisher import AsyncPublisher
 from broker_jobs.publish.prepare import JobRequest
 from broker_jobs.publish.publisher import Publisher
@@ -51,6 +52,7 @@ __all__ = [
     "WorkerSettings",
     # the envelope and its wire form
     "Job",
+    "JobContext",
     "WireMessage",
     "decode",
     "encode",

@@ -21,6 +21,7 @@ from broker_jobs.errors import (
     UnknownTaskError,
     describe_validation_error,
 )
+from broker_jobs.job_context import handler_parameters
 from broker_jobs.keywords import refuse_unknown_keywords
 from broker_jobs.retry import RetryPolicy
 from broker_jobs.schedule_decl import At, ScheduleDeclaration, Seconds, add_declaration
@@ -54,6 +55,8 @@ class TaskSpec(Generic[ModelT]):
     #: The handler takes the store's database connection as second argument and
     #: its writes commit in the same transaction as the job's success record.
     transactional: bool = False
+    #: The handler's parameter annotated JobContext (passed by keyword), or None.
+    context_parameter: str | None = None
 
     @functools.cached_property
     def is_async(self) -> bool:
@@ -196,14 +199,12 @@ class App:
 
         def register(handler: HandlerT) -> HandlerT:
             model = _payload_model_of(name, handler)
-            if transactional and (
-                inspect.iscoroutinefunction(handler)
-                or len(inspect.signature(handler).parameters) != 2
-            ):
+            if transactional and inspect.iscoroutinefunction(handler):
                 raise ConfigurationError(
                     f"transactional task {name!r} needs a sync handler taking"
                     " (payload, db): it runs inside the store's database transaction"
                 )
+            parameters = handler_parameters(name, handler, transactional=transactional)
             spec = TaskSpec(
                 _task_name(name),
                 model,
@@ -212,6 +213,7 @@ class App:
                 retry or RetryPolicy(),
                 time_limit,
                 transactional,
+                parameters.context,
             )
             self._bind(spec, handler)
             return handler

@@ -30,6 +30,7 @@ CORE = frozenset(
         "urls",
         "schedule_decl",
         "keywords",
+        "job_context",
         "_moved",
         "publisher",
         "async_publisher",

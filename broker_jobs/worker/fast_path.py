@@ -46,6 +46,7 @@ from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job, utc_now
 from broker_jobs.store.base import Claim, ClaimOutcome, StoreError
 from broker_jobs.worker.acks import ChannelAcks
+from broker_jobs.worker.calling import bound_handler
 from broker_jobs.worker.claims import BUSY, RUN, claim_verdict
 from broker_jobs.worker.delivery import Delivery, decode_for_queue, delivered_wire_message
 from broker_jobs.worker.delivery_limit import at_delivery_limit
@@ -328,8 +329,7 @@ class FastPath:
         item.watch = watch = limit.watch(guard, functools.partial(self._stuck_jobs.add, item))
         if watch is not None:
             self._call_soon(watch.arm)
-        handler = item.spec.handler
-        assert handler is not None  # checked by _fast
+        handler = bound_handler(item.spec, item.job, runner.settings.worker_id)
         item.run = run = runner.observer.run(item.job)
         try:
             with run:
@@ -343,12 +343,11 @@ class FastPath:
         """On the loop: an async handler, at most ``concurrency`` of them at once (the
         slots the per-delivery path uses too), cancelled at its time limit."""
         runner = self._runner
-        handler = item.spec.handler
-        assert handler is not None  # checked by _fast
         async with runner.executor.slot(item.job.priority):
             if item.must_not_start(runner):  # not started: the claim goes back, the delivery too
                 self._give_claim_back(item)
                 return
+            handler = bound_handler(item.spec, item.job, runner.settings.worker_id)
             error: BaseException | None = None
             item.run = run = runner.observer.run(item.job)
             try:

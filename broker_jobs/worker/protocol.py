@@ -46,6 +46,7 @@ from broker_jobs.store.base import (
     Store,
     StoreError,
 )
+from broker_jobs.worker.calling import bound_handler
 from broker_jobs.worker.claims import BUSY, RUN, claim_verdict
 from broker_jobs.worker.dead_letters import DeathCause, dead_letter_message, publish_dead_letter
 from broker_jobs.worker.delivery import Delivery, WrongQueueError, decode_for_queue, wire_message
@@ -375,7 +376,7 @@ class Runner:
         run = self.observer.run(job)
         try:
             await self._executor.run(
-                spec.handler,
+                bound_handler(spec, job, settings.worker_id),
                 payload,
                 run,
                 RunLimit(spec.time_limit, job, self.overruns),
@@ -397,13 +398,12 @@ class Runner:
         holder: str,
     ) -> str | None:
         """The handler's writes and the success record in one store transaction."""
-        handler = spec.handler
-        assert handler is not None
+        worker_id = self._settings.worker_id
         run = self.observer.run(job)
 
         def effects(db: object) -> None:
             with run:  # inside the transaction: a lease lost before it runs nothing
-                handler(payload, db)
+                bound_handler(spec, job, worker_id)(payload, db)
 
         store, ledger = self._store, self.ledger
         tried_before = False
