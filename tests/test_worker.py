@@ -344,15 +344,16 @@ def test_a_job_that_kills_its_worker_every_time_is_dead_lettered_by_the_delivery
         "worker", "--url", broker.url, "crash_app:app", "--burst", "--lease", "1",
         "--store", f"sqlite:///{tmp_path / 'ledger.db'}",
     ]  # fmt: skip
-    exits = []
+    exits, logs = [], []
     for _ in range(6):  # bounded: the delivery limit of 2 allows 3 deliveries
         run = subprocess.run(command, cwd=tmp_path, capture_output=True, timeout=60, check=False)
         exits.append(run.returncode)
+        logs.append(run.stderr.decode(errors="replace")[-3000:])
         if run.returncode == 0:
             break
     # Two deliveries kill their worker; the third, the last the queue allows, finds
     # the job running under a lapsed lease and dead-letters it instead of a third run.
-    assert exits == [3, 3, 0], exits
+    assert exits == [3, 3, 0], (exits, logs)
     dead = connection.channel().basic_get(
         crash_app.names.dead_letter_queue("bomb.explode"), auto_ack=True
     )
