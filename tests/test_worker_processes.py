@@ -136,6 +136,29 @@ def publish_keys(
         publisher.publish_many([JobRequest("counter.add", {"key": key}) for key in keys])
 
 
+def start_two_consuming(
+    broker: Broker,
+    namespace: str,
+    tmp_path: Path,
+    cleanup_topology: Callable[[Topology], Topology],
+    supervisors: Callable[[list[str], Path], WorkerProcess],
+    request: pytest.FixtureRequest,
+    *extra: str,
+) -> tuple[WorkerProcess, EffectsDatabase]:
+    """A supervisor of two worker processes on an SQLite effects app, once both consume."""
+    database = EffectsDatabase("sqlite", tmp_path, request)
+    effects_app(tmp_path, namespace, database)
+    declared_app(namespace, cleanup_topology)
+    args = ["--url", broker.url, "recovery_app:app", "--store", database.store_url]
+    worker = supervisors([*args, "--processes", "2", *extra], tmp_path)
+    wait_until(
+        lambda: worker.log.count(" consuming counter.add") == 2,
+        within=60,
+        what="both worker processes consuming",
+    )
+    return worker, database
+
+
 @pytest.mark.broker
 def test_two_processes_drain_a_queue_each_effect_once_both_consuming(
     broker: Broker,
@@ -178,15 +201,8 @@ def test_sigterm_stops_every_child_and_exits_0(
     supervisors: Callable[[list[str], Path], WorkerProcess],
     request: pytest.FixtureRequest,
 ) -> None:
-    database = EffectsDatabase("sqlite", tmp_path, request)
-    effects_app(tmp_path, namespace, database)
-    declared_app(namespace, cleanup_topology)
-    args = ["--url", broker.url, "recovery_app:app", "--store", database.store_url]
-    worker = supervisors([*args, "--processes", "2"], tmp_path)
-    wait_until(
-        lambda: worker.log.count(" consuming counter.add") == 2,
-        within=60,
-        what="both worker processes consuming",
+    worker, _database = start_two_consuming(
+        broker, namespace, tmp_path, cleanup_topology, supervisors, request
     )
     pids = [pid for _index, pid in child_pids(worker)]
     assert worker.stop() == 0, worker.log[-3000:]
@@ -205,15 +221,8 @@ def test_a_child_killed_by_sigkill_is_restarted_and_the_queue_drains(
     supervisors: Callable[[list[str], Path], WorkerProcess],
     request: pytest.FixtureRequest,
 ) -> None:
-    database = EffectsDatabase("sqlite", tmp_path, request)
-    effects_app(tmp_path, namespace, database)
-    declared_app(namespace, cleanup_topology)
-    args = ["--url", broker.url, "recovery_app:app", "--store", database.store_url]
-    worker = supervisors([*args, "--processes", "2", "--lease", "5"], tmp_path)
-    wait_until(
-        lambda: worker.log.count(" consuming counter.add") == 2,
-        within=60,
-        what="both worker processes consuming",
+    worker, database = start_two_consuming(
+        broker, namespace, tmp_path, cleanup_topology, supervisors, request, "--lease", "5"
     )
     (_, victim), _other = child_pids(worker)
     os.kill(victim, signal.SIGKILL)
