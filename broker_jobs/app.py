@@ -57,6 +57,9 @@ class TaskSpec(Generic[ModelT]):
     transactional: bool = False
     #: The handler's parameter annotated JobContext (passed by keyword), or None.
     context_parameter: str | None = None
+    #: Keep the handler's return value in the ledger with its success (``jobs show``,
+    #: ``store.result``); False: returned values are dropped (docs/store.md, Results).
+    keep_result: bool = True
 
     @functools.cached_property
     def is_async(self) -> bool:
@@ -140,11 +143,13 @@ class App:
         retry: RetryPolicy | None = None,
         time_limit: float | None = None,
         transactional: bool = False,
+        keep_result: bool = True,
     ) -> Callable[[HandlerT], HandlerT]:
         """Decorator binding a handler to a task declared with :meth:`declare` (in a
         contracts module the publishing service imports too): the handler's payload
         model must be the declared one; the queue options are the declaration's.
-        ``retry``, ``time_limit`` and ``transactional`` as for :meth:`task`."""
+        ``retry``, ``time_limit``, ``transactional`` and ``keep_result`` as for
+        :meth:`task`."""
         if name not in self._tasks:
             raise ConfigurationError(
                 f"task {name!r} is not declared in this app: declare it first"
@@ -157,6 +162,7 @@ class App:
             retry=retry,
             time_limit=time_limit,
             transactional=transactional,
+            keep_result=keep_result,
         )
 
     @refuse_unknown_keywords()
@@ -170,6 +176,7 @@ class App:
         transactional: bool = False,
         priorities: PriorityPolicy | str | None = None,
         shards: int | None = None,
+        keep_result: bool = True,
     ) -> Callable[[HandlerT], HandlerT]:
         """Decorator declaring a task whose handler takes the payload model as its
         first parameter (annotated): ``@app.task("image.resize") def resize(p: Resize)``.
@@ -183,12 +190,12 @@ class App:
         worker starts them in (docs/priorities.md); publish with ``priority=``.
         ``shards=N``: N queues (per level), a job going to its key's shard, so one hot
         task is spread over several queues and their leaders (docs/scaling.md).
+        What the handler returns (JSON: a pydantic model, dict, list, scalar) is kept
+        in the ledger with its success; ``keep_result=False`` drops it.
         """
         options = _queue_options(name, queue, priorities, shards)
         # Not given: a task declared already (a shared contract) keeps its options.
-        options_given = (
-            options if (queue, priorities, shards) != (None, None, None) else None
-        )
+        options_given = options if (queue, priorities, shards) != (None, None, None) else None
         if transactional and time_limit is not None:
             raise ConfigurationError(
                 f"task {name!r}: a transactional handler cannot have a time_limit; bound"
@@ -214,6 +221,7 @@ class App:
                 time_limit,
                 transactional,
                 parameters.context,
+                keep_result,
             )
             self._bind(spec, handler)
             return handler

@@ -92,6 +92,18 @@ class DecodeError(JobError):
         super().__init__(f"not a valid job ({reason}): {details}")
 
 
+class FollowUpError(JobError):
+    """A handler asked for a follow-up (``JobContext.then``) that cannot be published:
+    an unknown task, an invalid payload or option. A bug in the handler: its attempt
+    fails (the task's retry policy decides), and nothing of it is recorded."""
+
+    def __init__(self, parent_task: str, details: str) -> None:
+        self.parent_task = parent_task
+        super().__init__(
+            f"task {parent_task!r}'s handler asked for an invalid follow-up: {details}"
+        )
+
+
 class PublishError(BrokerJobsError):
     """The broker did not confirm a job."""
 

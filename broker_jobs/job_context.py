@@ -7,6 +7,9 @@ the trace context and a logger whose lines carry the job's fields.
         job.log.info("resizing %s (attempt %d of %d)", payload.url, job.attempt,
                      job.max_attempts)
 
+Its :meth:`JobContext.then` asks for a next step: a job published once this one's
+success is recorded (exactly once: docs/worker.md, "Next steps").
+
 A parameter, not a global accessor: what a handler needs is in its signature, the same
 for sync, async and transactional handlers, on either of the worker's paths, and a
 test calls the handler with a context of its own (:meth:`JobContext.for_test`).
@@ -16,6 +19,7 @@ settled when the task is declared (:func:`handler_parameters`).
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import logging
 import time
@@ -29,6 +33,10 @@ from broker_jobs.errors import ConfigurationError
 
 #: The logger a handler's :attr:`JobContext.log` writes to.
 HANDLER_LOGGER = "broker_jobs.handler"
+
+#: Builds a follow-up job (validated, its key derived if not given): the worker's
+#: (``broker_jobs.worker.calling``); the options are :meth:`JobContext.then`'s.
+FollowUpBuilder = Callable[..., Job]
 
 
 @dataclass(frozen=True)
@@ -55,12 +63,22 @@ class JobContext:
     time_limit: float | None
     #: ``time.monotonic()`` when the handler started.
     started: float = field(default_factory=time.monotonic)
+    #: The jobs asked for with :meth:`then`, in order (published after the success).
+    follow_ups: list[Job] = field(default_factory=list, compare=False, repr=False)
+    _build_follow_up: FollowUpBuilder | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(
-        cls, job: Job, *, max_attempts: int, worker_id: str, time_limit: float | None
+        cls,
+        job: Job,
+        *,
+        max_attempts: int,
+        worker_id: str,
+        time_limit: float | None,
+        follow_ups: FollowUpBuilder | None = None,
     ) -> JobContext:
-        """The context of ``job``, starting now."""
+        """The context of ``job``, starting now; ``follow_ups`` builds what
+        :meth:`then` asks for."""
         return cls(
             job_id=job.id,
             idempotency_key=job.idempotency_key,
@@ -73,6 +91,7 @@ class JobContext:
             traceparent=job.traceparent,
             tracestate=job.tracestate,
             time_limit=time_limit,
+            _build_follow_up=follow_ups,
         )
 
     @classmethod
@@ -93,6 +112,53 @@ class JobContext:
         }
         values.update(fields)
         return cls(**values)
+
+    def then(
+        self,
+        task: Any,
+        payload: Any,
+        *,
+        idempotency_key: str | None = None,
+        delay: Any = None,
+        eta: datetime | None = None,
+        priority: Any = None,
+    ) -> Job:
+        """Ask for a job to be published when this one succeeds: ``task`` (a name or
+        a declared task's handle) with ``payload`` (its model, or a dict), checked
+        now against the worker's app (an unknown task, an invalid payload or option
+        is a :class:`~broker_jobs.errors.FollowUpError`, which fails this attempt).
+
+        It is recorded with the success, in the same transaction, then published and
+        confirmed before this job's delivery is acked; a worker that dies between
+        these steps publishes it on the job's next delivery, with the same job id
+        and key. ``idempotency_key`` defaults to this job's key and the follow-up's
+        number (``"<key>>1"``, ``"<key>>2"``...): a retry or a replay asks for the
+        same keys, so each next step runs once. ``delay``/``eta``/``priority`` as
+        for ``publish``; a delay counts from this call. A failed attempt publishes
+        none of its follow-ups. Returns the job (its ``id`` names it in the ledger).
+        """
+        if self._build_follow_up is None:
+            # A context made for a test: the follow-ups are kept for it to inspect.
+            # A context made for a test (no app to check against): kept as asked.
+            number = len(self.follow_ups) + 1
+            model_dump = getattr(payload, "model_dump", None)
+            job = Job(
+                task=getattr(task, "name", task),
+                payload=payload if model_dump is None else model_dump(mode="json"),
+                idempotency_key=idempotency_key or follow_up_key(self.idempotency_key, number),
+            )
+        else:
+            job = self._build_follow_up(
+                task,
+                payload,
+                number=len(self.follow_ups) + 1,
+                idempotency_key=idempotency_key,
+                delay=delay,
+                eta=eta,
+                priority=priority,
+            )
+        self.follow_ups.append(job)
+        return job
 
     @property
     def is_last_attempt(self) -> bool:
@@ -120,6 +186,20 @@ class JobContext:
                 "worker": self.worker_id,
             },
         )
+
+
+def follow_up_key(parent_key: str, number: int) -> str:
+    """The default key of a job's ``number``-th follow-up: derived from the job's own
+    key, so that a retry, a redelivery or a replay of the job asks for the same key
+    (and its next step runs once). A parent key too long to extend is hashed."""
+    suffix = f">{number}"
+    if len(parent_key) + len(suffix) > MAX_KEY_LENGTH:
+        parent_key = hashlib.sha256(parent_key.encode("utf-8")).hexdigest()
+    return parent_key + suffix
+
+
+#: Idempotency keys are at most this long (:class:`~broker_jobs.envelope.Job`).
+MAX_KEY_LENGTH = 255
 
 
 @dataclass(frozen=True)

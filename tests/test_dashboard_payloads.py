@@ -10,7 +10,7 @@ import re
 import pytest
 
 from broker_jobs import App, Job, JobRequest, Publisher
-from broker_jobs.store.base import MAX_PAYLOAD_BYTES, Status
+from broker_jobs.store.base import MAX_PAYLOAD_BYTES, Output, Status, json_text
 from broker_jobs.store.sqlite import SQLiteStore
 from tests import test_dashboard as _dashboard_tests
 from tests.support import Broker
@@ -103,3 +103,37 @@ def test_a_payload_too_large_to_keep_says_so(
     assert '<pre id="payload">' not in page.text
     assert "Too large to keep" in page.text
     assert dashboard().get("/api/jobs/big-1").json()["payload"]["too_large"] is True
+
+
+def test_a_succeeded_jobs_page_and_api_show_its_result_and_follow_ups_as_text(
+    ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    parent = Job(task=TASK, idempotency_key="tenant/../../dead-letters")
+    follow_up = Job(task=TASK, idempotency_key=f"{parent.idempotency_key}>1")
+    ledger.claim(parent, "w", 60)
+    ledger.succeed(
+        parent.idempotency_key,
+        "w",
+        output=Output(json_text({"note": SCRIPT}), (follow_up,)),
+    )
+    client = dashboard()
+
+    page = client.get(f"/jobs/{parent.id}")
+    assert page.status_code == 200
+    shown = re.search(r'<pre id="result">(.*?)</pre>', page.text, re.S)
+    assert shown
+    assert ESCAPED in shown.group(1)
+    assert SCRIPT not in page.text
+    assert "Recorded, not confirmed yet" in page.text
+    assert follow_up.id in page.text
+    document = client.get(f"/api/jobs/{parent.id}").json()
+    assert document["result"]["value"] == {"note": SCRIPT}
+    assert document["follow_ups"]["jobs"] == [
+        {
+            "job_id": follow_up.id,
+            "task": TASK,
+            "idempotency_key": follow_up.idempotency_key,
+            "due_at": None,
+        }
+    ]
+    assert document["follow_ups"]["sent_at"] is None

@@ -17,6 +17,7 @@ from click.testing import CliRunner, Result
 from broker_jobs import Job
 from broker_jobs.cli import main
 from broker_jobs.store import ClaimOutcome, Status, Store, open_store
+from broker_jobs.store.base import Output, json_text
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 LEASE = 300.0
@@ -443,3 +444,27 @@ def test_show_says_a_payload_was_too_large_to_keep(ledger: Store, store_url: str
     )
     document = json_of(jobs("show", "big", "--store", store_url, "--json"))["payload"]
     assert (document["payload"], document["too_large"], document["bytes"]) == (None, True, 70_011)
+
+
+def test_show_prints_the_result_and_the_follow_ups_the_ledger_keeps(
+    ledger: Store, store_url: str
+) -> None:
+    follow_up = job("kept>1", task="mail.next")
+    ledger.claim(job("kept"), A, LEASE, now=at(0))
+    ledger.succeed("kept", A, now=at(1), output=Output(json_text({"sent": 3}), (follow_up,)))
+    ledger.claim(job("plain"), A, LEASE, now=at(0))
+    ledger.succeed("plain", A, now=at(1))
+
+    shown = jobs("show", "kept", "--store", store_url)
+    assert shown.exit_code == 0, shown.output
+    assert 'result:      {\n               "sent": 3\n             }' in shown.stdout
+    assert "follow-ups:  1, not confirmed yet: the job's next delivery publishes them" in (
+        shown.stdout
+    )
+    assert f"mail.next key kept>1 (id {follow_up.id})" in shown.stdout
+    document = json_of(jobs("show", "kept", "--store", store_url, "--json"))
+    assert document["result"]["value"] == {"sent": 3}
+    assert document["follow_ups"]["jobs"][0]["idempotency_key"] == "kept>1"
+    plain = json_of(jobs("show", "plain", "--store", store_url, "--json"))
+    assert (plain["result"], plain["follow_ups"]) == (None, {"jobs": [], "sent_at": None})
+    assert "result:      none kept" in jobs("show", "plain", "--store", store_url).stdout

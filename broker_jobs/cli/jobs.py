@@ -26,14 +26,18 @@ from broker_jobs.ops.documents import (
     decode_cursor,
     encode_cursor,
     execution_document,
+    follow_ups_document,
     payload_document,
     record_document,
+    result_document,
+    size_too_large_text,
     too_large_text,
 )
 from broker_jobs.ops.readable import first_line, span, when
 from broker_jobs.store.base import (
     CancelOutcome,
     JobRecord,
+    KeptOutput,
     KeptPayload,
     Status,
     Store,
@@ -171,11 +175,14 @@ def show_command(ref: str, store_url: str, as_json: bool) -> None:
             fail(f"no job with key or id {ref!r} in the ledger; {_UNKNOWN_HINT}")
         executions = store.executions(record.idempotency_key)
         kept = store.kept_payload(record.idempotency_key)
+        output = store.output(record.idempotency_key)
     if as_json:
         echo_json(
             {
                 "job": record_document(record),
                 "payload": payload_document(kept),
+                "result": result_document(output),
+                "follow_ups": follow_ups_document(output),
                 "executions": [execution_document(e) for e in executions],
             }
         )
@@ -183,6 +190,10 @@ def show_command(ref: str, store_url: str, as_json: bool) -> None:
     for label, value in _fields(record):
         click.echo(f"{label + ':':<12} {value}")
     click.echo(f"{'payload:':<12} {_payload_text(kept)}")
+    if record.status is Status.SUCCEEDED:
+        click.echo(f"{'result:':<12} {_result_text(output)}")
+    if output is not None and output.follow_ups:
+        click.echo(f"{'follow-ups:':<12} {_follow_ups_text(output)}")
     if not executions:
         click.echo("executions: none (no worker has claimed it)")
         return
@@ -265,7 +276,32 @@ def _payload_text(kept: KeptPayload | None) -> str:
         return PAYLOAD_NOT_KEPT
     if kept.payload is None:
         return too_large_text(kept)
-    text = json.dumps(kept.payload, indent=2, ensure_ascii=False)
+    return _indented_json(kept.payload)
+
+
+def _result_text(output: KeptOutput | None) -> str:
+    """The handler's result for people, as :func:`_payload_text` shows a payload."""
+    if output is None or output.result_size is None:
+        return "none kept (the handler returned None, or its task keeps no results)"
+    if output.result_too_large:
+        return size_too_large_text(output.result_size)
+    return _indented_json(output.result)
+
+
+def _follow_ups_text(output: KeptOutput) -> str:
+    """The follow-ups recorded with the success, one per line, and whether sent."""
+    sent = (
+        f"confirmed {when(output.sent_at)}"
+        if output.sent_at is not None
+        else "not confirmed yet: the job's next delivery publishes them"
+    )
+    lines = [f"{len(output.follow_ups)}, {sent}"]
+    lines += [f"{job.task} key {job.idempotency_key} (id {job.id})" for job in output.follow_ups]
+    return ("\n" + " " * 13).join(lines)
+
+
+def _indented_json(value: Any) -> str:
+    text = json.dumps(value, indent=2, ensure_ascii=False)
     return text.replace("\n", "\n" + " " * 13)  # under the value column
 
 

@@ -14,8 +14,10 @@ from broker_jobs.dashboard.safety import Refused
 from broker_jobs.ops.documents import (
     encode_cursor,
     execution_document,
+    follow_ups_document,
     payload_document,
     record_document,
+    result_document,
 )
 
 
@@ -51,6 +53,8 @@ async def job(request: Request) -> JSONResponse:
         {
             "job": record_document(view.record),
             "payload": payload_document(view.kept_payload),  # the ledger's; None: not kept
+            "result": result_document(view.output),
+            "follow_ups": follow_ups_document(view.output),
             "executions": [execution_document(run) for run in view.executions],
             "dead_letter": view.dead_letter.to_json() if view.dead_letter else None,
             "dead_letter_problem": view.dead_letter_problem,

@@ -13,11 +13,12 @@ from broker_jobs.dashboard.filters import JobFilter, LetterFilter
 from broker_jobs.dashboard.settings import DashboardSettings
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.ops.dead_letters import DeadLetter, DeadLetterQueues
-from broker_jobs.ops.documents import iso, record_document, too_large_text
+from broker_jobs.ops.documents import iso, record_document, size_too_large_text, too_large_text
 from broker_jobs.ops.status import StatusReport, TaskStatus, collect
 from broker_jobs.store.base import (
     Execution,
     JobRecord,
+    KeptOutput,
     KeptPayload,
     LeaderRecord,
     Page,
@@ -160,12 +161,22 @@ class JobView:
     #: The payload the ledger keeps (published with the ledger, or after a failure);
     #: the page shows the dead letter's first, when there is one.
     kept_payload: KeptPayload | None = None
+    #: The handler's result and follow-ups, kept with the success (None: none).
+    output: KeptOutput | None = None
 
     @property
     def too_large_note(self) -> str | None:
         """Why the ledger's payload is not shown, when it was too large to keep."""
         kept = self.kept_payload
         return too_large_text(kept) if kept is not None and kept.too_large else None
+
+    @property
+    def result_too_large_note(self) -> str | None:
+        """Why the handler's result is not shown, when it was too large to keep."""
+        output = self.output
+        if output is None or not output.result_too_large or output.result_size is None:
+            return None
+        return size_too_large_text(output.result_size)
 
 
 def job_view(settings: DashboardSettings, ref: str) -> JobView | None:
@@ -177,6 +188,7 @@ def job_view(settings: DashboardSettings, ref: str) -> JobView | None:
     executions = settings.store.executions(record.idempotency_key)
     # One lookup by key, always: the API's document has it even beside a dead letter.
     kept = settings.store.kept_payload(record.idempotency_key)
+    output = settings.store.output(record.idempotency_key)
     letter, problem = None, None
     if record.status is Status.DEAD:
         try:
@@ -186,7 +198,7 @@ def job_view(settings: DashboardSettings, ref: str) -> JobView | None:
         except BrokerJobsError as error:
             problem = mask_text(str(error))
     events = timeline(record, executions, letter)
-    return JobView(record, executions, letter, problem, events, kept)
+    return JobView(record, executions, letter, problem, events, kept, output)
 
 
 def timeline(

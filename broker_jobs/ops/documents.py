@@ -11,7 +11,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.store.base import MAX_PAYLOAD_BYTES, Execution, JobRecord, KeptPayload, utc
+from broker_jobs.store.base import (
+    MAX_PAYLOAD_BYTES,
+    Execution,
+    JobRecord,
+    KeptOutput,
+    KeptPayload,
+    utc,
+)
 
 #: Why the ledger may have no payload of a job (the page, `jobs show`).
 PAYLOAD_NOT_KEPT = (
@@ -78,12 +85,49 @@ def payload_document(kept: KeptPayload | None) -> dict[str, Any] | None:
     }
 
 
-def too_large_text(kept: KeptPayload) -> str:
-    """Why a payload the ledger counted is not shown."""
+def result_document(kept: KeptOutput | None) -> dict[str, Any] | None:
+    """The handler's result the ledger keeps, in a JSON document; None when it keeps
+    none. ``value`` is None when it was too large to keep (``too_large``)."""
+    if kept is None or kept.result_size is None:
+        return None
+    return {
+        "value": kept.result,
+        "bytes": kept.result_size,
+        "too_large": kept.result_too_large,
+        "max_bytes": MAX_PAYLOAD_BYTES,
+        "kept_at": iso(kept.kept_at),
+    }
+
+
+def follow_ups_document(kept: KeptOutput | None) -> dict[str, Any]:
+    """The follow-up jobs recorded with the success, and when the broker confirmed
+    them all (``sent_at`` None: not yet; the job's next delivery publishes them)."""
+    jobs = kept.follow_ups if kept is not None else ()
+    return {
+        "jobs": [
+            {
+                "job_id": job.id,
+                "task": job.task,
+                "idempotency_key": job.idempotency_key,
+                "due_at": iso(job.due_at),
+            }
+            for job in jobs
+        ],
+        "sent_at": iso(kept.sent_at) if kept is not None else None,
+    }
+
+
+def size_too_large_text(size: int) -> str:
+    """Why a payload or result the ledger counted (``size`` bytes) is not shown."""
     return (
-        f"Too large to keep: its JSON is {kept.size:,} bytes, the ledger keeps up to"
+        f"Too large to keep: its JSON is {size:,} bytes, the ledger keeps up to"
         f" {MAX_PAYLOAD_BYTES:,}"
     )
+
+
+def too_large_text(kept: KeptPayload) -> str:
+    """Why a payload the ledger counted is not shown."""
+    return size_too_large_text(kept.size)
 
 
 def encode_cursor(after: tuple[datetime, str]) -> str:

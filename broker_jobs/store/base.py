@@ -16,6 +16,7 @@ and ``_find``. The rules themselves are :mod:`broker_jobs.store.rules`; the valu
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -39,12 +40,15 @@ from broker_jobs.store.records import (
     ExecutionOutcome,
     Finish,
     JobRecord,
+    KeptOutput,
     KeptPayload,
     LeaderRecord,
+    Output,
     Page,
     PayloadText,
     Status,
     TaskSummary,
+    succeeded_with,
 )
 from broker_jobs.store.rules import (
     cancelled,
@@ -63,8 +67,11 @@ from broker_jobs.store.values import (
     check_lease,
     check_limit,
     clip_error,
+    follow_ups_text,
+    json_text,
     mask_dsn,
     payload_text,
+    read_output,
     read_payload,
     utc,
 )
@@ -86,6 +93,8 @@ __all__ = [
     "PayloadText",
     "Finish",
     "SUCCESS",
+    "Output",
+    "KeptOutput",
     "CancelOutcome",
     "Cancellation",
     "TaskSummary",
@@ -106,11 +115,15 @@ __all__ = [
     "dead_record",
     "track_execution",
     "closing",
+    "succeeded_with",
     # checks and stored forms (broker_jobs.store.values)
     "MAX_ERROR_BYTES",
     "MAX_PAYLOAD_BYTES",
     "clip_error",
     "payload_text",
+    "json_text",
+    "follow_ups_text",
+    "read_output",
     "read_payload",
     "utc",
     "check_lease",
@@ -149,9 +162,19 @@ class Store(ABC):
     def renew(self, key: str, worker: str, lease: float, *, now: datetime | None = None) -> None:
         """Extend the lease to ``now + lease``; LeaseLostError if not ours."""
 
-    def succeed(self, key: str, worker: str, *, now: datetime | None = None) -> None:
-        """RUNNING (ours) -> SUCCEEDED; LeaseLostError if not ours."""
-        self._finish(key, worker, SUCCESS, now)
+    def succeed(
+        self,
+        key: str,
+        worker: str,
+        *,
+        now: datetime | None = None,
+        output: Output | None = None,
+    ) -> None:
+        """RUNNING (ours) -> SUCCEEDED; LeaseLostError if not ours. ``output``: the
+        handler's result and follow-ups, kept in the same atomic step (replacing any
+        the key had; :meth:`output` reads it)."""
+        finish = SUCCESS if output is None or output.empty else succeeded_with(output)
+        self._finish(key, worker, finish, now)
 
     def claim_many(self, claims: Sequence[tuple[Job, str]], lease: float) -> list[Claim]:
         """:meth:`claim` for several jobs, each under its own holder, in order, as one
@@ -191,15 +214,17 @@ class Store(ABC):
         self,
         key: str,
         worker: str,
-        effects: Callable[[Any], None],
+        effects: Callable[[Any], Output | None],
         *,
         now: datetime | None = None,
     ) -> None:
         """Run ``effects(connection)`` and record SUCCEEDED in one transaction of the
         store's database, so a handler's own writes happen exactly once: both commit
         or neither. ``connection`` is the store's (sqlite3 or psycopg; None for the
-        memory store, which has no transactions). An exception from ``effects``
-        propagates unchanged (the store's own steps raise :class:`StoreError`)."""
+        memory store, which has no transactions). The :class:`Output` that
+        ``effects`` returns (None: none) is kept in the same transaction, as
+        :meth:`succeed` keeps it. An exception from ``effects`` propagates unchanged
+        (the store's own steps raise :class:`StoreError`)."""
 
     def is_outage(self, error: BaseException) -> bool:
         """Whether ``error``, raised by a transactional handler's own statements, means
@@ -363,6 +388,49 @@ class Store(ABC):
         first of these for the key (a later one never replaces it). One larger than
         :data:`MAX_PAYLOAD_BYTES` is kept as its size only (``too_large``). Pruning a
         record deletes its payload."""
+
+    @abstractmethod
+    def output(self, key: str) -> KeptOutput | None:
+        """What the success of ``key`` kept (its result, its follow-ups and whether the
+        broker confirmed them); None when it kept nothing (no success yet, a handler
+        that returned None and asked for no follow-up, a task that opted out). Pruning
+        a record deletes its output."""
+
+    @abstractmethod
+    def mark_follow_ups_sent(self, key: str, *, now: datetime | None = None) -> None:
+        """Record that the broker confirmed every follow-up of ``key``'s success (a
+        later delivery of the job then publishes none again). No output: nothing."""
+
+    def result(self, ref: str) -> Any:
+        """The result the handler of the job named by ``ref`` (key or job id, see
+        :meth:`lookup`) returned, as JSON values (a pydantic model's fields as a
+        dict); None when the job has not succeeded, returned nothing, or its result
+        was too large to keep (:meth:`output` tells these apart)."""
+        record = self.lookup(ref)
+        if record is None or record.status is not Status.SUCCEEDED:
+            return None
+        kept = self.output(record.idempotency_key)
+        return None if kept is None else kept.result
+
+    def wait(self, ref: str, *, timeout: float, poll: float = 0.05) -> JobRecord:
+        """Wait until the job named by ``ref`` (key or job id) has ended (succeeded,
+        failed, dead or cancelled) and return its record; :class:`TimeoutError` after
+        ``timeout`` seconds, saying the status it was in. It reads the ledger every
+        ``poll`` seconds (doubling up to 1 s): for scripts and tests, not for a hot
+        path (from async code: ``await asyncio.to_thread(store.wait, ref, timeout=30)``).
+        A job the ledger has no record of yet (not claimed, published without the
+        ledger) is waited for too."""
+        deadline = time.monotonic() + timeout
+        while True:
+            record = self.lookup(ref)
+            if record is not None and record.status in TERMINAL:
+                return record
+            left = deadline - time.monotonic()
+            if left <= 0:
+                status = "no record" if record is None else f"status {record.status.value}"
+                raise TimeoutError(f"job {ref!r} did not end within {timeout:g} s ({status})")
+            time.sleep(min(poll, left))
+            poll = min(poll * 2, 1.0)
 
     def payload(self, key: str) -> dict[str, Any] | None:
         """The job's payload, when the ledger has one (see :meth:`kept_payload`; None

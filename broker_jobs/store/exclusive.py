@@ -24,6 +24,7 @@ from broker_jobs.store.records import (
     ClaimOutcome,
     Finish,
     JobRecord,
+    Output,
     PayloadText,
 )
 from broker_jobs.store.rules import claimed_record, decide, holds, published_record
@@ -43,6 +44,9 @@ class Records(Protocol):
 
     def keep_payload(self, key: str, payload: PayloadText, now: datetime) -> None:
         """Keep ``payload`` for ``key`` unless it has one already (the first wins)."""
+
+    def keep_output(self, key: str, output: Output, now: datetime) -> None:
+        """Keep a success's ``output`` for ``key``, replacing any kept before."""
 
 
 class ExclusiveStore(Store):
@@ -87,7 +91,7 @@ class ExclusiveStore(Store):
         self,
         key: str,
         worker: str,
-        effects: Callable[[Any], None],
+        effects: Callable[[Any], Output | None],
         *,
         now: datetime | None = None,
     ) -> None:
@@ -95,10 +99,12 @@ class ExclusiveStore(Store):
         try:
             with self._held(key, worker, SUCCESS.action) as (records, record):
                 try:
-                    effects(records.connection)
+                    output = effects(records.connection)
                 except Exception as error:  # past the store's translation of its own errors
                     raise _EffectsFailed(error) from error
                 records.save(_finished_record(record, SUCCESS, moment))
+                if output is not None and not output.empty:
+                    records.keep_output(key, output, moment)
         except _EffectsFailed as failed:
             raise failed.error from failed.error.__cause__
 
@@ -107,6 +113,8 @@ class ExclusiveStore(Store):
         with self._held(key, worker, finish.action) as (records, record):
             records.save(_finished_record(record, finish, moment))
             _keep(records, key, finish.payload, moment)
+            if finish.output is not None:
+                records.keep_output(key, finish.output, moment)
 
     def _rewrite(
         self,

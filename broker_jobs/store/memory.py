@@ -9,6 +9,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from broker_jobs.envelope import Job
@@ -27,14 +28,16 @@ from broker_jobs.store.records import (
     Claim,
     Execution,
     JobRecord,
+    KeptOutput,
     KeptPayload,
     LeaderRecord,
+    Output,
     PayloadText,
     Status,
     TaskSummary,
 )
 from broker_jobs.store.rules import track_execution
-from broker_jobs.store.values import read_payload, utc
+from broker_jobs.store.values import follow_ups_text, read_output, read_payload, utc
 
 #: Finished jobs a memory store keeps (their records, executions and payloads):
 #: beyond them the oldest finished go first. Each takes ~0.8 KB (measured: 100,000
@@ -51,6 +54,7 @@ class _DictRecords:
         self._records = store._records
         self._executions = store._executions
         self._payloads = store._payloads
+        self._outputs = store._outputs
         self._finished = store._finished
         self._max_finished = store.max_finished
 
@@ -76,9 +80,32 @@ class _DictRecords:
         del self._records[key]
         self._executions.pop(key, None)
         self._payloads.pop(key, None)
+        self._outputs.pop(key, None)
 
     def keep_payload(self, key: str, payload: PayloadText, now: datetime) -> None:
         self._payloads.setdefault(key, (payload, now))  # the first one wins
+
+    def keep_output(self, key: str, output: Output, now: datetime) -> None:
+        self._outputs[key] = _KeptOutputText.of(output, now)
+
+
+@dataclass(frozen=True)
+class _KeptOutputText:
+    """An output as the SQL stores keep it (JSON text): what a caller does to its
+    objects afterwards cannot change it."""
+
+    result: PayloadText | None
+    follow_ups: str | None
+    kept_at: datetime
+    sent_at: datetime | None = None
+
+    @classmethod
+    def of(cls, output: Output, now: datetime) -> _KeptOutputText:
+        return cls(output.result, follow_ups_text(output.follow_ups), now)
+
+    def read(self) -> KeptOutput:
+        text, size = self.result if self.result is not None else (None, None)
+        return read_output(text, size, self.follow_ups, self.sent_at, self.kept_at)
 
 
 class MemoryStore(ExclusiveStore):
@@ -104,6 +131,7 @@ class MemoryStore(ExclusiveStore):
         #: As text, like the SQL stores: a caller's later change of its dict (or of
         #: the one it was given back) cannot change what is kept.
         self._payloads: dict[str, tuple[PayloadText, datetime]] = {}
+        self._outputs: dict[str, _KeptOutputText] = {}
         self._fires: dict[str, datetime] = {}
         self._leaders: dict[str, LeaderRecord] = {}
         self._closed = False
@@ -146,6 +174,18 @@ class MemoryStore(ExclusiveStore):
             return None
         (text, size), kept_at = found
         return read_payload(text, size, kept_at)
+
+    def output(self, key: str) -> KeptOutput | None:
+        with self._open():
+            found = self._outputs.get(key)
+        return None if found is None else found.read()
+
+    def mark_follow_ups_sent(self, key: str, *, now: datetime | None = None) -> None:
+        moment = utc(now)
+        with self._open():
+            found = self._outputs.get(key)
+            if found is not None:
+                self._outputs[key] = replace(found, sent_at=moment)
 
     def get_by_job_id(self, job_id: str) -> list[JobRecord]:
         return newest_first(r for r in self._snapshot() if r.job_id == job_id)
@@ -208,6 +248,7 @@ class MemoryStore(ExclusiveStore):
                 del self._records[key]
                 self._executions.pop(key, None)
                 self._payloads.pop(key, None)
+                self._outputs.pop(key, None)
                 self._finished.pop(key, None)
             return len(doomed)
 
@@ -245,6 +286,7 @@ class MemoryStore(ExclusiveStore):
             self._records.clear()
             self._executions.clear()
             self._payloads.clear()
+            self._outputs.clear()
             self._finished.clear()
             self._fires.clear()
             self._leaders.clear()

@@ -51,6 +51,7 @@ from broker_jobs.store.postgres_queries import (
     maybe_aware,
     one_row,
     opt_utc,
+    output_params,
     payload_columns,
     payload_params,
     read_record,
@@ -65,13 +66,21 @@ from broker_jobs.store.records import (
     Execution,
     Finish,
     JobRecord,
+    KeptOutput,
     KeptPayload,
     LeaderRecord,
+    Output,
     PayloadText,
     Status,
     TaskSummary,
 )
-from broker_jobs.store.rows import execution_of, kept_payload_of, leader_of, status_counts
+from broker_jobs.store.rows import (
+    execution_of,
+    kept_output_of,
+    kept_payload_of,
+    leader_of,
+    status_counts,
+)
 from broker_jobs.store.rules import decide, holds, published_record
 from broker_jobs.store.values import check_lease, mask_dsn, utc
 
@@ -353,10 +362,19 @@ class PostgresStore(Store):
         self._update_held(self._q.renew, params, "renew the lease of")
 
     def _finish(self, key: str, worker: str, finish: Finish, now: datetime | None) -> None:
-        # The outcome, and its payload kept with it, in one statement.
+        # The outcome, and its payload or output kept with it, in one statement.
         params = finish_params(key, worker, finish, now)
         stored = self._kept(finish.payload)
-        if stored is None:
+        if finish.output is not None and self._layout.keeps_outputs:
+            statement, params = (
+                self._q.finish_with_output,
+                {
+                    **params,
+                    **output_params(finish.output),
+                },
+            )
+            self._update_held(statement, params, finish.action, counted=True)
+        elif stored is None:
             self._update_held(self._q.finish, params, finish.action)
         else:
             more = {"payload": stored.text, "bytes": stored.size}
@@ -390,12 +408,12 @@ class PostgresStore(Store):
         self,
         key: str,
         worker: str,
-        effects: Callable[[Any], None],
+        effects: Callable[[Any], Output | None],
         *,
         now: datetime | None = None,
     ) -> None:
-        """Run ``effects(conn)`` and record SUCCEEDED in ONE transaction: both are
-        committed, or neither.
+        """Run ``effects(conn)`` and record SUCCEEDED (with the output ``effects``
+        returns) in ONE transaction: both are committed, or neither.
 
         The record is locked first (``SELECT ... FOR UPDATE``): if ``worker`` does not
         hold it, :class:`LeaseLostError` is raised before ``effects`` runs. While the
@@ -416,9 +434,13 @@ class PostgresStore(Store):
                     if not holds(record, worker):
                         raise LeaseLostError(key, worker, record, SUCCESS.action)
                     stage = "effects"
-                    effects(conn)
+                    output = effects(conn)
                     stage = "record success (effects rolled back) of"
-                    conn.execute(self._q.finish, params)
+                    if output is not None and not output.empty and self._layout.keeps_outputs:
+                        more = output_params(output)
+                        conn.execute(self._q.finish_with_output, {**params, **more})
+                    else:
+                        conn.execute(self._q.finish, params)
                     stage = "commit (outcome unknown: get(key) tells) the success of"
             except psycopg.Error as error:
                 if stage == "effects":
@@ -544,10 +566,24 @@ class PostgresStore(Store):
         # The records' delete trigger deletes their executions in the same statement,
         # and the statement their payloads.
         params = {"terminal": sorted(s.value for s in TERMINAL), "cutoff": utc(older_than)}
+        tables = [self._q.payloads] if self._keeps_payloads else []
+        if self._layout.keeps_outputs:
+            tables.append(self._q.outputs)
         with self._pool.connection() as conn, self._translate("prune records"):
-            if not self._keeps_payloads:
+            if not tables:
                 return conn.execute(self._q.prune, params).rowcount
-            return int(one_row(conn.execute(self._q.prune_keeping, params))[0])
+            return int(one_row(conn.execute(self._q.prune_with(tables), params))[0])
+
+    def output(self, key: str) -> KeptOutput | None:
+        if not self._layout.keeps_outputs:  # no table (a role that cannot add it): none kept
+            return None
+        row = self._run_one("read an output", self._q.kept_output, {"key": key})
+        return kept_output_of(row, maybe_aware)
+
+    def mark_follow_ups_sent(self, key: str, *, now: datetime | None = None) -> None:
+        if self._layout.keeps_outputs:
+            params = {"key": key, "now": utc(now)}
+            self._run("record follow-ups sent", self._q.follow_ups_sent, params)
 
     def kept_payload(self, key: str) -> KeptPayload | None:
         if not self._keeps_payloads:  # no table (a role that cannot migrate): none kept

@@ -17,9 +17,9 @@ from typing import Any
 
 from broker_jobs.envelope import Job
 from broker_jobs.store.ledger import BUCKETS_SQL, COUNTS_SQL, FINISHED_COUNTS_SQL, Dialect
-from broker_jobs.store.records import Finish, JobRecord, PayloadText
+from broker_jobs.store.records import Finish, JobRecord, Output, PayloadText
 from broker_jobs.store.rows import record_of
-from broker_jobs.store.values import payload_text, utc
+from broker_jobs.store.values import follow_ups_text, payload_text, utc
 
 with contextlib.suppress(ImportError):  # the store says what to install
     import psycopg
@@ -70,6 +70,7 @@ class Queries:
         self.leaders = name("broker_jobs_beat_leaders")
         self.executions = name("broker_jobs_executions")
         self.payloads = name("broker_jobs_payloads")
+        self.outputs = name("broker_jobs_outputs")
         self.schema = sql.Identifier(schema) if schema else None
         cols = sql.SQL(", ").join(map(sql.Identifier, COLUMNS))
         self.cols = cols
@@ -119,6 +120,30 @@ class Queries:
                 sql.SQL(") SELECT count(*) FROM done"),
             ]
         )
+        # A success and its output (docs/store.md, "Results and follow-ups") in one
+        # statement: the count says if it was ours; the output replaces any before.
+        self.finish_with_output = sql.Composed(
+            [
+                sql.SQL("WITH done AS ("),
+                self.finish,
+                sql.SQL(
+                    " RETURNING idempotency_key, updated_at), kept AS (INSERT INTO {outputs}"
+                    " (idempotency_key, result, result_bytes, follow_ups, sent_at, kept_at)"
+                    " SELECT idempotency_key, %(result)s, %(result_bytes)s, %(follow_ups)s,"
+                    " NULL, updated_at FROM done ON CONFLICT (idempotency_key) DO UPDATE SET"
+                    " result = excluded.result, result_bytes = excluded.result_bytes,"
+                    " follow_ups = excluded.follow_ups, sent_at = NULL,"
+                    " kept_at = excluded.kept_at) SELECT count(*) FROM done"
+                ).format(outputs=self.outputs),
+            ]
+        )
+        self.kept_output = sql.SQL(
+            "SELECT result, result_bytes, follow_ups, sent_at, kept_at FROM {outputs}"
+            " WHERE idempotency_key = %(key)s"
+        ).format(outputs=self.outputs)
+        self.follow_ups_sent = sql.SQL(
+            "UPDATE {outputs} SET sent_at = %(now)s WHERE idempotency_key = %(key)s"
+        ).format(outputs=self.outputs)
         self.kept_payload = sql.SQL(
             "SELECT payload, bytes, kept_at FROM {payloads} WHERE idempotency_key = %(key)s"
         ).format(payloads=self.payloads)
@@ -180,18 +205,6 @@ class Queries:
         self.prune = q(
             "DELETE FROM {records} WHERE status = ANY(%(terminal)s) AND updated_at < %(cutoff)s"
         )
-        # The records' payloads with them, in the same statement.
-        self.prune_keeping = sql.Composed(
-            [
-                sql.SQL("WITH doomed AS ("),
-                self.prune,
-                sql.SQL(
-                    " RETURNING idempotency_key), gone AS (DELETE FROM {payloads} WHERE"
-                    " idempotency_key IN (SELECT idempotency_key FROM doomed))"
-                    " SELECT count(*) FROM doomed"
-                ).format(payloads=self.payloads),
-            ]
-        )
 
         def beat(template: str) -> sql.Composed:
             return sql.SQL(template).format(fires=self.fires, leaders=self.leaders)
@@ -214,6 +227,28 @@ class Queries:
         self.leader = beat(
             "SELECT group_name, identity, since, seen_at FROM {leaders}"
             " WHERE group_name = %(group)s"
+        )
+
+    def prune_with(self, tables: Sequence[sql.Identifier]) -> sql.Composed:
+        """:attr:`prune`, deleting the records' rows in ``tables`` (payloads, outputs)
+        in the same statement; returns the count of records."""
+        if not tables:
+            return self.prune
+        gone = [
+            sql.SQL(
+                ", gone_{n} AS (DELETE FROM {table} WHERE"
+                " idempotency_key IN (SELECT idempotency_key FROM doomed))"
+            ).format(n=sql.SQL(str(n)), table=table)
+            for n, table in enumerate(tables)
+        ]
+        return sql.Composed(
+            [
+                sql.SQL("WITH doomed AS ("),
+                self.prune,
+                sql.SQL(" RETURNING idempotency_key)"),
+                *gone,
+                sql.SQL(" SELECT count(*) FROM doomed"),
+            ]
         )
 
     def keep(self, rows: str) -> sql.Composed:
@@ -306,6 +341,16 @@ def claim_params(job: Job, worker: str, lease: float, now: datetime | None) -> d
         "worker": worker,
         "lease": lease,
         "now": opt_utc(now),
+    }
+
+
+def output_params(output: Output) -> dict[str, Any]:
+    """The columns of :attr:`Queries.finish_with_output` beside the finish's."""
+    result = output.result
+    return {
+        "result": result.text if result is not None else None,
+        "result_bytes": result.size if result is not None else None,
+        "follow_ups": follow_ups_text(output.follow_ups),
     }
 
 

@@ -81,6 +81,8 @@ class Schema:
     def __init__(self, q: Queries, schema: str | None, store: object, where: str) -> None:
         self.q = q
         self.schema = schema
+        #: Whether this store writes outputs (set by :meth:`open`).
+        self.keeps_outputs = False
         self._store = store
         self._where = where
 
@@ -110,6 +112,11 @@ class Schema:
         if version < 4:
             self._step(conn, 3, lambda conn: conn.execute(self.create_payloads()))
         keeps_payloads = self._can_keep_payloads(conn)
+        if not _exist(conn, self.q.outputs):
+            self._add(conn, [self.create_outputs()])  # without a version: older code ignores it
+        self.keeps_outputs = _exist(conn, self.q.outputs) and self._may_write(
+            conn, self.q.outputs, "results and follow-ups are not kept"
+        )
         if not _exist(conn, self.q.fires, self.q.leaders):
             # A role without CREATE on the schema still opens the store (a worker needs
             # no beat tables); the beat's calls then say what to do.
@@ -227,20 +234,27 @@ class Schema:
         the outcome they come with."""
         if not _exist(conn, self.q.payloads):
             return False
-        table = self.q.payloads.as_string(conn)
+        return self._may_write(conn, self.q.payloads, "job payloads are not kept")
+
+    def _may_write(self, conn: Connection, name: sql.Identifier, else_: str) -> bool:
+        """Whether this role may select, insert and delete in table ``name``; if not,
+        says so (``else_``: what is left out then)."""
+        table = name.as_string(conn)
         (allowed,) = one_row(
             conn.execute(
                 "SELECT has_table_privilege(%(t)s, 'INSERT') AND has_table_privilege(%(t)s,"
-                " 'DELETE') AND has_table_privilege(%(t)s, 'SELECT')",
+                " 'DELETE') AND has_table_privilege(%(t)s, 'SELECT')"
+                " AND has_table_privilege(%(t)s, 'UPDATE')",
                 {"t": table},
             )
         )
         if not allowed:
             log.warning(
-                "%r: this role may not write %s: job payloads are not kept (grant it"
-                " SELECT, INSERT and DELETE there, see docs/store.md)",
+                "%r: this role may not write %s: %s (grant it SELECT, INSERT, UPDATE and"
+                " DELETE there, see docs/store.md)",
                 self._store,
                 table,
+                else_,
             )
         return bool(allowed)
 
@@ -276,6 +290,22 @@ class Schema:
             " bytes integer NOT NULL,"
             " kept_at timestamptz NOT NULL)"
         ).format(payloads=self.q.payloads)
+
+    def create_outputs(self) -> sql.Composed:
+        """What a success keeps beside its record (docs/store.md, "Results and
+        follow-ups"): the handler's result (JSON text; NULL when too large, with
+        ``result_bytes``; both NULL for none) and the follow-up jobs recorded with it
+        (a JSON array), ``sent_at`` once the broker confirmed them all. Added without
+        a version whenever a store opens the database: older code ignores it."""
+        return sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {outputs} ("
+            " idempotency_key text PRIMARY KEY,"
+            " result text,"
+            " result_bytes integer,"
+            " follow_ups text,"
+            " sent_at timestamptz,"
+            " kept_at timestamptz NOT NULL)"
+        ).format(outputs=self.q.outputs)
 
     def status_check(self) -> sql.Composed:
         """Version 2 -> 3: the CHECK of the records' status, with every status."""

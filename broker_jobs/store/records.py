@@ -11,6 +11,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from broker_jobs.envelope import Job
+
 
 class Status(StrEnum):
     QUEUED = "queued"  # published and confirmed (a publisher given the ledger), not claimed
@@ -83,6 +85,49 @@ class PayloadText(NamedTuple):
 
 
 @dataclass(frozen=True)
+class Output:
+    """What a success leaves beside its status (:meth:`Store.succeed`'s ``output``):
+    the handler's result as stored, and the follow-up jobs it asked for, to be
+    published after the success is recorded (``JobContext.then``)."""
+
+    #: The handler's return value as JSON text (text None: too large, only its size);
+    #: None when it returned nothing to keep.
+    result: PayloadText | None = None
+    #: The follow-ups, exactly as they are published (ids, keys, due times).
+    follow_ups: tuple[Job, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return self.result is None and not self.follow_ups
+
+
+@dataclass(frozen=True)
+class KeptOutput:
+    """What the ledger keeps of a success (:meth:`Store.output`)."""
+
+    #: The result, parsed (never evaluated); None when the handler returned none or
+    #: its JSON was too large to keep (then ``result_size`` says how large).
+    result: Any
+    #: Bytes of the result's JSON text (UTF-8); None when no result was kept.
+    result_size: int | None
+    #: The follow-up jobs recorded with the success, in the order they are published.
+    follow_ups: tuple[Job, ...]
+    #: When the broker confirmed every follow-up (None: not yet, or none).
+    sent_at: datetime | None
+    kept_at: datetime  # when the success recorded it (aware UTC)
+
+    @property
+    def result_too_large(self) -> bool:
+        return self.result_size is not None and self.result is None
+
+    @property
+    def follow_ups_pending(self) -> bool:
+        """Follow-ups recorded that the broker has not confirmed yet (a worker died
+        between the record and the ack): the job's next delivery publishes them."""
+        return bool(self.follow_ups) and self.sent_at is None
+
+
+@dataclass(frozen=True)
 class Finish:
     """How the holder of a claim ends it (:meth:`Store.succeed`, ``retry``, ``fail``):
     what a store's ``_finish`` records, the arguments checked and the error clipped."""
@@ -92,10 +137,18 @@ class Finish:
     error: str | None = None  # RETRYING, FAILED: the error, as stored
     due_at: datetime | None = None  # RETRYING: when the next attempt is due (UTC)
     payload: PayloadText | None = None  # kept with the outcome if the key has none
+    #: SUCCEEDED: the result and follow-ups, written in the same atomic step (they
+    #: replace any kept for the key before). None: nothing to keep.
+    output: Output | None = None
 
 
 #: :meth:`Store.succeed`'s finish.
 SUCCESS = Finish(Status.SUCCEEDED, "record success of")
+
+
+def succeeded_with(output: Output) -> Finish:
+    """:meth:`Store.succeed`'s finish when the success keeps ``output``."""
+    return Finish(Status.SUCCEEDED, SUCCESS.action, output=output)
 
 
 @dataclass(frozen=True)

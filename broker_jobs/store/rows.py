@@ -14,11 +14,12 @@ from broker_jobs.store.records import (
     Execution,
     ExecutionOutcome,
     JobRecord,
+    KeptOutput,
     KeptPayload,
     LeaderRecord,
     Status,
 )
-from broker_jobs.store.values import read_payload
+from broker_jobs.store.values import read_output, read_payload
 
 #: A time as a store's driver returns it -> aware UTC (None for NULL).
 ReadTime = Callable[[Any], datetime | None]
@@ -64,6 +65,15 @@ def kept_payload_of(row: Sequence[Any] | None, time: ReadTime) -> KeptPayload | 
         return None
     text, size, kept_at = row
     return read_payload(text, size, _required(time(kept_at)))
+
+
+def kept_output_of(row: Sequence[Any] | None, time: ReadTime) -> KeptOutput | None:
+    """A row of ``result, result_bytes, follow_ups, sent_at, kept_at``; None for no
+    row (the success kept no output)."""
+    if row is None:
+        return None
+    result, size, follow_ups, sent_at, kept_at = row
+    return read_output(result, size, follow_ups, time(sent_at), _required(time(kept_at)))
 
 
 def leader_of(row: Sequence[Any] | None, time: ReadTime) -> LeaderRecord | None:

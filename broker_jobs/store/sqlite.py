@@ -53,13 +53,21 @@ from broker_jobs.store.records import (
     Execution,
     Finish,
     JobRecord,
+    KeptOutput,
     KeptPayload,
     LeaderRecord,
+    Output,
     PayloadText,
     Status,
     TaskSummary,
 )
-from broker_jobs.store.rows import execution_of, kept_payload_of, leader_of, status_counts
+from broker_jobs.store.rows import (
+    execution_of,
+    kept_output_of,
+    kept_payload_of,
+    leader_of,
+    status_counts,
+)
 from broker_jobs.store.sqlite_batching import Call, StoreThread
 from broker_jobs.store.sqlite_schema import SCHEMA_VERSION, create_tables, use_wal
 from broker_jobs.store.sqlite_statements import (
@@ -73,7 +81,9 @@ from broker_jobs.store.sqlite_statements import (
     _DURATIONS,
     _EXECUTIONS_OF,
     _FINISHED_COUNTS,
+    _FOLLOW_UPS_SENT,
     _KEEP_PAYLOAD,
+    _KEPT_OUTPUT,
     _KEPT_PAYLOAD,
     _LAST_FIRE,
     _LAST_FIRES,
@@ -87,6 +97,7 @@ from broker_jobs.store.sqlite_statements import (
     _claim_rows,
     _finish_row,
     _insert_fresh,
+    _keep_output,
     _record,
     _row,
     _succeed_rows,
@@ -361,7 +372,7 @@ class SQLiteStore(ExclusiveStore):
         # transaction of its own (the outcome and its payload commit together).
         moment = utc(now)
         batch = getattr(self._local, "batch", None)
-        if batch is None and finish.payload is not None:
+        if batch is None and (finish.payload is not None or finish.output is not None):
             with self._transaction("change a record") as conn:
                 updated = _finish_row(conn, key, worker, finish, moment)
         else:
@@ -449,6 +460,13 @@ class SQLiteStore(ExclusiveStore):
     def kept_payload(self, key: str) -> KeptPayload | None:
         return kept_payload_of(self._read_one("read a payload", _KEPT_PAYLOAD, (key,)), _time)
 
+    def output(self, key: str) -> KeptOutput | None:
+        return kept_output_of(self._read_one("read an output", _KEPT_OUTPUT, (key,)), _time)
+
+    def mark_follow_ups_sent(self, key: str, *, now: datetime | None = None) -> None:
+        params = (_text(utc(now)), key)
+        self._write(_FOLLOW_UPS_SENT, params, "FULL", "record follow-ups sent")
+
     def get_by_job_id(self, job_id: str) -> list[JobRecord]:
         # Two lookups, each by an index: the record keyed by the job id itself, and
         # the others (the job-id index holds only those).
@@ -493,7 +511,7 @@ class SQLiteStore(ExclusiveStore):
         marks = ", ".join("?" * len(TERMINAL))
         doomed = f"status IN ({marks}) AND updated_at < ?"
         with self._transaction("prune records") as conn:
-            for table in ("broker_jobs_executions", "broker_jobs_payloads"):
+            for table in ("broker_jobs_executions", "broker_jobs_payloads", "broker_jobs_outputs"):
                 conn.execute(
                     f"DELETE FROM {table} WHERE idempotency_key IN"
                     f" (SELECT idempotency_key FROM broker_jobs_records WHERE {doomed})",
@@ -562,6 +580,9 @@ class _SQLiteRecords:
 
     def keep_payload(self, key: str, payload: PayloadText, now: datetime) -> None:
         self._conn.execute(_KEEP_PAYLOAD, (key, payload.text, payload.size, _text(now)))
+
+    def keep_output(self, key: str, output: Output, now: datetime) -> None:
+        _keep_output(self._conn, key, output, now)
 
 
 #: SQLite's primary result codes that mean "the database cannot be used now", not "the

@@ -162,6 +162,22 @@ _CREATE_LEDGER_INDEXES = (
 
 #: The beat's tables, added after version 1 without changing the layout of the others
 #: (older code ignores them): created if missing whenever a store opens the file.
+#: What a success keeps beside its record (docs/store.md, "Results and follow-ups"):
+#: the handler's result (JSON text, NULL when too large: ``result_bytes`` says how
+#: large; both NULL for none) and the follow-up jobs recorded with it (a JSON array),
+#: ``sent_at`` once the broker confirmed them all. A table of its own, written only
+#: for a success that keeps something (the fast path's batched successes never
+#: touch it); added whenever a store opens the file, without a version: older code
+#: ignores it (and keeps no outputs). Deleted with its record by prune.
+_CREATE_OUTPUTS = """CREATE TABLE IF NOT EXISTS broker_jobs_outputs (
+        idempotency_key TEXT PRIMARY KEY,
+        result TEXT,
+        result_bytes INTEGER,
+        follow_ups TEXT,
+        sent_at TEXT,
+        kept_at TEXT NOT NULL
+    ) WITHOUT ROWID"""
+
 _CREATE_BEAT = (
     """CREATE TABLE IF NOT EXISTS broker_jobs_beat_fires (
         schedule TEXT PRIMARY KEY,
@@ -213,7 +229,12 @@ def create_tables(conn: sqlite3.Connection, store: object, where: str) -> None:
             f" one knows up to {SCHEMA_VERSION}). Upgrade broker-jobs on this host, or use"
             " another file"
         )
-    for statement in (*_CREATE_BEAT, *_CREATE_JOB_ID_INDEX, *_CREATE_LEDGER_INDEXES):
+    for statement in (
+        *_CREATE_BEAT,
+        _CREATE_OUTPUTS,
+        *_CREATE_JOB_ID_INDEX,
+        *_CREATE_LEDGER_INDEXES,
+    ):
         conn.execute(statement)
     conn.execute("COMMIT")
 

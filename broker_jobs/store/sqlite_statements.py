@@ -23,9 +23,10 @@ from broker_jobs.store.ledger import (
     FINISHED_SQL,
     Dialect,
 )
-from broker_jobs.store.records import Claim, ClaimOutcome, Finish, JobRecord, Status
+from broker_jobs.store.records import Claim, ClaimOutcome, Finish, JobRecord, Output, Status
 from broker_jobs.store.rows import record_of
 from broker_jobs.store.rules import claimed_record, decide
+from broker_jobs.store.values import follow_ups_text
 
 _COLUMNS = (
     "idempotency_key, job_id, task, status, attempts, created_at, updated_at, worker,"
@@ -84,6 +85,17 @@ _KEEP_PAYLOAD = (
     " VALUES (?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING"
 )
 _KEPT_PAYLOAD = "SELECT payload, bytes, kept_at FROM broker_jobs_payloads WHERE idempotency_key = ?"
+#: A success's output replaces any kept for the key (a replayed job's new success).
+_KEEP_OUTPUT = (
+    "INSERT OR REPLACE INTO broker_jobs_outputs"
+    " (idempotency_key, result, result_bytes, follow_ups, sent_at, kept_at)"
+    " VALUES (?, ?, ?, ?, NULL, ?)"
+)
+_KEPT_OUTPUT = (
+    "SELECT result, result_bytes, follow_ups, sent_at, kept_at FROM broker_jobs_outputs"
+    " WHERE idempotency_key = ?"
+)
+_FOLLOW_UPS_SENT = "UPDATE broker_jobs_outputs SET sent_at = ? WHERE idempotency_key = ?"
 
 _RECORD_FIRE = (
     "INSERT INTO broker_jobs_beat_fires (schedule, fire_at) VALUES (?, ?)"
@@ -284,7 +296,16 @@ def _finish_row(
     if finish.payload is not None:
         stored = finish.payload
         conn.execute(_KEEP_PAYLOAD, (key, stored.text, stored.size, _text(moment)))
+    if finish.output is not None:
+        _keep_output(conn, key, finish.output, moment)
     return True
+
+
+def _keep_output(conn: sqlite3.Connection, key: str, output: Output, moment: datetime) -> None:
+    result = output.result
+    text, size = (result.text, result.size) if result is not None else (None, None)
+    params = (key, text, size, follow_ups_text(output.follow_ups), _text(moment))
+    conn.execute(_KEEP_OUTPUT, params)
 
 
 def _record(row: Sequence[Any]) -> JobRecord:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from broker_jobs.store.records import KeptPayload, PayloadText
+from broker_jobs.envelope import Job
+from broker_jobs.store.records import KeptOutput, KeptPayload, PayloadText
 
 #: Error texts are stored truncated to this many bytes of UTF-8 (a traceback's tail
 #: is cut, with a marker), so one huge exception cannot bloat the ledger.
@@ -40,17 +41,48 @@ def payload_text(payload: Mapping[str, Any] | None) -> PayloadText | None:
     larger than :data:`MAX_PAYLOAD_BYTES` (then only the size). None for no payload,
     or one that is no JSON (a job's always is: it came as JSON or was sent as JSON).
     Control characters (NUL included) are escaped by JSON: PostgreSQL text takes it."""
-    if payload is None:
-        return None
+    return None if payload is None else json_text(dict(payload))
+
+
+def json_text(value: Any) -> PayloadText | None:
+    """Any JSON value (a payload, a handler's result) as the ledger stores it: as
+    :func:`payload_text` says; None for a value that is no JSON (NaN included)."""
     try:
-        text = json.dumps(dict(payload), ensure_ascii=False, separators=(",", ":"))
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         data = text.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate: JSON's escapes carry it
-        text = json.dumps(dict(payload), separators=(",", ":"))
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
         data = text.encode("utf-8")
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return None
     return PayloadText(text if len(data) <= MAX_PAYLOAD_BYTES else None, len(data))
+
+
+def follow_ups_text(follow_ups: Sequence[Job]) -> str | None:
+    """Follow-up jobs as the ledger stores them: a JSON array of the jobs' fields
+    (None for none). Never capped: each payload was validated as a job's."""
+    if not follow_ups:
+        return None
+    return json.dumps([job.model_dump(mode="json") for job in follow_ups], separators=(",", ":"))
+
+
+def read_output(
+    result: str | None,
+    result_size: int | None,
+    follow_ups: str | None,
+    sent_at: datetime | None,
+    kept_at: datetime,
+) -> KeptOutput:
+    """A stored output back: the result parsed (never evaluated; text that is no
+    JSON reads as not kept), the follow-ups as jobs."""
+    value = None
+    if result is not None:
+        try:
+            value = json.loads(result)
+        except ValueError:
+            value = None
+    jobs = tuple(Job.model_validate(fields) for fields in json.loads(follow_ups or "[]"))
+    return KeptOutput(value, result_size, jobs, sent_at, kept_at)
 
 
 def read_payload(text: str | None, size: int, kept_at: datetime) -> KeptPayload:

@@ -58,6 +58,12 @@ log = logging.getLogger(__name__)
 LINK_DOWN: tuple[type[BaseException], ...] = (*CONNECT_ERRORS, BrokerConnectionError)
 #: Seconds between checks of the queues' depth in burst mode.
 BURST_POLL = 0.1
+#: Seconds a burst worker that has received nothing yet keeps waiting for a first
+#: delivery although its queues read empty: a message the broker has handed to the
+#: new consumer is no longer counted as ready, but may not have arrived yet (a
+#: quorum queue commits the consumer's checkout to its log first: on RabbitMQ 4.0,
+#: under load, a burst worker saw its queue empty and exited 0 with the job in transit).
+BURST_FIRST_DELIVERY = 1.5
 #: Seconds between prunings of the ledger.
 PRUNE_EVERY = 3600.0
 #: Seconds between looks at whether the other jobs settled, before a replacement.
@@ -172,6 +178,9 @@ class Worker:
         """Whether any delivery is in hand (burst mode waits for this to end)."""
         runner, fast_path = self._runner, self._fast_path
         return (runner is not None and runner.busy) or (fast_path is not None and fast_path.busy)
+
+    def _received_any(self) -> bool:
+        return self._fast_path is not None and self._fast_path.received > 0
 
     async def run(self) -> Counter[str]:
         """Consume until stopped (or drained); raises
@@ -362,8 +371,12 @@ class Worker:
             connection_name=f"broker-jobs worker {self._worker_id} (burst)",
         )
         probe = await connection.channel()
+        loop = asyncio.get_running_loop()
+        waiting_since = loop.time()
         quiet = 0
-        while quiet < 2:
+        while quiet < 2 or (
+            not self._received_any() and loop.time() - waiting_since < BURST_FIRST_DELIVERY
+        ):
             await asyncio.sleep(BURST_POLL)
             depth = 0
             for name in queues:

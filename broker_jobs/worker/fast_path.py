@@ -44,7 +44,7 @@ from pydantic import BaseModel
 from broker_jobs.app import TaskSpec
 from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job, utc_now
-from broker_jobs.store.base import Claim, ClaimOutcome, StoreError
+from broker_jobs.store.base import Claim, ClaimOutcome, Output, StoreError
 from broker_jobs.worker.acks import ChannelAcks
 from broker_jobs.worker.calling import bound_handler
 from broker_jobs.worker.claims import BUSY, RUN, claim_verdict
@@ -81,6 +81,9 @@ class _Item:
     run: Run | None = None
     #: A limited sync handler's time limit (set when it starts on its thread).
     watch: LimitWatch | None = None
+    #: What its success keeps (a result, follow-ups): recorded on its own, not in
+    #: the batch (set when its handler returns).
+    output: Output | None = None
 
     @functools.cached_property
     def message(self) -> Delivery:
@@ -128,6 +131,8 @@ class FastPath:
         self._claimed_jobs: set[_Item] = set()
         #: Sync jobs whose handler did not return within the overrun grace.
         self._stuck_jobs: set[_Item] = set()
+        #: Deliveries taken, ever (burst mode waits for a first one a while).
+        self.received = 0
 
     @property
     def busy(self) -> bool:
@@ -149,6 +154,7 @@ class FastPath:
         """Take a delivery (the consumer's callback): decoded now, claimed with the
         others of this loop iteration in one store call."""
         runner = self._runner
+        self.received += 1
         if runner.stopping:  # arrived after the consumer was cancelled: it goes back
             runner.settling.leave(acks, delivered.delivery_tag or 0)
             return
@@ -283,11 +289,16 @@ class FastPath:
                 runner.spawn(item.message, item.task, outcome)
                 self._release(item)
             else:  # a duplicate (done already, an older attempt) or cancelled
-                self._spawn(self._ack_skipped(item, verdict))
+                self._spawn(self._ack_skipped(item, verdict, claim))
 
-    async def _ack_skipped(self, item: _Item, outcome: str) -> None:
+    async def _ack_skipped(self, item: _Item, outcome: str, claim: Claim) -> None:
+        runner = self._runner
         try:
-            await self._runner.settling.ack(item.acks, [Settled(item.tag, item.task, outcome)])
+            # A success's follow-ups that its worker did not confirm go out first.
+            if await runner.follow_ups.after_duplicate(item.job, item.spec, claim.record):
+                await runner.settling.ack(item.acks, [Settled(item.tag, item.task, outcome)])
+            else:
+                runner.settling.leave(item.acks, item.tag)
         finally:
             self._release(item)  # only now: a stopping worker waits for the ack
 
@@ -329,11 +340,12 @@ class FastPath:
         item.watch = watch = limit.watch(guard, functools.partial(self._stuck_jobs.add, item))
         if watch is not None:
             self._call_soon(watch.arm)
-        handler = bound_handler(item.spec, item.job, runner.settings.worker_id)
+        call = bound_handler(item.spec, item.job, runner.settings.worker_id, runner.follow_ups)
         item.run = run = runner.observer.run(item.job)
         try:
             with run:
-                guard.call(handler, item.payload)
+                returned = guard.call(call.function, item.payload)
+            item.output = call.output(returned)
         except BaseException as error:  # reported; the loop decides (retry, dead letter)
             self._report(item, error)
         else:
@@ -347,11 +359,14 @@ class FastPath:
             if item.must_not_start(runner):  # not started: the claim goes back, the delivery too
                 self._give_claim_back(item)
                 return
-            handler = bound_handler(item.spec, item.job, runner.settings.worker_id)
+            call = bound_handler(item.spec, item.job, runner.settings.worker_id, runner.follow_ups)
             error: BaseException | None = None
             item.run = run = runner.observer.run(item.job)
             try:
-                await run_async_handler(handler, item.payload, run, item.spec.time_limit)
+                returned = await run_async_handler(
+                    call.function, item.payload, run, item.spec.time_limit
+                )
+                item.output = call.output(returned)
             except asyncio.CancelledError:  # the worker is going: left unsettled
                 raise
             except BaseException as raised:  # reported; the loop decides (retry, dead letter)
@@ -446,10 +461,14 @@ class FastPath:
             self._done.clear()
             while self._finished:
                 finished, self._finished = self._finished, []
-                succeeded = [item for item, error in finished if error is None]
+                succeeded = []
                 for item, error in finished:
                     if error is not None:
                         self._fail(item, error)
+                    elif item.output is not None:  # rare: on its own, off the batch
+                        self._spawn(self._succeed_with_output(item))
+                    else:
+                        succeeded.append(item)
                 if succeeded:
                     await self._succeed(succeeded)
 
@@ -467,6 +486,26 @@ class FastPath:
         for acks, group in groupby(items, key=lambda item: item.acks):
             await settling.ack(acks, [Settled(item.tag, item.task, "succeeded") for item in group])
         for item in items:  # settled only now: a stopping worker waits for the acks
+            self._release(item)
+
+    async def _succeed_with_output(self, item: _Item) -> None:
+        """A success that keeps a result or follow-ups: recorded with them, its
+        follow-ups published (confirmed), then acked (docs/worker.md, Next steps)."""
+        runner = self._runner
+        finished = Finished(item.job, item.holder, item.run, item.output)
+        try:
+            recorded = await runner.settling.record_successes([finished])
+        except Exception:
+            log.exception("recording job %s's success failed; returning it", item.job.id)
+            await self._give_back([item])
+            return
+        try:
+            outcome = await runner.after_success(item.job, item.output if recorded else None)
+            if outcome is None:  # stopping before its follow-ups were confirmed
+                runner.settling.leave(item.acks, item.tag)
+            else:
+                await runner.settling.ack(item.acks, [Settled(item.tag, item.task, outcome)])
+        finally:
             self._release(item)
 
     def _fail(self, item: _Item, error: BaseException) -> None:

@@ -42,6 +42,7 @@ from broker_jobs.store.base import (
     ExecutionOutcome,
     JobRecord,
     LeaseLostError,
+    Output,
     Status,
     Store,
     StoreError,
@@ -52,6 +53,7 @@ from broker_jobs.worker.dead_letters import DeathCause, dead_letter_message, pub
 from broker_jobs.worker.delivery import Delivery, WrongQueueError, decode_for_queue, wire_message
 from broker_jobs.worker.delivery_limit import Rescue, at_delivery_limit, judge_last_delivery
 from broker_jobs.worker.execution import STUCK_RETRY_FLOOR, Executor, RunLimit, TimeLimitExceeded
+from broker_jobs.worker.follow_ups import FollowUps
 from broker_jobs.worker.ledger_gate import LedgerGate, LedgerGaveUp
 from broker_jobs.worker.link import BrokerLink, LinkStoppedError
 from broker_jobs.worker.observer import JobObserver, Run
@@ -114,6 +116,14 @@ class Runner:
             store, self.ledger, self.observer, recorded=self.recorded, in_store=self.in_store
         )
         self.outcomes = self.settling.outcomes
+        #: The next steps handlers ask for, published after their success (both paths).
+        self.follow_ups = FollowUps(
+            app,
+            store,
+            republish=lambda job: self._republish(job, eta=job.due_at),
+            recorded=self.recorded,
+            stopping=lambda: self._stopping,
+        )
         # One thread for the store's short calls: several threads would only take
         # turns at the GIL and at SQLite's write lock (measured: slower, not faster).
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="broker-jobs-store")
@@ -247,9 +257,7 @@ class Runner:
         """:meth:`in_store`, held through a ledger outage (:class:`LedgerGate`): tried
         again until the store answers; ``give_up()`` true after a failure raises
         :class:`LedgerGaveUp` instead."""
-        return await self.ledger.call(
-            lambda: self.in_store(call, *args, **kwargs), give_up=give_up
-        )
+        return await self.ledger.call(lambda: self.in_store(call, *args, **kwargs), give_up=give_up)
 
     async def release(self, job: Job, holder: str) -> None:
         """Give ``holder``'s claim back (a job not started, or abandoned) so that its
@@ -353,7 +361,11 @@ class Runner:
         )
         verdict = claim_verdict(job, claim, self.observer)
         if verdict != RUN:
-            return verdict  # busy: held by the caller; else skipped
+            if verdict == BUSY:
+                return verdict  # held by the caller
+            # Skipped; a success's follow-ups its worker did not confirm go out first.
+            sent = await self.follow_ups.after_duplicate(job, spec, claim.record)
+            return verdict if sent else None
         if spec.handler is None:
             death = DeathCause("no-handler", "this app has no handler")
         if death is not None:
@@ -374,9 +386,10 @@ class Runner:
         if spec.transactional:
             return await self._run_in_transaction(message, job, spec, payload, holder)
         run = self.observer.run(job)
+        call = bound_handler(spec, job, settings.worker_id, self.follow_ups)
         try:
-            await self._executor.run(
-                bound_handler(spec, job, settings.worker_id),
+            returned = await self._executor.run(
+                call.function,
                 payload,
                 run,
                 RunLimit(spec.time_limit, job, self.overruns),
@@ -386,8 +399,16 @@ class Runner:
             )
         except Exception as error:  # the handler's failure, decided by its policy
             return await self.after_failure(message, job, spec, error, holder, run=run)
-        await self.settling.record_successes([Finished(job, holder, run)])
-        return "succeeded"
+        output = call.output(returned)
+        recorded = await self.settling.record_successes([Finished(job, holder, run, output)])
+        return await self.after_success(job, output if recorded else None)
+
+    async def after_success(self, job: Job, output: Output | None) -> str | None:
+        """A success is recorded: its follow-ups published (confirmed) before the ack;
+        None (the delivery left unacked) if the worker stops before they all were."""
+        if output is None or not output.follow_ups:
+            return "succeeded"
+        return "succeeded" if await self.follow_ups.send(job, output.follow_ups) else None
 
     async def _run_in_transaction(
         self,
@@ -400,10 +421,13 @@ class Runner:
         """The handler's writes and the success record in one store transaction."""
         worker_id = self._settings.worker_id
         run = self.observer.run(job)
+        outputs: list[Output | None] = [None]
 
-        def effects(db: object) -> None:
+        def effects(db: object) -> Output | None:
             with run:  # inside the transaction: a lease lost before it runs nothing
-                bound_handler(spec, job, worker_id)(payload, db)
+                call = bound_handler(spec, job, worker_id, self.follow_ups)
+                outputs[0] = call.output(call.function(payload, db))
+            return outputs[0]  # kept with the success, in the same transaction
 
         store, ledger = self._store, self.ledger
         tried_before = False
@@ -430,7 +454,7 @@ class Runner:
             break
         ledger.answered()
         self.observer.succeeded(job, run)
-        return "succeeded"
+        return await self.after_success(job, outputs[0])
 
     async def after_failure(
         self,
@@ -570,8 +594,7 @@ class Runner:
                 if self._link.is_up and not isinstance(error, LINK_ERRORS):
                     raise
                 log.warning(
-                    "a publish met a broken link (%s); it is made again once the broker"
-                    " is back",
+                    "a publish met a broken link (%s); it is made again once the broker is back",
                     type(error).__name__,
                 )
                 if self._link.is_up:  # the publisher's own connection: it reconnects

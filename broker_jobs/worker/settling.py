@@ -18,7 +18,7 @@ from itertools import groupby
 from typing import Any, TypeVar
 
 from broker_jobs.envelope import Job
-from broker_jobs.store.base import LeaseLostError, Store, StoreError
+from broker_jobs.store.base import LeaseLostError, Output, Store, StoreError
 from broker_jobs.worker.acks import ChannelAcks
 from broker_jobs.worker.ledger_gate import LedgerGate
 from broker_jobs.worker.observer import JobObserver, Run
@@ -44,6 +44,8 @@ class Finished:
     job: Job
     holder: str
     run: Run | None
+    #: The handler's result and follow-ups to keep with the success (None: none).
+    output: Output | None = None
 
 
 @dataclass(frozen=True)
@@ -97,16 +99,24 @@ class Settling:
         self._observer.renewed(job.task)
         return True
 
-    async def record_successes(self, finished: Sequence[Finished]) -> None:
+    async def record_successes(self, finished: Sequence[Finished]) -> list[Finished]:
         """Record the successes in one store call: at once on the loop where the store
         can do it without waiting, else on the store's thread, held through a ledger
         outage (the handlers ran: their deliveries stay unacked until it is written).
-        A job whose lease was taken over meanwhile is said so, not raised. Raises what
+        A success with an output (a result, follow-ups) is recorded by a call of its
+        own, the output in the same transaction. A job whose lease was taken over
+        meanwhile is said so, not raised. Returns the successes recorded; raises what
         the store raises otherwise (the caller returns the deliveries)."""
-        pairs = [(done.job.idempotency_key, done.holder) for done in finished]
-        lost = self._store.try_succeed_many(pairs)
-        if lost is None:
-            lost = await self._recorded(self._store.succeed_many, pairs)
+        if any(done.output is not None for done in finished):
+            lost = [key for done in finished if (key := await self._record_one(done))]
+        else:
+            pairs = [(done.job.idempotency_key, done.holder) for done in finished]
+            tried = self._store.try_succeed_many(pairs)
+            lost = (
+                tried
+                if tried is not None
+                else await self._recorded(self._store.succeed_many, pairs)
+            )
         observer = self._observer
         if lost:
             lost_keys = set(lost)
@@ -120,6 +130,16 @@ class Settling:
                     )
             finished = [done for done in finished if done.job.idempotency_key not in lost_keys]
         observer.succeeded_all((done.job, done.run) for done in finished)
+        return list(finished)
+
+    async def _record_one(self, done: Finished) -> str | None:
+        """Record one success with its output; the key if its lease was lost."""
+        key = done.job.idempotency_key
+        try:
+            await self._recorded(self._store.succeed, key, done.holder, output=done.output)
+        except LeaseLostError:
+            return key
+        return None
 
     async def ack(self, acks: ChannelAcks, settled: Sequence[Settled]) -> None:
         """Ack deliveries of one channel whose outcomes are recorded (one ``multiple``
