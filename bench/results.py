@@ -60,15 +60,15 @@ class Options:
 def make_app(namespace: str) -> App:
     app = App(namespace=namespace)
 
-    @app.task("bench.none")
+    @app.task("bench.none", time_limit=60)
     def none(payload: Item) -> None:
         return None
 
-    @app.task("bench.result")
+    @app.task("bench.result", time_limit=60)
     def result(payload: Item) -> dict[str, Any]:
         return {"n": payload.n, "status": "done"}
 
-    @app.task("bench.opted-out", keep_result=False)
+    @app.task("bench.opted-out", keep_result=False, time_limit=60)
     def opted_out(payload: Item) -> dict[str, Any]:
         return {"n": payload.n, "status": "done"}
 
@@ -82,7 +82,7 @@ def ledger(kind: str, workdir: Path, dsn: str) -> Iterator[Store]:
         with SQLiteStore(workdir / f"{uuid.uuid4().hex}.db") as store:
             yield store
         return
-    with PostgresStore(f"{dsn}?schema=b_{uuid.uuid4().hex[:10]}") as store:
+    with PostgresStore(dsn, schema=f"b_{uuid.uuid4().hex[:10]}") as store:
         yield store
 
 

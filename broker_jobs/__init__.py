@@ -10,6 +10,7 @@ from broker_jobs.errors import (
     ConfirmTimeoutError,
     ConsumerCancelledError,
     DecodeError,
+    FollowUpError,
     JobError,
     NackedError,
     PayloadEncodingError,
@@ -53,6 +54,7 @@ __all__ = [
     # the envelope and its wire form
     "Job",
     "JobContext",
+    "FollowUpError",
     "WireMessage",
     "decode",
     "encode",

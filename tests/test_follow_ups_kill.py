@@ -32,11 +32,10 @@ from topology import Topology
 STEPS = ["after-handler", "after-record", "between-publishes", "before-ack"]
 
 APP = """
-    import functools, os, signal
+    import os, signal
     from pathlib import Path
     from pydantic import BaseModel
     from broker_jobs import App, JobContext
-    from broker_jobs.store.base import Store
     from broker_jobs.worker.follow_ups import FollowUps
     from broker_jobs.worker.settling import Settling
 
@@ -65,13 +64,14 @@ APP = """
         with RAN.open("a") as ran:
             ran.write(f"{{job.idempotency_key}}\\n")
 
-    succeed, send, publish, ack = Store.succeed, FollowUps.send, FollowUps._publish, Settling.ack
+    record, send, publish, ack = (
+        Settling.record_successes, FollowUps.send, FollowUps._publish, Settling.ack
+    )
 
-    @functools.wraps(succeed)  # the SQLite store's thread calls it by its name
-    def succeeding(self, key, worker, **options):
-        if options.get("output") is not None:
+    async def recording(self, finished):
+        if any(done.output is not None for done in finished):
             kill_at("after-handler")  # the handler returned; nothing recorded
-        return succeed(self, key, worker, **options)
+        return await record(self, finished)
 
     async def sending(self, parent, jobs):
         kill_at("after-record")  # committed; nothing published
@@ -87,8 +87,8 @@ APP = """
             kill_at("before-ack")  # both confirmed and marked sent
         return await ack(self, acks, settled)
 
-    Store.succeed, FollowUps.send, FollowUps._publish, Settling.ack = (
-        succeeding, sending, publishing, acking
+    Settling.record_successes, FollowUps.send, FollowUps._publish, Settling.ack = (
+        recording, sending, publishing, acking
     )
 """
 

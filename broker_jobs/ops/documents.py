@@ -76,13 +76,7 @@ def payload_document(kept: KeptPayload | None) -> dict[str, Any] | None:
     ``payload`` is None when it was too large to keep (``too_large``)."""
     if kept is None:
         return None
-    return {
-        "payload": kept.payload,
-        "bytes": kept.size,
-        "too_large": kept.too_large,
-        "max_bytes": MAX_PAYLOAD_BYTES,
-        "kept_at": iso(kept.kept_at),
-    }
+    return _kept_document("payload", kept.payload, kept.size, kept.kept_at)
 
 
 def result_document(kept: KeptOutput | None) -> dict[str, Any] | None:
@@ -90,12 +84,17 @@ def result_document(kept: KeptOutput | None) -> dict[str, Any] | None:
     none. ``value`` is None when it was too large to keep (``too_large``)."""
     if kept is None or kept.result_size is None:
         return None
+    return _kept_document("value", kept.result, kept.result_size, kept.kept_at)
+
+
+def _kept_document(name: str, value: Any, size: int, kept_at: datetime) -> dict[str, Any]:
+    """A JSON value the ledger keeps up to the cap (``value`` None: too large)."""
     return {
-        "value": kept.result,
-        "bytes": kept.result_size,
-        "too_large": kept.result_too_large,
+        name: value,
+        "bytes": size,
+        "too_large": value is None,
         "max_bytes": MAX_PAYLOAD_BYTES,
-        "kept_at": iso(kept.kept_at),
+        "kept_at": iso(kept_at),
     }
 
 

@@ -209,6 +209,17 @@ class Store(ABC):
                 lost.append(key)
         return lost
 
+    def succeed_many_keeping(self, finished: Sequence[tuple[str, str, Output]]) -> list[str]:
+        """:meth:`succeed` with an output for several ``(key, worker, output)``, as one
+        call (one transaction where the store can); the keys whose lease was lost."""
+        lost = []
+        for key, worker, output in finished:
+            try:
+                self.succeed(key, worker, output=output)
+            except LeaseLostError:
+                lost.append(key)
+        return lost
+
     @abstractmethod
     def succeed_with(
         self,

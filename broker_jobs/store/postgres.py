@@ -357,6 +357,26 @@ class PostgresStore(Store):
                 cursors = [(one["key"], conn.execute(self._q.finish, one)) for one in params]
             return [key for key, cursor in cursors if cursor.rowcount != 1]
 
+    def succeed_many_keeping(self, finished: Sequence[tuple[str, str, Output]]) -> list[str]:
+        """Every success and its output in ONE transaction, pipelined, as
+        :meth:`succeed_many` (measured: one transaction per success halved the
+        drain of a task that returns a result)."""
+        if not self._layout.keeps_outputs:
+            return self.succeed_many([(key, worker) for key, worker, _ in finished])
+        params = [
+            {**finish_params(key, worker, SUCCESS, None), **output_params(output)}
+            for key, worker, output in sorted(finished, key=lambda one: one[0])
+        ]
+        with (
+            self._pool.connection() as conn,
+            self._translate(f"record {len(finished)} successes"),
+            conn.transaction(),
+        ):
+            with conn.pipeline():
+                statement = self._q.finish_with_output
+                cursors = [(one["key"], conn.execute(statement, one)) for one in params]
+            return [key for key, cursor in cursors if one_row(cursor)[0] != 1]
+
     def renew(self, key: str, worker: str, lease: float, *, now: datetime | None = None) -> None:
         params = {"key": key, "worker": worker, "lease": check_lease(lease), "now": opt_utc(now)}
         self._update_held(self._q.renew, params, "renew the lease of")

@@ -34,7 +34,17 @@ log = logging.getLogger("broker_jobs.store.sqlite")  # the store's log
 #: Methods that may share one transaction with others (they write nothing before
 #: they can fail with LeaseLostError or ValueError, so one failing leaves the
 #: others intact).
-BATCHABLE = frozenset({"succeed", "succeed_many", "retry", "fail", "record_fire", "record_leader"})
+BATCHABLE = frozenset(
+    {
+        "succeed",
+        "succeed_many",
+        "succeed_many_keeping",
+        "retry",
+        "fail",
+        "record_fire",
+        "record_leader",
+    }
+)
 #: Those whose commit may be synchronous=NORMAL (a loss to a power cut is harmless,
 #: see ``SQLiteStore.claim``); a batch holding any other commits with FULL.
 LAZY = frozenset({"record_leader"})

@@ -75,12 +75,7 @@ def read_output(
 ) -> KeptOutput:
     """A stored output back: the result parsed (never evaluated; text that is no
     JSON reads as not kept), the follow-ups as jobs."""
-    value = None
-    if result is not None:
-        try:
-            value = json.loads(result)
-        except ValueError:
-            value = None
+    value = _parsed(result)
     jobs = tuple(Job.model_validate(fields) for fields in json.loads(follow_ups or "[]"))
     return KeptOutput(value, result_size, jobs, sent_at, kept_at)
 
@@ -88,14 +83,18 @@ def read_output(
 def read_payload(text: str | None, size: int, kept_at: datetime) -> KeptPayload:
     """A stored payload back (JSON parsed, never evaluated); text that is not a JSON
     object (no code writes such) reads as not kept, like one too large."""
-    payload = None
-    if text is not None:
-        try:
-            found = json.loads(text)
-        except ValueError:
-            found = None
-        payload = found if isinstance(found, dict) else None
-    return KeptPayload(payload, size, kept_at)
+    found = _parsed(text)
+    return KeptPayload(found if isinstance(found, dict) else None, size, kept_at)
+
+
+def _parsed(text: str | None) -> Any:
+    """Stored JSON text parsed (None for none, or for text that is no JSON)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def utc(moment: datetime | None) -> datetime:

@@ -465,8 +465,9 @@ class FastPath:
                 for item, error in finished:
                     if error is not None:
                         self._fail(item, error)
-                    elif item.output is not None:  # rare: on its own, off the batch
-                        self._spawn(self._succeed_with_output(item))
+                    elif item.output is not None and item.output.follow_ups:
+                        # Published before the ack: on its own, off the batch.
+                        self._spawn(self._succeed_with_follow_ups(item))
                     else:
                         succeeded.append(item)
                 if succeeded:
@@ -476,7 +477,7 @@ class FastPath:
         settling = self._runner.settling
         try:
             await settling.record_successes(
-                [Finished(item.job, item.holder, item.run) for item in items]
+                [Finished(item.job, item.holder, item.run, item.output) for item in items]
             )
         except Exception:
             log.exception("recording %d successes failed; returning them", len(items))
@@ -488,9 +489,9 @@ class FastPath:
         for item in items:  # settled only now: a stopping worker waits for the acks
             self._release(item)
 
-    async def _succeed_with_output(self, item: _Item) -> None:
-        """A success that keeps a result or follow-ups: recorded with them, its
-        follow-ups published (confirmed), then acked (docs/worker.md, Next steps)."""
+    async def _succeed_with_follow_ups(self, item: _Item) -> None:
+        """A success with follow-ups: recorded with them, its follow-ups published
+        (confirmed), then acked (docs/worker.md, Next steps)."""
         runner = self._runner
         finished = Finished(item.job, item.holder, item.run, item.output)
         try:

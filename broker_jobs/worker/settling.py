@@ -107,16 +107,20 @@ class Settling:
         own, the output in the same transaction. A job whose lease was taken over
         meanwhile is said so, not raised. Returns the successes recorded; raises what
         the store raises otherwise (the caller returns the deliveries)."""
-        if any(done.output is not None for done in finished):
-            lost = [key for done in finished if (key := await self._record_one(done))]
-        else:
-            pairs = [(done.job.idempotency_key, done.holder) for done in finished]
+        pairs = [(d.job.idempotency_key, d.holder) for d in finished if d.output is None]
+        keeping = [
+            (d.job.idempotency_key, d.holder, d.output) for d in finished if d.output is not None
+        ]
+        lost: list[str] = []
+        if pairs:
             tried = self._store.try_succeed_many(pairs)
             lost = (
                 tried
                 if tried is not None
                 else await self._recorded(self._store.succeed_many, pairs)
             )
+        if keeping:
+            lost += await self._recorded(self._store.succeed_many_keeping, keeping)
         observer = self._observer
         if lost:
             lost_keys = set(lost)
@@ -131,15 +135,6 @@ class Settling:
             finished = [done for done in finished if done.job.idempotency_key not in lost_keys]
         observer.succeeded_all((done.job, done.run) for done in finished)
         return list(finished)
-
-    async def _record_one(self, done: Finished) -> str | None:
-        """Record one success with its output; the key if its lease was lost."""
-        key = done.job.idempotency_key
-        try:
-            await self._recorded(self._store.succeed, key, done.holder, output=done.output)
-        except LeaseLostError:
-            return key
-        return None
 
     async def ack(self, acks: ChannelAcks, settled: Sequence[Settled]) -> None:
         """Ack deliveries of one channel whose outcomes are recorded (one ``multiple``
