@@ -388,10 +388,7 @@ class PostgresStore(Store):
         if finish.output is not None and self._layout.keeps_outputs:
             statement, params = (
                 self._q.finish_with_output,
-                {
-                    **params,
-                    **output_params(finish.output),
-                },
+                {**params, **output_params(finish.output)},
             )
             self._update_held(statement, params, finish.action, counted=True)
         elif stored is None:
@@ -584,7 +581,7 @@ class PostgresStore(Store):
 
     def prune(self, older_than: datetime) -> int:
         # The records' delete trigger deletes their executions in the same statement,
-        # and the statement their payloads.
+        # and the statement their payloads and outputs.
         params = {"terminal": sorted(s.value for s in TERMINAL), "cutoff": utc(older_than)}
         tables = [self._q.payloads] if self._keeps_payloads else []
         if self._layout.keeps_outputs:
@@ -602,7 +599,7 @@ class PostgresStore(Store):
 
     def mark_follow_ups_sent(self, key: str, *, now: datetime | None = None) -> None:
         if self._layout.keeps_outputs:
-            params = {"key": key, "now": utc(now)}
+            params = {"key": key, "now": opt_utc(now)}  # else the server's time, as kept_at
             self._run("record follow-ups sent", self._q.follow_ups_sent, params)
 
     def kept_payload(self, key: str) -> KeptPayload | None:

@@ -142,7 +142,7 @@ class Queries:
             " WHERE idempotency_key = %(key)s"
         ).format(outputs=self.outputs)
         self.follow_ups_sent = sql.SQL(
-            "UPDATE {outputs} SET sent_at = %(now)s WHERE idempotency_key = %(key)s"
+            f"UPDATE {{outputs}} SET sent_at = {NOW} WHERE idempotency_key = %(key)s"
         ).format(outputs=self.outputs)
         self.kept_payload = sql.SQL(
             "SELECT payload, bytes, kept_at FROM {payloads} WHERE idempotency_key = %(key)s"

@@ -160,15 +160,14 @@ _CREATE_LEDGER_INDEXES = (
     " ON broker_jobs_executions (finished_at) WHERE finished_at IS NOT NULL",
 )
 
-#: The beat's tables, added after version 1 without changing the layout of the others
-#: (older code ignores them): created if missing whenever a store opens the file.
 #: What a success keeps beside its record (docs/store.md, "Results and follow-ups"):
 #: the handler's result (JSON text, NULL when too large: ``result_bytes`` says how
 #: large; both NULL for none) and the follow-up jobs recorded with it (a JSON array),
 #: ``sent_at`` once the broker confirmed them all. A table of its own, written only
-#: for a success that keeps something (the fast path's batched successes never
-#: touch it); added whenever a store opens the file, without a version: older code
-#: ignores it (and keeps no outputs). Deleted with its record by prune.
+#: for a success that keeps something (``succeed_many``, the fast path's successes
+#: without one, never touches it); added whenever a store opens the file, without a
+#: version: older code ignores it (it keeps no outputs, and its prune leaves theirs:
+#: a later success of the key replaces the row). Deleted with its record by prune.
 _CREATE_OUTPUTS = """CREATE TABLE IF NOT EXISTS broker_jobs_outputs (
         idempotency_key TEXT PRIMARY KEY,
         result TEXT,
@@ -178,6 +177,8 @@ _CREATE_OUTPUTS = """CREATE TABLE IF NOT EXISTS broker_jobs_outputs (
         kept_at TEXT NOT NULL
     ) WITHOUT ROWID"""
 
+#: The beat's tables, added after version 1 without changing the layout of the others
+#: (older code ignores them): created if missing whenever a store opens the file.
 _CREATE_BEAT = (
     """CREATE TABLE IF NOT EXISTS broker_jobs_beat_fires (
         schedule TEXT PRIMARY KEY,

@@ -85,7 +85,8 @@ _KEEP_PAYLOAD = (
     " VALUES (?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING"
 )
 _KEPT_PAYLOAD = "SELECT payload, bytes, kept_at FROM broker_jobs_payloads WHERE idempotency_key = ?"
-#: A success's output replaces any kept for the key (a replayed job's new success).
+#: A success's output replaces any kept for the key: a row an older broker-jobs left
+#: behind (its prune ignores the table) for a key that runs again.
 _KEEP_OUTPUT = (
     "INSERT OR REPLACE INTO broker_jobs_outputs"
     " (idempotency_key, result, result_bytes, follow_ups, sent_at, kept_at)"
