@@ -21,7 +21,7 @@ from broker_jobs.store import sqlite as sqlite_module
 from broker_jobs.store.base import MAX_PAYLOAD_BYTES, LeaseLostError, Output, json_text
 from tests.test_store import LEASE, A, B, Kit, _admin, at, durable_only
 
-RESULTS: list[Any] = [{"n": 1, "text": "é\x00<b>"}, [1, 2.5, None], "done", 42, True]
+RESULTS: list[Any] = [{"n": 1, "text": "é\x00<b>"}, [1, 2.5, None], "done", 42, True, None]
 
 
 def claimed(store: Store, key: str = "key-1", worker: str = A) -> Job:
@@ -45,7 +45,7 @@ def forget_record(kit: Kit, key: str) -> None:
         kit.sql(f"DELETE FROM broker_jobs_records WHERE idempotency_key = '{key}'")
 
 
-@pytest.mark.parametrize("value", RESULTS, ids=["dict", "list", "str", "int", "bool"])
+@pytest.mark.parametrize("value", RESULTS, ids=["dict", "list", "str", "int", "bool", "null"])
 def test_a_success_keeps_its_result(store: Store, value: Any) -> None:
     claimed(store)
     store.succeed("key-1", A, now=at(1), output=Output(json_text(value)))
@@ -184,6 +184,23 @@ def test_a_later_success_of_the_key_replaces_its_output(kit: Kit, way: str) -> N
     assert kept.follow_ups_pending  # the new follow-ups still go out
     if way != "succeed_many_keeping":  # it takes the store's time
         assert kept.kept_at == at(5)
+
+
+def test_a_later_success_that_keeps_nothing_does_not_read_the_output_left_behind(
+    kit: Kit,
+) -> None:
+    store = kit.store
+    claimed(store)
+    store.succeed("key-1", A, now=at(1), output=Output(json_text("first"), (child("key-1"),)))
+    forget_record(kit, "key-1")  # its follow-ups were never marked sent
+    claimed(store)
+    store.succeed("key-1", A, now=at(5))  # the common success: no output written
+
+    record = store.get("key-1")
+    assert record is not None
+    assert store.output("key-1") is not None  # the row is still there...
+    assert store.output_of(record) is None  # ...but it is no output of this success
+    assert store.result("key-1") is None
 
 
 def test_succeed_many_keeping_keeps_each_output_and_says_which_were_lost(store: Store) -> None:

@@ -175,7 +175,7 @@ def show_command(ref: str, store_url: str, as_json: bool) -> None:
             fail(f"no job with key or id {ref!r} in the ledger; {_UNKNOWN_HINT}")
         executions = store.executions(record.idempotency_key)
         kept = store.kept_payload(record.idempotency_key)
-        output = store.output(record.idempotency_key)
+        output = store.output_of(record)
     if as_json:
         echo_json(
             {

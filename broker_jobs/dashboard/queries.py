@@ -188,7 +188,7 @@ def job_view(settings: DashboardSettings, ref: str) -> JobView | None:
     executions = settings.store.executions(record.idempotency_key)
     # One lookup by key, always: the API's document has it even beside a dead letter.
     kept = settings.store.kept_payload(record.idempotency_key)
-    output = settings.store.output(record.idempotency_key)
+    output = settings.store.output_of(record)
     letter, problem = None, None
     if record.status is Status.DEAD:
         try:

@@ -407,6 +407,16 @@ class Store(ABC):
         that returned None and asked for no follow-up, a task that opted out). Pruning
         a record deletes its output."""
 
+    def output_of(self, record: JobRecord) -> KeptOutput | None:
+        """:meth:`output` of ``record``'s success: None unless it succeeded and kept
+        one. An output kept by another success of the key (a record an older version
+        pruned, leaving its output) is not this one's: a success's output is kept
+        with its record's ``updated_at``."""
+        if record.status is not Status.SUCCEEDED:
+            return None
+        kept = self.output(record.idempotency_key)
+        return kept if kept is not None and kept.kept_at == record.updated_at else None
+
     @abstractmethod
     def mark_follow_ups_sent(self, key: str, *, now: datetime | None = None) -> None:
         """Record that the broker confirmed every follow-up of ``key``'s success (a
@@ -418,9 +428,7 @@ class Store(ABC):
         dict); None when the job has not succeeded, returned nothing, or its result
         was too large to keep (:meth:`output` tells these apart)."""
         record = self.lookup(ref)
-        if record is None or record.status is not Status.SUCCEEDED:
-            return None
-        kept = self.output(record.idempotency_key)
+        kept = None if record is None else self.output_of(record)
         return None if kept is None else kept.result
 
     def wait(self, ref: str, *, timeout: float, poll: float = 0.05) -> JobRecord:

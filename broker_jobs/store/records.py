@@ -115,10 +115,9 @@ class KeptOutput:
     #: When the broker confirmed every follow-up (None: not yet, or none).
     sent_at: datetime | None
     kept_at: datetime  # when the success recorded it (aware UTC)
-
-    @property
-    def result_too_large(self) -> bool:
-        return self.result_size is not None and self.result is None
+    #: The result was larger than the cap: only ``result_size`` was kept (a kept
+    #: JSON ``null`` is a result, not this).
+    result_too_large: bool = False
 
     @property
     def follow_ups_pending(self) -> bool:

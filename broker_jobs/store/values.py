@@ -77,7 +77,8 @@ def read_output(
     JSON reads as not kept), the follow-ups as jobs."""
     value = _parsed(result)
     jobs = tuple(Job.model_validate(fields) for fields in json.loads(follow_ups or "[]"))
-    return KeptOutput(value, result_size, jobs, sent_at, kept_at)
+    too_large = result is None and result_size is not None
+    return KeptOutput(value, result_size, jobs, sent_at, kept_at, too_large)
 
 
 def read_payload(text: str | None, size: int, kept_at: datetime) -> KeptPayload:

@@ -104,13 +104,13 @@ class FollowUps:
         confirmed yet (:meth:`send_pending`). Other tasks cost no read."""
         if spec.context_parameter is None or record.status is not Status.SUCCEEDED:
             return True
-        return await self.send_pending(parent)
+        return await self.send_pending(parent, record)
 
-    async def send_pending(self, parent: Job) -> bool:
+    async def send_pending(self, parent: Job, record: JobRecord) -> bool:
         """A delivery of ``parent`` whose success the ledger has: publish the
-        follow-ups recorded with it that the broker has not confirmed (its worker died
-        between the record and the ack). False as for :meth:`send`."""
-        kept = await self._recorded(self._store.output, parent.idempotency_key)
+        follow-ups recorded with it (``record``) that the broker has not confirmed (its
+        worker died between the record and the ack). False as for :meth:`send`."""
+        kept = await self._recorded(self._store.output_of, record)
         if kept is None or not kept.follow_ups_pending:
             return True
         log.info(

@@ -103,10 +103,11 @@ class Settling:
         """Record the successes in one store call: at once on the loop where the store
         can do it without waiting, else on the store's thread, held through a ledger
         outage (the handlers ran: their deliveries stay unacked until it is written).
-        A success with an output (a result, follow-ups) is recorded by a call of its
-        own, the output in the same transaction. A job whose lease was taken over
-        meanwhile is said so, not raised. Returns the successes recorded; raises what
-        the store raises otherwise (the caller returns the deliveries)."""
+        Successes with an output (a result, follow-ups) go in a second call
+        (``succeed_many_keeping``), each output in its success's transaction. A job
+        whose lease was taken over meanwhile is said so, not raised. Returns the
+        successes recorded; raises what the store raises otherwise (the caller returns
+        the deliveries)."""
         pairs = [(d.job.idempotency_key, d.holder) for d in finished if d.output is None]
         keeping = [
             (d.job.idempotency_key, d.holder, d.output) for d in finished if d.output is not None
