@@ -6,6 +6,7 @@ import asyncio
 import os
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -13,8 +14,9 @@ from typing import Any, TypeVar
 import pika
 import pytest
 
-from broker_jobs import AsyncPublisher, Job, JobRequest, Publisher, WireMessage, decode
+from broker_jobs import App, AsyncPublisher, Job, JobRequest, Publisher, WireMessage, decode
 from broker_jobs.testing.rabbit_node import RabbitNode
+from broker_jobs.worker import Worker, WorkerSettings
 from topology.preflight import server_version
 
 T = TypeVar("T")
@@ -61,6 +63,14 @@ class AsyncFacade:
 
 
 AnyPublisher = Publisher | AsyncFacade
+
+
+def run_burst_worker(broker: Broker, app: App, store: Any, **settings: Any) -> Counter[str]:
+    """A worker of ``app`` in burst mode (``broker-jobs worker --burst``: until its
+    queues are empty), in this process; its summary counts. ``settings`` are
+    :class:`WorkerSettings` fields (concurrency 4 unless given)."""
+    options = WorkerSettings(**{"burst": True, "concurrency": 4, **settings})
+    return asyncio.run(Worker(broker.url, app, store, options).run())
 
 
 def unavailable(reason: str) -> None:

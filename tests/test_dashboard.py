@@ -5,7 +5,6 @@ and that a job's payload and error are shown as text, never as markup."""
 
 from __future__ import annotations
 
-import asyncio
 import html
 import logging
 import re
@@ -31,8 +30,7 @@ from broker_jobs.retry import PermanentError, RetryPolicy
 from broker_jobs.store.base import Status, Store
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.urls import BrokerURLs
-from broker_jobs.worker import Worker, WorkerSettings
-from tests.support import Broker, wait_until
+from tests.support import Broker, run_burst_worker, wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -115,10 +113,6 @@ def publish(broker: Broker, app: App, store: Store, *items: Item, task: str = TA
         publisher.publish_many(
             [JobRequest(task, item.model_dump(), idempotency_key=item.key) for item in items]
         )
-
-
-def run_worker(broker: Broker, app: App, store: Store) -> None:
-    asyncio.run(Worker(broker.url, app, store, WorkerSettings(burst=True)).run())
 
 
 def csrf_of(client: TestClient) -> str:
@@ -237,7 +231,7 @@ def test_the_overview_charts_the_last_hour_in_buckets(
 ) -> None:
     items = [Item(key="ok-1"), Item(key="ok-2"), Item(key="ok-3"), Item(key="bad", fail=True)]
     publish(broker, app, ledger, *items)
-    run_worker(broker, app, ledger)
+    run_burst_worker(broker, app, ledger)
     client = dashboard()
 
     rows = {task["task"]: task["ledger"] for task in client.get("/api/overview").json()["tasks"]}
@@ -306,7 +300,7 @@ def test_a_dead_job_shows_its_executions_escaped_and_replays_until_it_succeeds(
     broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard, handlers: Handlers
 ) -> None:
     publish(broker, app, ledger, Item(key="bad-1", note=SCRIPT, fail=True))
-    run_worker(broker, app, ledger)
+    run_burst_worker(broker, app, ledger)
     assert ledger.get("bad-1").status is Status.DEAD  # type: ignore[union-attr]
     client = dashboard(allow_actions=True)
     page = client.get("/jobs/bad-1")
@@ -334,7 +328,7 @@ def test_a_dead_job_shows_its_executions_escaped_and_replays_until_it_succeeds(
     result = act(client, "/actions/replay", {"ref": "bad-1", "task": TASK, "replay": "one"})
     assert count_on(result, "replayed") == 1
     assert count_on(result, "ledger reset") == 1
-    run_worker(broker, app, ledger)
+    run_burst_worker(broker, app, ledger)
     page = client.get("/jobs/bad-1")
     assert 'id="state">succeeded<' in page.text
     outcomes = re.findall(r'class="outcome">(\w+)<', page.text)
@@ -456,7 +450,7 @@ def test_dead_letters_purge_a_selection_then_all_matching(
     broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
 ) -> None:
     publish(broker, app, ledger, *(Item(key=f"p{n}", fail=True) for n in range(3)))
-    run_worker(broker, app, ledger)
+    run_burst_worker(broker, app, ledger)
     client = dashboard(allow_actions=True)
     page = client.get(f"/dead-letters?task={TASK}")
     assert page.text.count('type="checkbox" form="selection" name="ref"') == 3
@@ -488,7 +482,7 @@ def test_a_purge_of_all_without_a_filter_reports_what_the_broker_emptied(
 ) -> None:
     publish(broker, app, ledger, *(Item(key=f"e{n}", fail=True) for n in range(2)))
     publish(broker, app, ledger, Item(key="e-other", fail=True), task=OTHER)
-    run_worker(broker, app, ledger)
+    run_burst_worker(broker, app, ledger)
     client = dashboard(allow_actions=True)
     wait_until(
         lambda: client.get("/api/dead-letters").json()["depths"] == {TASK: 2, OTHER: 1},
@@ -511,7 +505,7 @@ def test_a_bulk_replay_runs_in_the_background_and_its_page_follows_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     publish(broker, app, ledger, *(Item(key=f"r{n}", fail=True) for n in range(3)))
-    run_worker(broker, app, ledger)
+    run_burst_worker(broker, app, ledger)
     handlers.fixed = True
     client = dashboard(allow_actions=True)
     with caplog.at_level(logging.INFO, logger="broker_jobs.dashboard.audit"):
@@ -545,7 +539,7 @@ def test_a_bulk_replay_runs_in_the_background_and_its_page_follows_it(
     assert len(lines) == 1
     assert lines[0].startswith("dashboard action replay by testclient: every dead letter matching")
     assert "(3): scanned 3, replayed 3" in lines[0]
-    run_worker(broker, app, ledger)
+    run_burst_worker(broker, app, ledger)
     assert all(ledger.get(f"r{n}").status is Status.SUCCEEDED for n in range(3))  # type: ignore[union-attr]
 
 
@@ -645,7 +639,7 @@ def test_the_operation_page_shows_a_dead_letter_key_as_text(
     broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
 ) -> None:
     publish(broker, app, ledger, Item(key="esc-1", fail=True))
-    run_worker(broker, app, ledger)  # declares the queues, one dead letter
+    run_burst_worker(broker, app, ledger)  # declares the queues, one dead letter
     connection = broker.connection("dashboard test poison")
     try:
         channel = connection.channel()
@@ -673,7 +667,7 @@ def test_every_api_endpoint_answers_json(
 ) -> None:
     app.schedule("nightly", TASK, cron="0 3 * * *", timezone="Europe/Paris", payload={"key": "n"})
     publish(broker, app, ledger, Item(key="api-1", fail=True))
-    run_worker(broker, app, ledger)
+    run_burst_worker(broker, app, ledger)
     client = dashboard(schedules=tuple(_schedules(app)))
     for path in [
         "/api/overview",

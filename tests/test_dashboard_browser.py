@@ -10,7 +10,6 @@ Waits are on conditions (WebDriverWait), never fixed sleeps."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 import threading
@@ -30,8 +29,7 @@ from broker_jobs.retry import PermanentError, RetryPolicy
 from broker_jobs.store.base import Status, Store
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.urls import BrokerURLs
-from broker_jobs.worker import Worker, WorkerSettings
-from tests.support import Broker, unavailable
+from tests.support import Broker, run_burst_worker, unavailable
 
 pytestmark = pytest.mark.broker
 
@@ -175,11 +173,6 @@ def publish(broker: Broker, app: App, store: Store, *items: Item, task: str = TA
         )
 
 
-def run_worker(broker: Broker, app: App, store: Store) -> None:
-    """A worker until the queues are empty."""
-    asyncio.run(Worker(broker.url, app, store, WorkerSettings(burst=True)).run())
-
-
 def wait_for(driver: Any, condition: Callable[[Any], Any], what: str) -> Any:
     from selenium.webdriver.support.ui import WebDriverWait  # noqa: PLC0415
 
@@ -263,7 +256,7 @@ def test_a_dead_job_is_replayed_from_its_page_and_then_succeeds(
     handlers: Handlers,
 ) -> None:
     publish(broker, app, ledger, Item(key="bad-1", fail=True))
-    run_worker(broker, app, ledger)
+    run_burst_worker(broker, app, ledger)
     handlers.fixed = True
     with dashboard(allow_actions=True) as base:
         browser.get(f"{base}/jobs/bad-1")
@@ -273,7 +266,7 @@ def test_a_dead_job_is_replayed_from_its_page_and_then_succeeds(
         assert "bad-1" in text_of(browser, "#question")
         click(browser, "button[name=confirm]")
         wait_for(browser, shows("[data-count=replayed]", "1"), "one dead letter replayed")
-        run_worker(broker, app, ledger)
+        run_burst_worker(broker, app, ledger)
         browser.get(f"{base}/jobs/bad-1")
         wait_for(browser, shows("#state", "succeeded"), "the job succeeded")
         cells = browser.find_elements("css selector", "#executions td.outcome")
@@ -292,7 +285,7 @@ def test_a_bulk_replay_lands_on_its_progress_page_and_ends_with_the_counts(
     handlers: Handlers,
 ) -> None:
     publish(broker, app, ledger, *(Item(key=f"bulk-{n}", fail=True) for n in range(3)))
-    run_worker(broker, app, ledger)
+    run_burst_worker(broker, app, ledger)
     handlers.fixed = True
     with dashboard(allow_actions=True) as base:
         browser.get(f"{base}/dead-letters")
@@ -304,7 +297,7 @@ def test_a_bulk_replay_lands_on_its_progress_page_and_ends_with_the_counts(
         wait_for(browser, shows("[data-count=replayed]", "3"), "three dead letters replayed")
         assert text_of(browser, "[data-count=scanned]") == "3"
         assert browser.execute_script("return window.__xss === undefined")
-    run_worker(broker, app, ledger)
+    run_burst_worker(broker, app, ledger)
     for n in range(3):
         record = ledger.get(f"bulk-{n}")
         assert record is not None
@@ -398,7 +391,7 @@ def test_markup_in_a_payload_and_an_error_is_shown_as_text(
     browser: Any, broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
 ) -> None:
     publish(broker, app, ledger, Item(key="xss", note=f"{SCRIPT} {IMAGE}", fail=True))
-    run_worker(broker, app, ledger)
+    run_burst_worker(broker, app, ledger)
     with dashboard(allow_actions=True) as base:
         browser.get(f"{base}/jobs/xss")
         wait_for(browser, shows("#state", "dead"), "the job is dead")

@@ -4,7 +4,6 @@ when killed midway), purge, and the command line's errors."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -31,8 +30,7 @@ from broker_jobs.ops.dead_letters import (
 from broker_jobs.retry import PermanentError, RetryPolicy
 from broker_jobs.store.base import Status, Store
 from broker_jobs.store.sqlite import SQLiteStore
-from broker_jobs.worker import Worker, WorkerSettings
-from tests.support import Broker, wait_until
+from tests.support import Broker, run_burst_worker, wait_until
 from topology import declare
 from topology import names as n
 
@@ -96,11 +94,6 @@ def store_url(store: SQLiteStore, tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'ledger.db'}"
 
 
-def run_worker(broker: Broker, app: App, store: Store) -> Counter[str]:
-    settings = WorkerSettings(burst=True, concurrency=4)
-    return asyncio.run(Worker(broker.url, app, store, settings).run())
-
-
 def depth(connection: pika.BlockingConnection, queue: str) -> int:
     channel = connection.channel()
     try:
@@ -126,7 +119,7 @@ def kill_jobs(
         publisher.publish_many(
             [JobRequest(task, {"key": key, "mode": mode}, idempotency_key=key) for key in keys]
         )
-    run_worker(broker, app, store)
+    run_burst_worker(broker, app, store)
     wait_until(
         lambda: depth(connection, queue) == before + len(keys),
         within=10,
@@ -305,7 +298,7 @@ def test_replay_runs_a_dead_job_once_more(
     assert added in ([], [n.HEADER_DELIVERY_COUNT])  # a quorum queue sets it on delivery
     assert json.loads(body) == {"key": "a", "mode": "permanent"}
 
-    run_worker(broker, app, ledger)
+    run_burst_worker(broker, app, ledger)
     assert handlers.runs == Counter({"a": 2, "b": 1})
     assert handlers.succeeded == Counter({"a": 1})
     assert ledger.get("a").status is Status.SUCCEEDED  # type: ignore[union-attr]
@@ -362,14 +355,14 @@ def test_a_dead_letter_replayed_twice_runs_once(
     channel.close()
     # "ran": a worker ran the first copy before the replay was run again.
     with DeadLetterQueues(broker.url, app.names, [TASK]) as dlq:
-        run_worker(broker, app, store)
+        run_burst_worker(broker, app, store)
         assert store.get("ran").status is Status.SUCCEEDED  # type: ignore[union-attr]
         summary = dlq.replay(store)
     ledger = {item.letter.idempotency_key: item for item in summary.replayed}
     assert ledger["twice"].ledger is LedgerAction.UNCHANGED
     assert ledger["ran"].ledger is LedgerAction.UNCHANGED
     assert ledger["ran"].status is Status.SUCCEEDED
-    outcomes = run_worker(broker, app, store)
+    outcomes = run_burst_worker(broker, app, store)
     assert handlers.succeeded == Counter({"twice": 1, "ran": 1})
     assert outcomes["duplicate"] == 2  # the second copies
     assert store.get("twice").status is Status.SUCCEEDED  # type: ignore[union-attr]
@@ -415,7 +408,7 @@ def test_an_interrupted_replay_loses_nothing_and_runs_every_job_once(
     # The dead letter in hand at the kill goes back once the broker sees the
     # connection gone, which may be after the count above.
     assert dead_left <= second["replayed"] <= dead_left + 1
-    run_worker(broker, app, store)
+    run_burst_worker(broker, app, store)
     assert sorted(handlers.succeeded) == keys, "a job was lost"
     assert set(handlers.succeeded.values()) == {1}, "a job ran twice"
     assert all(store.get(key).status is Status.SUCCEEDED for key in keys)  # type: ignore[union-attr]
@@ -443,7 +436,7 @@ def test_replay_skips_what_is_not_a_job_of_its_queue_and_leaves_it(
             ),
         )
     channel.close()
-    run_worker(broker, app, store)
+    run_burst_worker(broker, app, store)
     wait_until(
         lambda: depth(connection, app.names.dead_letter_queue(TASK)) == 2,
         within=10,

@@ -6,7 +6,6 @@ call are refused when the task is declared."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -18,8 +17,7 @@ from pydantic import BaseModel
 from broker_jobs import App, ConfigurationError, JobContext, JobRequest, Publisher, RetryPolicy
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.sqlite import SQLiteStore
-from broker_jobs.worker import Worker, WorkerSettings
-from tests.support import Broker
+from tests.support import Broker, run_burst_worker
 
 
 class Item(BaseModel):
@@ -100,11 +98,6 @@ class Seen:
             self.contexts.append(context)
 
 
-def run_worker(broker: Broker, app: App, store: object) -> None:
-    settings = WorkerSettings(burst=True, concurrency=2, worker_id="ctx-worker")
-    asyncio.run(Worker(broker.url, app, store, settings).run())  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_both_paths_give_the_handler_its_job(
     broker: Broker, make_app: Callable[[], App], kind: str, caplog: pytest.LogCaptureFixture
@@ -131,7 +124,7 @@ def test_both_paths_give_the_handler_its_job(
         later = publisher.publish("ctx.run", Item(n=2), idempotency_key="later", delay=0.3)
         retried = publisher.publish("ctx.run", Item(n=3, fail_first=True), idempotency_key="again")
     with caplog.at_level(logging.INFO, logger="broker_jobs.handler"):
-        run_worker(broker, app, MemoryStore())
+        run_burst_worker(broker, app, MemoryStore(), worker_id="ctx-worker")
 
     by_key = {(c.idempotency_key, c.attempt): c for c in seen.contexts}
     assert set(by_key) == {("now", 1), ("later", 1), ("again", 1), ("again", 2)}
@@ -163,7 +156,7 @@ def test_a_transactional_handler_gets_its_job_inside_the_transaction(
     with Publisher(broker.url, app) as publisher:
         [job] = publisher.publish_many([JobRequest("ctx.tx", Item(n=1))])
     with SQLiteStore(tmp_path / "ledger.db") as store:
-        run_worker(broker, app, store)
+        run_burst_worker(broker, app, store, worker_id="ctx-worker")
     assert [(c.job_id, c.attempt, c.worker_id) for c in seen.contexts] == [
         (job.id, 1, "ctx-worker")
     ]

@@ -3,7 +3,6 @@ acked by a real worker without running: queued, delayed and retrying ones."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections import Counter
@@ -21,9 +20,8 @@ from broker_jobs import App, JobRequest
 from broker_jobs.cli import main
 from broker_jobs.retry import RetryPolicy
 from broker_jobs.store import SQLiteStore, StoreError
-from broker_jobs.store.base import Cancellation, CancelOutcome, Status, Store
-from broker_jobs.worker import Worker, WorkerSettings
-from tests.support import AnyPublisher, Broker
+from broker_jobs.store.base import Cancellation, CancelOutcome, Status
+from tests.support import AnyPublisher, Broker, run_burst_worker
 from tests.test_store import Kit
 from tests.test_worker import Effects
 from topology import declare
@@ -52,11 +50,6 @@ def app(make_app: Callable[[], App], runs: Effects) -> App:
             raise ConnectionError("the first run fails")
 
     return app
-
-
-def run_worker(broker: Broker, app: App, store: Store) -> Counter[str]:
-    settings = WorkerSettings(burst=True, concurrency=2)
-    return asyncio.run(Worker(broker.url, app, store, settings).run())
 
 
 def test_a_publisher_given_the_ledger_records_queued_and_scheduled_jobs(
@@ -100,7 +93,7 @@ def test_queued_jobs_run_once_and_their_records_finish_with_one_execution(
 ) -> None:
     publisher = make_publisher(app, ledger=kit.store)
     jobs = publisher.publish_many([JobRequest("notes.write", {"text": f"q{n}"}) for n in range(5)])
-    outcomes = run_worker(broker, app, kit.store)
+    outcomes = run_burst_worker(broker, app, kit.store)
     assert outcomes["succeeded"] == 5
     assert runs.runs == Counter({f"q{n}": 1 for n in range(5)})
     for job in jobs:
@@ -122,7 +115,7 @@ def test_cancelled_queued_and_delayed_jobs_are_acked_without_running(
     assert store.cancel(queued.id).outcome is CancelOutcome.CANCELLED  # by job id
     assert store.cancel(delayed.idempotency_key).outcome is CancelOutcome.CANCELLED
 
-    outcomes = run_worker(broker, app, store)  # burst: waits for the ladder too
+    outcomes = run_burst_worker(broker, app, store)  # burst: waits for the ladder too
     assert (outcomes["cancelled"], outcomes["succeeded"]) == (2, 1)
     assert runs.runs == Counter({"kept": 1})
     for job in (queued, delayed):
@@ -154,7 +147,7 @@ def test_a_retrying_job_cancelled_between_attempts_is_not_run_again(
         return recorded
 
     monkeypatch.setattr(store, "retry", retry_then_cancel)
-    outcomes = run_worker(broker, app, store)
+    outcomes = run_burst_worker(broker, app, store)
     (cancellation,) = cancellations
     assert cancellation.outcome is CancelOutcome.CANCELLED
     assert (outcomes["retried"], outcomes["cancelled"], outcomes["succeeded"]) == (1, 1, 0)
@@ -188,7 +181,7 @@ def test_publishing_a_finished_key_again_warns_that_it_will_not_run(
     try:
         publisher = make_publisher(app, ledger=store)
         first = publisher.publish("notes.write", Note(text="once"), idempotency_key="inv-9")
-        assert run_worker(broker, app, store)["succeeded"] == 1
+        assert run_burst_worker(broker, app, store)["succeeded"] == 1
         with caplog.at_level(logging.WARNING, logger="broker_jobs.publish.publisher"):
             again = publisher.publish("notes.write", Note(text="once"), idempotency_key="inv-9")
         (line,) = [r.getMessage() for r in caplog.records if "will not run" in r.getMessage()]
@@ -221,7 +214,7 @@ def test_a_ledger_failing_after_the_confirm_loses_nothing(
             job = make_publisher(app, ledger=broken).publish("notes.write", Note(text="safe"))
         assert any("not recorded in the ledger" in r.getMessage() for r in caplog.records)
         assert broken.get(job.idempotency_key) is None
-        assert run_worker(broker, app, broken)["succeeded"] == 1  # it ran all the same
+        assert run_burst_worker(broker, app, broken)["succeeded"] == 1  # it ran all the same
         assert runs.runs == Counter({"safe": 1})
     finally:
         broken.close()

@@ -8,7 +8,6 @@ confirm, without running the handler again."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import threading
@@ -22,12 +21,11 @@ from pydantic import BaseModel
 from broker_jobs import App, JobContext, Publisher, RetryPolicy
 from broker_jobs.envelope import Job
 from broker_jobs.errors import FollowUpError
-from broker_jobs.store.base import MAX_PAYLOAD_BYTES, Output, Status, Store
+from broker_jobs.store.base import MAX_PAYLOAD_BYTES, Output, Status
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.sqlite import SQLiteStore
-from broker_jobs.worker import Worker, WorkerSettings
 from broker_jobs.worker.follow_ups import FollowUps
-from tests.support import Broker
+from tests.support import Broker, run_burst_worker
 
 
 class Item(BaseModel):
@@ -49,11 +47,6 @@ class Ran:
     def add(self, job: JobContext) -> None:
         with self._lock:
             self.counts[job.task, job.idempotency_key] += 1
-
-
-def run_worker(broker: Broker, app: App, store: Store) -> None:
-    settings = WorkerSettings(burst=True, concurrency=2, worker_id="results-worker")
-    asyncio.run(Worker(broker.url, app, store, settings).run())
 
 
 ONCE = RetryPolicy(max_attempts=1)
@@ -101,7 +94,7 @@ def test_what_a_handler_returns_is_kept_with_its_success(
         # Held until due: the per-delivery path returns its result too.
         publisher.publish("r.model", Item(n=4), idempotency_key="later", delay=0.2)
     with SQLiteStore(tmp_path / "ledger.db") as store:
-        run_worker(broker, app, store)
+        run_burst_worker(broker, app, store)
         statuses = {name: store.get(name).status for name in [*handlers, "later"]}  # type: ignore[union-attr]
         assert set(statuses.values()) == {Status.SUCCEEDED}, statuses
         assert store.result("r.model") == {"n": 21, "doubled": 42}
@@ -135,7 +128,7 @@ def test_a_transactional_handler_keeps_its_result_in_its_transaction(
     with Publisher(broker.url, app) as publisher:
         job = publisher.publish("r.tx", Item(n=7))
     with SQLiteStore(tmp_path / "ledger.db") as store:
-        run_worker(broker, app, store)
+        run_burst_worker(broker, app, store)
         assert store.result(job.id) == {"written": 7}
         record = store.wait(job.id, timeout=5)
         assert record.status is Status.SUCCEEDED
@@ -175,7 +168,7 @@ def test_a_three_step_chain_and_a_fan_out_run_each_step_once(
         publisher.publish("chain.fetch", Item(n=1), idempotency_key="order-1")
         publisher.publish("fan.out", Item(n=3), idempotency_key="batch-9")
     with SQLiteStore(tmp_path / "ledger.db") as store:
-        run_worker(broker, app, store)
+        run_burst_worker(broker, app, store)
         assert ran.counts == {
             ("chain.fetch", "order-1"): 1,
             ("chain.resize", "order-1>1"): 1,  # keys derive from the parent's
@@ -224,7 +217,7 @@ def test_a_follow_up_the_app_cannot_publish_fails_the_attempt_and_records_nothin
     with Publisher(broker.url, app) as publisher:
         publisher.publish("step.first", Item(n=1), idempotency_key="bad")
     with SQLiteStore(tmp_path / "ledger.db") as store:
-        run_worker(broker, app, store)
+        run_burst_worker(broker, app, store)
         record = store.get("bad")
         assert record is not None
         assert record.status is Status.DEAD
@@ -285,7 +278,7 @@ def test_a_delivery_of_a_succeeded_job_publishes_its_unconfirmed_follow_ups_once
         with Publisher(broker.url, app) as publisher:
             publisher.publish("crash.parent", Item(n=1), job_id=job.id, idempotency_key="p")
         with caplog.at_level(logging.INFO, logger="broker_jobs.worker.follow_ups"):
-            run_worker(broker, app, store)
+            run_burst_worker(broker, app, store)
         assert ran.counts == {("crash.child", "p>1"): 1}  # the parent did not run again
         assert store.get("p>1").job_id == recorded_child.id  # type: ignore[union-attr]
         kept = store.output("p")

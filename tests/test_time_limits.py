@@ -33,7 +33,7 @@ from broker_jobs.store.memory import MemoryStore
 from broker_jobs.worker import Worker, WorkerSettings
 from broker_jobs.worker.overrun import EXIT_HANDLER_STUCK
 from broker_jobs.worker.supervisor import Verdict, judge_exit
-from tests.support import Broker
+from tests.support import Broker, run_burst_worker
 from topology import Topology
 
 #: Publish delays that send a job down each path.
@@ -43,11 +43,6 @@ ONE_RETRY = RetryPolicy(max_attempts=2, base_delay=0.1, max_delay=0.1, jitter=Fa
 
 class Key(BaseModel):
     key: str
-
-
-def run_worker(broker: Broker, app: App, store: MemoryStore, **options: object) -> Counter[str]:
-    settings = WorkerSettings(**{"burst": True, "concurrency": 4, **options})  # type: ignore[arg-type]
-    return asyncio.run(Worker(broker.url, app, store, settings).run())
 
 
 class Runs:
@@ -99,7 +94,7 @@ def test_a_sync_handler_past_its_limit_is_not_retried_until_it_returns(
     with Publisher(broker.url, app) as publisher:
         job = publisher.publish("slow.sleep", {"key": "k"}, delay=delay)
     store = MemoryStore()
-    outcomes = run_worker(broker, app, store)
+    outcomes = run_burst_worker(broker, app, store)
 
     assert outcomes == Counter({"retried": 1, "succeeded": 1})
     spans = runs.of("k")
@@ -135,7 +130,7 @@ def test_a_spinning_handler_is_interrupted_at_its_limit_and_cannot_swallow_it(
     with Publisher(broker.url, app) as publisher:
         job = publisher.publish("slow.spin", {"key": "k"}, delay=delay)
     store = MemoryStore()
-    outcomes = run_worker(broker, app, store)
+    outcomes = run_burst_worker(broker, app, store)
 
     assert finished == []  # interrupted before its 20 s deadline, not run to it
     assert swallowed == []
@@ -172,7 +167,7 @@ def test_the_limit_counts_from_the_handlers_start_not_while_it_waits_for_a_threa
         publisher.publish_many(
             [JobRequest("quick.job", {"key": f"q{n}"}, delay=delay) for n in range(3)]
         )
-    outcomes = run_worker(broker, app, MemoryStore(), concurrency=1)
+    outcomes = run_burst_worker(broker, app, MemoryStore(), concurrency=1)
 
     assert outcomes == Counter({"succeeded": 4})
     assert runs.most_at_once == 1
@@ -202,7 +197,7 @@ def test_handlers_past_their_limit_keep_their_slots(
                 for n in range(6)
             ]
         )
-    outcomes = run_worker(broker, app, MemoryStore(), concurrency=2)
+    outcomes = run_burst_worker(broker, app, MemoryStore(), concurrency=2)
 
     assert outcomes == Counter({"retried": 6, "succeeded": 6})
     assert runs.most_at_once <= 2
@@ -234,9 +229,7 @@ def test_a_handler_stuck_past_the_grace_replaces_the_worker_after_the_others_set
         stuck_job = publisher.publish("stuck.job", {"key": "s"}, delay=delay)
         healthy_job = publisher.publish("healthy.job", {"key": "h"})
     store = MemoryStore()
-    worker = Worker(
-        broker.url, app, store, WorkerSettings(concurrency=2, overrun_grace=0.5)
-    )
+    worker = Worker(broker.url, app, store, WorkerSettings(concurrency=2, overrun_grace=0.5))
     try:
         with pytest.raises(HandlerStuckError) as raised:
             asyncio.run(worker.run())
@@ -256,7 +249,7 @@ def test_a_handler_stuck_past_the_grace_replaces_the_worker_after_the_others_set
     assert record.due_at is not None
     assert (record.due_at - record.updated_at).total_seconds() >= 4.9
     # The next attempt runs (not as a crash loop): a new worker takes it once due.
-    outcomes = run_worker(broker, app, store, overrun_grace=0.5)
+    outcomes = run_burst_worker(broker, app, store, overrun_grace=0.5)
     assert outcomes["succeeded"] == 1
     final = store.get(stuck_job.idempotency_key)
     assert final is not None

@@ -26,11 +26,9 @@ from broker_jobs import App, Job, JobRequest
 from broker_jobs.errors import PublishBatchError, UnroutableError
 from broker_jobs.observe import tracing
 from broker_jobs.retry import PermanentError, RetryPolicy
-from broker_jobs.store.base import Store
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.sqlite import SQLiteStore
-from broker_jobs.worker import Worker, WorkerSettings
-from tests.support import AnyPublisher, Broker, drain
+from tests.support import AnyPublisher, Broker, drain, run_burst_worker
 from topology import declare
 
 pytestmark = pytest.mark.broker
@@ -91,11 +89,6 @@ def app(make_app: Callable[[], App]) -> App:
     return app
 
 
-def run_worker(broker: Broker, app: App, store: Store | None = None) -> None:
-    settings = WorkerSettings(burst=True, concurrency=4)
-    asyncio.run(Worker(broker.url, app, store or MemoryStore(), settings).run())
-
-
 def spans_named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
     return [span for span in exporter.get_finished_spans() if span.name == name]
 
@@ -137,7 +130,7 @@ def test_the_consumer_span_is_the_child_of_the_producer_span_across_the_broker(
     publisher = make_publisher(app)
     with test_tracer.start_as_current_span("request") as request:
         job = publisher.publish(task, Item(n=1))
-    run_worker(broker, app)
+    run_burst_worker(broker, app, MemoryStore())
 
     parent = one(exporter, "request")
     producer = one(exporter, f"publish {task}")
@@ -185,7 +178,7 @@ def test_a_batch_has_a_producer_span_per_job_each_the_parent_of_its_run(
     publisher = make_publisher(app)
     with test_tracer.start_as_current_span("import"):
         jobs = publisher.publish_many([JobRequest("trace.ok", {"n": n}) for n in range(5)])
-    run_worker(broker, app)
+    run_burst_worker(broker, app, MemoryStore())
 
     parent = one(exporter, "import")
     producers = spans_named(exporter, "publish trace.ok")
@@ -212,7 +205,7 @@ def test_a_failing_handler_makes_an_error_span_and_its_retry_a_new_pair(
     with test_tracer.start_as_current_span("request"):
         publisher.publish("trace.reject", Item(n=7))
         flaky = publisher.publish("trace.flaky", Item(n=8))
-    run_worker(broker, app)
+    run_burst_worker(broker, app, MemoryStore())
 
     rejected = one(exporter, "process trace.reject")
     assert rejected.status.status_code is StatusCode.ERROR
@@ -257,7 +250,7 @@ def test_a_transactional_handler_runs_in_a_consumer_span_too(
     publisher = make_publisher(app)
     jobs = [publisher.publish("trace.tx", Item(n=n)) for n in (1, 2)]
     with SQLiteStore(tmp_path / "ledger.db") as store:
-        run_worker(broker, app, store)
+        run_burst_worker(broker, app, store)
 
     runs = {
         (span.attributes or {})["messaging.message.id"]: span
@@ -298,7 +291,7 @@ def test_a_job_without_trace_headers_still_gets_a_root_consumer_span(
     # An async handler runs on the loop, in the context the worker started in: a
     # span current there is not the job's parent.
     with test_tracer.start_as_current_span("unrelated"):
-        run_worker(broker, app)
+        run_burst_worker(broker, app, MemoryStore())
     consumer = one(exporter, "process trace.async")
     assert consumer.parent is None
     assert (consumer.attributes or {})["messaging.message.id"] == "plain-1"
@@ -431,7 +424,7 @@ def test_without_opentelemetry_jobs_publish_and_run_as_before(
     assert plain.traceparent is None
     assert all(job.traceparent is None for job in batch)
     store = MemoryStore()
-    run_worker(broker, app, store)
+    run_burst_worker(broker, app, store)
     assert store.get(given.idempotency_key) is not None
     assert exporter.get_finished_spans() == ()  # the SDK provider is never reached
 

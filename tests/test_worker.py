@@ -32,7 +32,7 @@ from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.worker import Worker, WorkerSettings
 from broker_jobs.worker.dead_letters import HEADER_ATTEMPTS, HEADER_ERROR, HEADER_REASON
-from tests.support import Broker, drain_at_least, wait_until
+from tests.support import Broker, drain_at_least, run_burst_worker, wait_until
 from topology import Topology, declare
 
 pytestmark = pytest.mark.broker
@@ -80,11 +80,6 @@ def app(make_app: Callable[[], App], effects: Effects) -> App:
     return app
 
 
-def run_worker(broker: Broker, app: App, store: MemoryStore, **options: object) -> Counter[str]:
-    settings = WorkerSettings(burst=True, concurrency=4, **options)  # type: ignore[arg-type]
-    return asyncio.run(Worker(broker.url, app, store, settings).run())
-
-
 def dead_letters(
     connection: pika.BlockingConnection, app: App, task: str
 ) -> list[dict[str, object]]:
@@ -105,7 +100,7 @@ def test_every_job_runs_once_and_the_ledger_says_succeeded(
         jobs = publisher.publish_many(
             [JobRequest("counter.add", {"key": f"k{n}"}) for n in range(50)]
         )
-    outcomes = run_worker(broker, app, store)
+    outcomes = run_burst_worker(broker, app, store)
     assert outcomes["succeeded"] == 50
     assert effects.runs == Counter({f"k{n}": 1 for n in range(50)})
     assert all(store.get(job.idempotency_key).status is Status.SUCCEEDED for job in jobs)  # type: ignore[union-attr]
@@ -118,7 +113,7 @@ def test_one_idempotency_key_published_twice_runs_once(
     with Publisher(broker.url, app) as publisher:
         publisher.publish("counter.add", {"key": "invoice-42"}, idempotency_key="invoice-42")
         publisher.publish("counter.add", {"key": "invoice-42"}, idempotency_key="invoice-42")
-    outcomes = run_worker(broker, app, store)
+    outcomes = run_burst_worker(broker, app, store)
     assert effects.runs["invoice-42"] == 1
     assert (outcomes["succeeded"], outcomes["duplicate"]) == (1, 1)
 
@@ -129,7 +124,7 @@ def test_a_failing_job_is_retried_through_the_broker_until_it_succeeds(
     store = MemoryStore()
     with Publisher(broker.url, app) as publisher:
         job = publisher.publish("counter.add", {"key": "flaky", "fail_times": 2})
-    outcomes = run_worker(broker, app, store)
+    outcomes = run_burst_worker(broker, app, store)
     assert effects.runs["flaky"] == 3
     assert (outcomes["retried"], outcomes["succeeded"]) == (2, 1)
     record = store.get(job.idempotency_key)
@@ -144,7 +139,7 @@ def test_exhausted_and_permanent_failures_are_dead_lettered_with_the_reason(
     with Publisher(broker.url, app) as publisher:
         hopeless = publisher.publish("counter.add", {"key": "hopeless", "fail_times": 99})
         rejected = publisher.publish("counter.reject", {"key": "rejected"})
-    run_worker(broker, app, store)
+    run_burst_worker(broker, app, store)
     assert effects.runs["hopeless"] == 3  # max_attempts
     assert effects.runs["rejected"] == 1
     (exhausted,) = dead_letters(connection, app, "counter.add")
@@ -186,7 +181,7 @@ def test_poison_messages_are_dead_lettered_and_the_worker_carries_on(
     with Publisher(broker.url, app) as publisher:
         publisher.publish("counter.add", {"key": "fine"})
     store = MemoryStore()
-    outcomes = run_worker(broker, app, store)
+    outcomes = run_burst_worker(broker, app, store)
     assert effects.runs == Counter({"fine": 1})
     assert all(store.get(poison).status is Status.DEAD for poison in poison_ids[:-1])  # type: ignore[union-attr]
     assert store.get(poison_ids[-1]) is None
@@ -393,7 +388,7 @@ def test_a_last_delivery_without_a_lapsed_run_is_run(
     assert method is not None
     channel.basic_nack(method.delivery_tag, requeue=True)
     store = MemoryStore()
-    assert run_worker(broker, app, store)["succeeded"] == 1
+    assert run_burst_worker(broker, app, store)["succeeded"] == 1
     assert ran == ["k"]
     record = store.get(job.idempotency_key)
     assert record is not None
@@ -429,7 +424,7 @@ def test_a_job_at_the_delivery_limit_waiting_for_a_dead_holder_is_rescued_not_de
         assert method is not None
         channel.basic_nack(method.delivery_tag, requeue=True)
 
-    outcomes = run_worker(broker, app, store)
+    outcomes = run_burst_worker(broker, app, store)
     assert outcomes["rescued"] == 1
     if not outcomes["succeeded"]:  # rescued under the live lease: the copy is delayed
 
@@ -437,7 +432,7 @@ def test_a_job_at_the_delivery_limit_waiting_for_a_dead_holder_is_rescued_not_de
             return channel.queue_declare(queue, passive=True).method.message_count == 1
 
         wait_until(copy_due, within=30, what="the rescued copy due in the task queue")
-        outcomes += run_worker(broker, app, store)
+        outcomes += run_burst_worker(broker, app, store)
     assert outcomes["succeeded"] == 1
     assert ran == ["k"]
     assert dead_letters(connection, app, "storm.victim") == []
@@ -572,9 +567,7 @@ def test_a_cpu_bound_handler_does_not_starve_the_heartbeats(
     assert outcomes == Counter({"succeeded": 1})
 
 
-def test_the_worker_prunes_finished_records_past_the_retention(
-    broker: Broker, app: App
-) -> None:
+def test_the_worker_prunes_finished_records_past_the_retention(broker: Broker, app: App) -> None:
     store = MemoryStore()
     long_ago = datetime.now(UTC) - timedelta(days=30)
     old = Job(task="counter.add", payload={"key": "old"})
@@ -582,7 +575,7 @@ def test_the_worker_prunes_finished_records_past_the_retention(
     store.succeed(old.idempotency_key, "w", now=long_ago)
     pending = Job(task="counter.add", payload={"key": "pending"})
     store.claim(pending, "w", 60, now=long_ago)  # a RUNNING record is never pruned
-    run_worker(broker, app, store)
+    run_burst_worker(broker, app, store)
     assert store.get(old.idempotency_key) is None
     assert store.get(pending.idempotency_key) is not None
 
@@ -607,7 +600,7 @@ def test_a_job_due_later_but_published_without_the_ladder_is_rerouted_not_held(
         ),
         mandatory=True,
     )
-    outcomes = run_worker(broker, app, MemoryStore())
+    outcomes = run_burst_worker(broker, app, MemoryStore())
     assert (outcomes["rerouted"], outcomes["succeeded"]) == (1, 1)
     assert effects.runs["later"] == 1
     assert datetime.now(UTC) >= due
@@ -654,7 +647,7 @@ def test_burst_mode_works_without_a_declared_ladder(
     declare(connection, app.topology(ladder=False))  # operator-managed, no delays yet
     with Publisher(broker.url, app, declare=False) as publisher:
         publisher.publish("counter.add", {"key": "plain"})
-    outcomes = run_worker(broker, app, MemoryStore(), declare=False)
+    outcomes = run_burst_worker(broker, app, MemoryStore(), declare=False)
     assert outcomes["succeeded"] == 1
     assert effects.runs["plain"] == 1
 
@@ -711,7 +704,7 @@ def test_a_sync_handler_over_its_time_limit_fails_and_is_retried(
     with Publisher(broker.url, app) as publisher:
         job = publisher.publish("slow.once", {"key": "k"})
     store = MemoryStore()
-    outcomes = run_worker(broker, app, store)
+    outcomes = run_burst_worker(broker, app, store)
     assert outcomes == Counter({"retried": 1, "succeeded": 1})
     record = store.get(job.idempotency_key)
     assert record is not None
@@ -746,7 +739,7 @@ def test_async_handlers_run_on_the_event_loop_at_most_concurrency_at_once(
             [JobRequest("counter.add_async", {"key": f"k{n}"}) for n in range(19)]
             + [JobRequest("counter.add_async", {"key": "flaky", "fail_times": 1})]
         )
-    outcomes = run_worker(broker, app, MemoryStore())  # concurrency 4
+    outcomes = run_burst_worker(broker, app, MemoryStore())  # concurrency 4
 
     assert outcomes == Counter({"succeeded": 20, "retried": 1})
     assert effects.runs == Counter({**{f"k{n}": 1 for n in range(19)}, "flaky": 2})
@@ -775,7 +768,7 @@ def test_an_async_handler_over_its_time_limit_is_cancelled_and_retried(
     with Publisher(broker.url, app) as publisher:
         job = publisher.publish("slow.async", {"key": "k"})
     store = MemoryStore()
-    outcomes = run_worker(broker, app, store)
+    outcomes = run_burst_worker(broker, app, store)
 
     assert outcomes == Counter({"retried": 1, "succeeded": 1})
     assert cancelled == ["k"]  # an async handler is cancelled at its limit, not left running
@@ -854,7 +847,7 @@ def test_a_handlers_own_timeout_error_is_its_failure_not_the_time_limit(
                 mandatory=True,
             )
     store = MemoryStore()
-    outcomes = run_worker(broker, app, store)
+    outcomes = run_burst_worker(broker, app, store)
 
     assert outcomes == Counter({"dead:exhausted": 4})
     for key in keys:
@@ -905,7 +898,7 @@ def test_a_message_naming_another_task_is_dead_lettered_never_run(
     publish_by_hand(
         connection, app, "counter.add", type_="counter.reject", headers={"bj-idempotency-key": "K"}
     )
-    outcomes = run_worker(broker, app, store, tasks=("counter.add",))
+    outcomes = run_burst_worker(broker, app, store, tasks=("counter.add",))
     assert outcomes["dead:wrong-queue"] == 1
     assert not effects.runs, "the other task's handler ran"
     (letter,) = dead_letters(connection, app, "counter.add")
@@ -932,7 +925,7 @@ def test_string_headers_sent_as_byte_arrays_are_read_as_utf8(
             "bj-attempt": 1,
         },
     )
-    outcomes = run_worker(broker, app, store)
+    outcomes = run_burst_worker(broker, app, store)
     assert outcomes["succeeded"] == 1
     assert effects.runs == Counter({"by-hand": 1})
     assert store.get("invoice-42").status is Status.SUCCEEDED  # type: ignore[union-attr]
@@ -953,7 +946,7 @@ def test_a_transient_job_with_a_charset_in_its_content_type_runs(
         delivery_mode=1,
         content_type="application/json; charset=utf-8",
     )
-    assert run_worker(broker, app, MemoryStore())["succeeded"] == 1
+    assert run_burst_worker(broker, app, MemoryStore())["succeeded"] == 1
     assert effects.runs == Counter({"by-hand": 1})
 
 
@@ -965,7 +958,7 @@ def test_a_skipped_duplicate_is_logged_with_its_id_and_key(
         first = publisher.publish("counter.add", {"key": "once"}, idempotency_key="invoice-7")
         second = publisher.publish("counter.add", {"key": "once"}, idempotency_key="invoice-7")
     with caplog.at_level(logging.INFO, logger="broker_jobs.worker"):
-        outcomes = run_worker(broker, app, store)
+        outcomes = run_burst_worker(broker, app, store)
     assert outcomes["duplicate"] == 1
     (line,) = [r.getMessage() for r in caplog.records if "not run: the ledger" in r.getMessage()]
     assert second.id in line
