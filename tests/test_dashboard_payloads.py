@@ -13,8 +13,8 @@ from broker_jobs import App, Job, JobRequest, Publisher
 from broker_jobs.store.base import MAX_PAYLOAD_BYTES, Output, Status, json_text
 from broker_jobs.store.sqlite import SQLiteStore
 from tests import test_dashboard as _dashboard_tests
-from tests.support import Broker
-from tests.test_dashboard import ESCAPED, SCRIPT, TASK, Dashboard, Item, publish, run_worker
+from tests.support import Broker, run_burst_worker
+from tests.test_dashboard import ESCAPED, SCRIPT, TASK, Dashboard, Item, publish
 
 pytestmark = pytest.mark.broker
 
@@ -55,7 +55,7 @@ def test_a_dead_jobs_page_shows_its_dead_letter_first_and_the_api_the_ledgers_to
     broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
 ) -> None:
     publish(broker, app, ledger, Item(key="bad-1", note=SCRIPT, fail=True))
-    run_worker(broker, app, ledger)
+    run_burst_worker(broker, app, ledger)
     record = ledger.get("bad-1")
     assert record is not None
     assert record.status is Status.DEAD
@@ -77,7 +77,7 @@ def test_a_payload_kept_by_a_failure_is_in_the_jobs_document(
     item = Item(key="fails-1", note=SCRIPT, fail=True)
     with Publisher(broker.url, app) as publisher:
         publisher.publish_many([JobRequest(TASK, item.model_dump(), idempotency_key=item.key)])
-    run_worker(broker, app, ledger)
+    run_burst_worker(broker, app, ledger)
 
     assert ledger.payload("fails-1") == item.model_dump()
     document = dashboard().get("/api/jobs/fails-1").json()

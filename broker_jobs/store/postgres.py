@@ -17,6 +17,11 @@ record in one transaction: exactly-once effects for writes into the same databas
 
 psycopg is optional (``pip install 'broker-jobs[postgres]'``); this module imports
 without it and the store says what to install.
+
+Why some 630 lines: each method of :class:`~broker_jobs.store.base.Store` is a few
+lines around one statement, and they stay together so that one reads how this store
+meets the contract; the SQL lives in ``postgres_queries``, the schema and its
+migrations in ``postgres_schema``, the connection pool in ``postgres_pool``.
 """
 
 from __future__ import annotations

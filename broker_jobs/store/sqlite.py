@@ -18,6 +18,11 @@ races SQLITE_BUSY at once, without its busy timeout), for up to the busy timeout
 
 The file must live on a local file system (WAL needs shared memory between the
 processes; network file systems break SQLite's locking).
+
+Why some 610 lines: each method of :class:`~broker_jobs.store.base.Store` is a few
+lines around one statement, kept together so that one reads how this store meets the
+contract; the SQL lives in ``sqlite_statements``, the schema in ``sqlite_schema``, the
+store thread's group commit in ``sqlite_batching``.
 """
 
 from __future__ import annotations
