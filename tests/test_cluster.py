@@ -60,6 +60,7 @@ def ms(seconds: float) -> str:
 # -- the cluster ---------------------------------------------------------------------
 
 
+@pytest.mark.also_on_rabbitmq_4
 @pytest.mark.cluster
 def test_the_cluster_forms_and_a_quorum_queue_has_a_member_on_each_node(
     cluster: RabbitCluster, quorum_queue: str
@@ -75,6 +76,7 @@ def test_the_cluster_forms_and_a_quorum_queue_has_a_member_on_each_node(
     assert cluster.queue_leader(quorum_queue) in names
 
 
+@pytest.mark.also_on_rabbitmq_4
 @pytest.mark.cluster
 def test_a_confirmed_publisher_keeps_working_through_kill_9_of_the_queue_leader(
     cluster: RabbitCluster, quorum_queue: str

@@ -134,6 +134,7 @@ def received(
     return arrivals
 
 
+@pytest.mark.also_on_rabbitmq_4
 @pytest.mark.broker
 def test_delayed_jobs_arrive_intact_and_not_early(
     app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
@@ -167,6 +168,7 @@ def test_a_delayed_batch_arrives_complete(
     assert sorted(job.id for job in arrived) == sorted(job.id for job in jobs)
 
 
+@pytest.mark.also_on_rabbitmq_4
 @pytest.mark.broker
 def test_a_job_delayed_again_after_the_ladder_arrives_again(
     app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
@@ -189,6 +191,7 @@ def test_a_job_delayed_again_after_the_ladder_arrives_again(
     assert again == retry
 
 
+@pytest.mark.also_on_rabbitmq_4
 @pytest.mark.broker
 def test_a_delayed_job_for_a_task_without_a_queue_is_refused_at_once(
     app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection

@@ -167,6 +167,7 @@ def queue_args(broker: Broker, app: App, *tasks: str) -> list[str]:
 # -- list and show ----------------------------------------------------------------------
 
 
+@pytest.mark.also_on_rabbitmq_4
 @pytest.mark.parametrize("queue_type", ["quorum", "classic"])
 def test_list_and_show_leave_the_dead_letters_in_place_and_in_order(
     broker: Broker,
@@ -262,6 +263,7 @@ def test_the_filters_and_the_json_of_list(
 # -- replay -----------------------------------------------------------------------------
 
 
+@pytest.mark.also_on_rabbitmq_4
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_replay_runs_a_dead_job_once_more(
     broker: Broker,
@@ -321,6 +323,7 @@ def open_ledger(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> St
     return ledger
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_a_dead_letter_replayed_twice_runs_once(
     broker: Broker,
     app: App,
@@ -477,6 +480,7 @@ def test_replay_json_and_a_store_that_has_no_record(
 # -- purge ------------------------------------------------------------------------------
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_purge_with_filters_and_all(
     broker: Broker,
     app: App,

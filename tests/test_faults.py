@@ -50,6 +50,7 @@ def stored_jobs(broker: Broker, app: App, at_least: int, within: float = 5.0) ->
         return drain_at_least(connection, queue, at_least, within)
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_the_next_publish_after_a_broker_restart_succeeds_and_nothing_is_lost(
     broker: Broker, node: RabbitNode, app: App, make_publisher: MakePublisher
 ) -> None:
@@ -93,6 +94,7 @@ def test_a_broker_killed_mid_batch_leaves_every_confirmed_job_stored(
     assert set(stored) <= set(caught.value.failed) | set(confirmed)
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_a_broker_that_stops_confirming_gives_a_timeout_not_a_hang(
     broker: Broker, node: RabbitNode, app: App, make_publisher: MakePublisher
 ) -> None:
@@ -119,6 +121,7 @@ def test_a_broker_that_stops_confirming_gives_a_timeout_not_a_hang(
     assert job.id in {stored.id for stored in stored_jobs(broker, app, at_least=2)}
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_a_connection_closed_by_the_broker_is_replaced_on_the_next_publish(
     broker: Broker,
     node: RabbitNode,
@@ -137,6 +140,7 @@ def test_a_connection_closed_by_the_broker_is_replaced_on_the_next_publish(
     assert "guest:guest@" not in caplog.text
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_delayed_jobs_survive_a_broker_restart_in_the_middle_of_their_delays(
     broker: Broker, node: RabbitNode, app: App
 ) -> None:

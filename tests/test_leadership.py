@@ -294,6 +294,7 @@ def ms(seconds: float) -> str:
 # -- processes: kill -9, graceful stop, SIGSTOP --------------------------------------
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_kill_9_of_the_leader_hands_over_to_one_other_contender(
     contenders: Contenders, connection: pika.BlockingConnection, leader_objects: str
 ) -> None:
@@ -321,6 +322,7 @@ def test_kill_9_of_the_leader_hands_over_to_one_other_contender(
     assert [who for who, _ in runs] == leaders
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_a_leader_that_stops_stands_down_before_the_next_one_leads(
     contenders: Contenders, connection: pika.BlockingConnection, leader_objects: str
 ) -> None:
@@ -346,6 +348,7 @@ def test_a_leader_that_stops_stands_down_before_the_next_one_leads(
     assert [who for who, _ in runs] == [leader, elected.who]
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_a_paused_leader_is_replaced_and_stands_down_when_it_resumes(
     contenders: Contenders, connection: pika.BlockingConnection, leader_objects: str
 ) -> None:
@@ -436,6 +439,7 @@ async def ready_count(channel: aio_pika.abc.AbstractChannel, name: str) -> int:
     return declared.declaration_result.message_count or 0
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_token_refresh_keeps_one_token_held_and_the_queue_empty(
     broker: Broker, namespace: str, leader_objects: str
 ) -> None:
@@ -477,6 +481,7 @@ def test_token_refresh_keeps_one_token_held_and_the_queue_empty(
     assert left <= 1 + 3
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_the_queue_is_a_durable_quorum_queue_with_single_active_consumer(
     broker: Broker, namespace: str, leader_objects: str, connection: pika.BlockingConnection
 ) -> None:
@@ -501,6 +506,7 @@ def test_the_queue_is_a_durable_quorum_queue_with_single_active_consumer(
         connection.channel().basic_get(name)  # SAC quorum queue: no basic.get
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_a_deleted_queue_costs_the_leadership_until_it_is_declared_again(
     broker: Broker, namespace: str, leader_objects: str
 ) -> None:

@@ -16,7 +16,7 @@ from tests.support import AnyPublisher, drain_at_least, untyped_queue_type
 from topology import TopologyConflictError, declare
 from topology.errors import show_value
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.also_on_rabbitmq_4]  # every broker test: on 4.0 too
 
 
 class Empty(BaseModel):

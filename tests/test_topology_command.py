@@ -154,6 +154,7 @@ def test_usage_errors_exit_1_so_that_2_means_changes_pending() -> None:
 # -- plan, apply, verify --------------------------------------------------------------
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_plan_creates_nothing_then_apply_makes_plan_and_verify_pass(
     broker: Broker, app_path: str, namespace: str, connection: pika.BlockingConnection
 ) -> None:
@@ -215,6 +216,7 @@ def test_plan_creates_nothing_then_apply_makes_plan_and_verify_pass(
     assert "  delay ladder: 50 objects in sync\n" in again.stdout
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_a_conflicting_queue_is_reported_with_its_remedy_and_left_untouched(
     broker: Broker, app_path: str, namespace: str, connection: pika.BlockingConnection
 ) -> None:
@@ -469,6 +471,7 @@ def test_export_writes_rabbitmq_definitions(app_path: str, namespace: str) -> No
     } in document["bindings"]
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_exported_definitions_import_into_a_fresh_vhost_in_sync(
     broker: Broker, app_path: str
 ) -> None:
@@ -498,6 +501,7 @@ def test_exported_definitions_import_into_a_fresh_vhost_in_sync(
 # -- preflight ------------------------------------------------------------------------
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_preflight_on_this_broker(broker: Broker, namespace: str) -> None:
     result = topology(
         "preflight", "--url", broker.url, "--namespace", namespace, "--max-task-timeout", "600"
@@ -510,6 +514,7 @@ def test_preflight_on_this_broker(broker: Broker, namespace: str) -> None:
     assert "rabbitmqctl environment | grep consumer_timeout" in result.stdout
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_preflight_reads_flags_and_consumer_timeout_with_rabbitmqctl(broker: Broker) -> None:
     node = broker.controllable()
     result = topology(
@@ -634,6 +639,7 @@ def test_routing_to_the_unroutable_queue_needs_no_permission(
     assert depth.method.message_count == 1
 
 
+@pytest.mark.also_on_rabbitmq_4
 def test_worker_permissions_allow_consuming_its_queues_only(
     broker: Broker,
     app_path: str,

@@ -34,7 +34,7 @@ from tests.support import Broker, wait_until
 from tests.test_worker import EffectsDatabase
 from topology import Topology
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.also_on_rabbitmq_4]  # every broker test: on 4.0 too
 
 
 class Add(BaseModel):
@@ -163,7 +163,7 @@ def test_two_workers_drain_through_a_broker_restart_each_effect_exactly_once(
         """,
     )
     app = declared_app(namespace, cleanup_topology)
-    keys = [f"k{n}" for n in range(1500)]
+    keys = [f"k{n}" for n in range(600)]
     with Publisher(broker.url, app) as publisher:
         publisher.publish_many([JobRequest("counter.add", {"key": key}) for key in keys])
     args = ["--url", broker.url, "recovery_app:app", "--store", database.store_url]
