@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from broker_jobs.clock import utc_now
 from broker_jobs.errors import DecodeError, describe_validation_error
 from topology import names as n
 from topology.priority import Priority
@@ -47,10 +48,6 @@ def new_job_id() -> str:
 _MILLISECONDS_MASK = (1 << 48) - 1
 _VERSION_AND_VARIANT_MASK = 0xF << 76 | 0x3 << 62
 _VERSION_7_AND_VARIANT = 0x7 << 76 | 0x2 << 62  # version 7, variant RFC 9562
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 class Job(BaseModel):

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, get_type_hints
 
-from broker_jobs.envelope import Job, utc_now
+from broker_jobs.clock import utc_now
+from broker_jobs.envelope import Job
 from broker_jobs.errors import ConfigurationError
 
 #: The logger a handler's :attr:`JobContext.log` writes to.

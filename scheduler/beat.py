@@ -33,7 +33,8 @@ from prometheus_client import CollectorRegistry
 
 from broker_jobs.amqp.declaring import declare_at_start
 from broker_jobs.app import App
-from broker_jobs.envelope import Job, utc_now
+from broker_jobs.clock import utc_now
+from broker_jobs.envelope import Job
 from broker_jobs.errors import BrokerConnectionError, ConfigurationError, PublishError
 from broker_jobs.observe.beat_metrics import BeatMetrics
 from broker_jobs.publish.prepare import JobFactory

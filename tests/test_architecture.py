@@ -24,6 +24,7 @@ CORE = frozenset(
         "app",
         "app_loader",
         "envelope",
+        "clock",
         "errors",
         "retry",
         "due",
@@ -56,7 +57,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ops": frozenset({"core", "topology", "amqp", "store", "observe", "publish"}),
     "scheduler": frozenset({"core", "topology", "amqp", "store", "observe", "publish", "ops"}),
     "dashboard": frozenset({"core", "topology", "store", "observe", "ops", "scheduler"}),
-    "testing": frozenset({"core", "topology"}),
+    # The kit runs the worker's protocol on the publishers and beat's emitter.
+    "testing": frozenset({"core", "topology", "store", "publish", "worker", "scheduler"}),
     "api": frozenset({"core", "topology", "publish", "worker"}),
     "cli": frozenset({"api", *LIBRARY}),
     "bench": frozenset({"api", "testing", "cli", *LIBRARY}),

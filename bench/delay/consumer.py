@@ -16,8 +16,9 @@ from typing import Any, NamedTuple
 import aio_pika
 import aio_pika.abc
 
+from broker_jobs.clock import utc_now
 from broker_jobs.due import seconds_until_due
-from broker_jobs.envelope import Job, decode, utc_now
+from broker_jobs.envelope import Job, decode
 from broker_jobs.errors import DecodeError
 from broker_jobs.worker.delivery import wire_message
 from topology.delay import DELAY_LEVELS, DELAY_UNIT

@@ -29,7 +29,7 @@ from broker_jobs.cli.options import (
     store_option,
 )
 from broker_jobs.cli.output import echo_json, json_option
-from broker_jobs.envelope import utc_now
+from broker_jobs.clock import utc_now
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.observe.beat_metrics import BeatMetrics
 from broker_jobs.observe.logs import configure_logging

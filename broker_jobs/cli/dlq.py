@@ -29,7 +29,7 @@ from rich.table import Table
 from broker_jobs.cli.options import store_option, url_option
 from broker_jobs.cli.output import echo_json, fail, json_option
 from broker_jobs.cli.tasks import chosen_tasks, task_options
-from broker_jobs.envelope import utc_now
+from broker_jobs.clock import utc_now
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.ops.dead_letters import (
     BROKER_DELIVERY_LIMIT,

@@ -18,8 +18,9 @@ from pydantic import BaseModel, ValidationError
 
 from broker_jobs.amqp.declaring import declare_topology, prepare_ladder
 from broker_jobs.app import App, TaskSpec
+from broker_jobs.clock import utc_now
 from broker_jobs.due import Delay, Route, due_time, route_for
-from broker_jobs.envelope import Job, WireMessage, encode, utc_now
+from broker_jobs.envelope import Job, WireMessage, encode
 from broker_jobs.errors import (
     BrokerJobsError,
     ConfigurationError,
@@ -46,6 +47,7 @@ TaskRef = str | TaskSpec[Any]
 def task_name(task: TaskRef) -> str:
     """The name of a task given by name or by its handle."""
     return task.name if isinstance(task, TaskSpec) else task
+
 
 #: Seconds to wait for a publisher confirm. A quorum queue that lost its majority
 #: never confirms; without a bound the caller would hang forever.
@@ -298,9 +300,7 @@ class JobFactory:
             return self.app.topology(ladder=False)
         return namespace_topology(self.names, (), ladder=False)
 
-    def build(
-        self, task: TaskRef, payload: Payload, **options: Unpack[JobOptions]
-    ) -> Prepared:
+    def build(self, task: TaskRef, payload: Payload, **options: Unpack[JobOptions]) -> Prepared:
         """Validate, encode and route one job; raises a :class:`JobError` subclass
         (``TypeError`` for an option ``publish`` does not take)."""
         check_keywords("publish", options, JOB_OPTIONS)

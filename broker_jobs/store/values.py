@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from broker_jobs.clock import utc_now
 from broker_jobs.envelope import Job
 from broker_jobs.store.records import KeptOutput, KeptPayload, PayloadText
 
@@ -101,7 +102,7 @@ def _parsed(text: str | None) -> Any:
 def utc(moment: datetime | None) -> datetime:
     """``moment`` in UTC (now when None); naive datetimes are refused."""
     if moment is None:
-        return datetime.now(UTC)
+        return utc_now()
     if moment.tzinfo is None:
         raise ValueError(f"{moment!r} must be timezone-aware (for example datetime.now(UTC))")
     return moment.astimezone(UTC)

@@ -30,7 +30,7 @@ import aio_pika.abc
 from broker_jobs.amqp.connecting import CONNECT_ERRORS
 from broker_jobs.amqp.declaring import declare_at_start, existing_queues
 from broker_jobs.app import App
-from broker_jobs.envelope import utc_now
+from broker_jobs.clock import utc_now
 from broker_jobs.errors import (
     BrokerConnectionError,
     ConfigurationError,
@@ -336,10 +336,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         overruns = runner.overruns
-        while (
-            fast_path.in_hand + runner.in_hand > len(overruns.stuck)
-            and loop.time() < deadline
-        ):
+        while fast_path.in_hand + runner.in_hand > len(overruns.stuck) and loop.time() < deadline:
             await asyncio.sleep(REPLACE_POLL)
         overruns.settle_stuck.set()
         fast_path.settle_stuck()

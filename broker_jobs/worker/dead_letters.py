@@ -10,12 +10,12 @@ from __future__ import annotations
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import aio_pika
 import aio_pika.abc
 
+from broker_jobs.clock import utc_now
 from topology import names as n
 
 #: Header names added to a dead letter (wire names: topology/names.py).
@@ -65,7 +65,7 @@ def dead_letter_message(
     headers[HEADER_REASON] = cause.reason
     headers[HEADER_ERROR] = cause.error[:MAX_ERROR]
     headers[HEADER_WORKER] = worker
-    headers[HEADER_AT] = datetime.now(UTC).isoformat(timespec="milliseconds")
+    headers[HEADER_AT] = utc_now().isoformat(timespec="milliseconds")
     if cause.attempts is not None:
         headers[HEADER_ATTEMPTS] = cause.attempts
     if cause.traceback:

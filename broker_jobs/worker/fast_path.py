@@ -42,8 +42,9 @@ from aiormq.abc import DeliveredMessage
 from pydantic import BaseModel
 
 from broker_jobs.app import TaskSpec
+from broker_jobs.clock import utc_now
 from broker_jobs.due import seconds_until_due
-from broker_jobs.envelope import Job, utc_now
+from broker_jobs.envelope import Job
 from broker_jobs.store.base import Claim, ClaimOutcome, Output, StoreError
 from broker_jobs.worker.acks import ChannelAcks
 from broker_jobs.worker.calling import bound_handler

@@ -34,8 +34,9 @@ import aiormq.exceptions
 from pydantic import BaseModel
 
 from broker_jobs.app import App, TaskSpec
+from broker_jobs.clock import utc_now
 from broker_jobs.due import seconds_until_due
-from broker_jobs.envelope import Job, utc_now
+from broker_jobs.envelope import Job
 from broker_jobs.errors import (
     BrokerConnectionError,
     BrokerJobsError,
