@@ -1,0 +1,244 @@
+"""The testing kit (broker_jobs.testing.JobsKit): jobs published through the
+production API and run in the test's process, with no broker and no real sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from pydantic import BaseModel
+
+from broker_jobs import (
+    App,
+    JobContext,
+    JobRequest,
+    PayloadValidationError,
+    PermanentError,
+    RetryPolicy,
+    UnroutableError,
+)
+from broker_jobs.clock import utc_now
+from broker_jobs.store.base import Status
+from broker_jobs.testing import JobsKit, KitError, MemoryPublisher
+
+pytest_plugins = ["pytester"]
+
+
+class Add(BaseModel):
+    key: str
+
+
+def counting_app(fail_first: int = 0, *, retry: RetryPolicy | None = None) -> tuple[App, list[str]]:
+    """An app whose handler records each run and fails its first ``fail_first`` runs."""
+    app = App(namespace="kit")
+    runs: list[str] = []
+
+    @app.task("counter.add", retry=retry or RetryPolicy(max_attempts=3, base_delay=30))
+    def add(payload: Add) -> dict[str, str]:
+        runs.append(payload.key)
+        if len(runs) <= fail_first:
+            raise RuntimeError(f"run {len(runs)} fails")
+        return {"added": payload.key}
+
+    return app, runs
+
+
+def test_a_published_job_runs_when_the_test_says_and_its_result_is_kept() -> None:
+    app, runs = counting_app()
+    with JobsKit(app) as kit:
+        job = kit.publisher().publish("counter.add", Add(key="a"))
+        assert runs == []  # nothing runs by itself
+        assert [queued.id for queued in kit.queued("counter.add")] == [job.id]
+        assert kit.run() == 1
+        record = kit.record(job)
+        assert record is not None
+        assert record.status is Status.SUCCEEDED
+        assert kit.result(job) == {"added": "a"}
+        assert kit.outcomes == {"succeeded": 1}
+        assert kit.pending() == 0
+
+
+def test_a_failing_job_is_retried_after_its_backoff_on_the_test_clock() -> None:
+    app, runs = counting_app(fail_first=1, retry=RetryPolicy(max_attempts=3, schedule=[600]))
+    with JobsKit(app) as kit:
+        started = kit.now
+        job = kit.publisher().publish("counter.add", Add(key="a"))
+        kit.run()
+        record = kit.record(job)
+        assert record is not None
+        assert record.status is Status.RETRYING
+        assert kit.advance(minutes=9) == 0  # not due yet
+        assert kit.advance(minutes=2) == 1
+        record = kit.record(job)
+        assert record is not None
+        assert (record.status, record.attempts) == (Status.SUCCEEDED, 2)
+        assert runs == ["a", "a"]
+        assert kit.now == started + timedelta(minutes=11)
+
+
+def test_exhausted_and_permanent_failures_are_dead_lettered_with_their_reasons() -> None:
+    app = App(namespace="kit")
+
+    @app.task("counter.add", retry=RetryPolicy(max_attempts=3, base_delay=5))
+    def add(payload: Add) -> None:
+        if payload.key == "permanent":
+            raise PermanentError("bad input")
+        raise RuntimeError("always")
+
+    with JobsKit(app) as kit:
+        publisher = kit.publisher()
+        flaky = publisher.publish("counter.add", Add(key="flaky"))
+        permanent = publisher.publish("counter.add", Add(key="permanent"))
+        kit.run_all()
+        dead = {letter.job_id: letter for letter in kit.dead_letters("counter.add")}
+        assert (dead[flaky.id].reason, dead[flaky.id].attempts) == ("exhausted", 3)
+        assert dead[permanent.id].reason == "permanent"
+        assert dead[permanent.id].error == "PermanentError: bad input"
+        for job in (flaky, permanent):
+            record = kit.record(job)
+            assert record is not None
+            assert record.status is Status.DEAD
+
+
+def test_a_delayed_job_runs_when_the_clock_reaches_its_due_time_not_before() -> None:
+    app, runs = counting_app()
+    with JobsKit(app) as kit:
+        due = kit.now + timedelta(days=3, seconds=7.5)
+        kit.publisher().publish("counter.add", Add(key="later"), eta=due)
+        kit.run_until(due - timedelta(seconds=1))
+        assert runs == []
+        kit.run_until(due)
+        assert runs == ["later"]
+
+
+def test_one_key_published_twice_runs_once() -> None:
+    app, runs = counting_app()
+    with JobsKit(app) as kit:
+        publisher = kit.publisher()
+        publisher.publish("counter.add", Add(key="a"), idempotency_key="order-1")
+        publisher.publish("counter.add", Add(key="a"), idempotency_key="order-1")
+        kit.run()
+        assert runs == ["a"]
+        assert kit.outcomes == {"succeeded": 1, "duplicate": 1}
+
+
+def test_publish_errors_are_the_production_ones() -> None:
+    app, _ = counting_app()
+    with JobsKit(app) as kit:
+        with pytest.raises(PayloadValidationError):
+            kit.publisher().publish("counter.add", {"nokey": 1})
+        # A task name the kit's app has no queue for, published by name.
+        with (
+            pytest.raises(UnroutableError),
+            MemoryPublisher(kit.broker, namespace="kit") as by_name,
+        ):
+            by_name.publish("counter.remove", {"key": "k"})
+        assert kit.pending() == 0
+
+
+def test_the_async_publisher_publishes_to_the_kit_too() -> None:
+    app, runs = counting_app()
+    with JobsKit(app) as kit:
+
+        async def publish() -> None:
+            publisher = kit.async_publisher()
+            await publisher.publish_many([JobRequest("counter.add", {"key": "x"})])
+            await publisher.close()
+
+        asyncio.run(publish())
+        kit.run()
+        assert runs == ["x"]
+
+
+def test_a_handler_sees_its_job_and_starts_a_next_step() -> None:
+    app = App(namespace="kit")
+    seen: list[tuple[str, int]] = []
+
+    @app.task("first")
+    def first(payload: Add, job: JobContext) -> None:
+        seen.append((job.task, job.attempt))
+        job.then("second", Add(key=payload.key + "!"))
+
+    @app.task("second")
+    def second(payload: Add) -> str:
+        seen.append(("second:" + payload.key, 1))
+        return payload.key
+
+    with JobsKit(app) as kit:
+        kit.publisher().publish("first", Add(key="k"))
+        kit.run()
+        assert seen == [("first", 1), ("second:k!", 1)]
+
+
+def test_cron_fires_for_a_time_range_run_with_their_deterministic_keys() -> None:
+    app = App(namespace="kit")
+    fired: list[datetime] = []
+
+    @app.task("report")
+    def report(payload: Add) -> None:
+        del payload
+        fired.append(utc_now())
+
+    app.schedule("hourly-report", "report", cron="0 * * * *", payload={"key": "r"})
+    with JobsKit(app, start=datetime(2030, 1, 1, 0, 30, tzinfo=UTC)) as kit:
+        jobs = kit.run_schedules(timedelta(hours=3))
+        assert [job.idempotency_key for job in jobs] == [
+            "beat:hourly-report:2030-01-01T01:00:00Z",
+            "beat:hourly-report:2030-01-01T02:00:00Z",
+            "beat:hourly-report:2030-01-01T03:00:00Z",
+        ]
+        assert [moment.hour for moment in fired] == [1, 2, 3]
+
+
+def test_run_all_refuses_jobs_that_never_end() -> None:
+    app = App(namespace="kit")
+
+    @app.task("again")
+    def again(payload: Add, job: JobContext) -> None:
+        job.then("again", payload, delay=3600)
+
+    with JobsKit(app) as kit:
+        kit.publisher().publish("again", Add(key="k"))
+        with pytest.raises(KitError, match="still wait"):
+            kit.run_all(limit=timedelta(days=1))
+
+
+def test_the_kit_gives_the_system_clock_back_when_closed() -> None:
+    app, _ = counting_app()
+    with JobsKit(app, start=datetime(2030, 6, 1, tzinfo=UTC)):
+        assert utc_now() == datetime(2030, 6, 1, tzinfo=UTC)
+    assert abs((utc_now() - datetime.now(UTC)).total_seconds()) < 60
+
+
+def test_the_pytest_fixtures_reach_a_users_test_suite(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(
+        """
+        import pytest
+        from pydantic import BaseModel
+        from broker_jobs import App
+
+        class Add(BaseModel):
+            key: str
+
+        app = App(namespace="user")
+
+        @app.task("counter.add")
+        def add(payload: Add) -> str:
+            return payload.key
+
+        @pytest.fixture
+        def broker_jobs_app():
+            return app
+        """
+    )
+    pytester.makepyfile(
+        """
+        def test_it(jobs_kit):
+            job = jobs_kit.publisher().publish("counter.add", {"key": "k"})
+            jobs_kit.run()
+            assert jobs_kit.result(job) == "k"
+        """
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)
