@@ -1,6 +1,7 @@
 """broker-jobs: a RabbitMQ job system that does not lose, duplicate or silently hold work."""
 
 from broker_jobs.app import App, TaskSpec
+from broker_jobs.due import InvalidDelayError
 from broker_jobs.envelope import Job, WireMessage, decode, encode
 from broker_jobs.errors import (
     BrokerConnectionError,
@@ -11,6 +12,7 @@ from broker_jobs.errors import (
     ConsumerCancelledError,
     DecodeError,
     FollowUpError,
+    HandlerStuckError,
     JobError,
     NackedError,
     PayloadEncodingError,
@@ -29,6 +31,7 @@ from broker_jobs.publish.async_publisher import AsyncPublisher
 from broker_jobs.publish.prepare import JobRequest
 from broker_jobs.publish.publisher import Publisher
 from broker_jobs.retry import PermanentError, RetryableError, RetryPolicy
+from broker_jobs.store.errors import LeaseLostError, StoreError
 from broker_jobs.urls import mask_url
 from broker_jobs.worker import Worker, WorkerSettings
 from topology import QueueOptions, QueueType
@@ -66,13 +69,17 @@ __all__ = [
     "ConfirmTimeoutError",
     "ConsumerCancelledError",
     "DecodeError",
+    "HandlerStuckError",
+    "InvalidDelayError",
     "JobError",
+    "LeaseLostError",
     "NackedError",
     "PayloadEncodingError",
     "PayloadValidationError",
     "PublishBatchError",
     "PublishError",
     "ReconnectTimeoutError",
+    "StoreError",
     "TopologyConflictError",
     "TopologyError",
     "TopologyMissingError",

@@ -59,7 +59,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "dashboard": frozenset({"core", "topology", "store", "observe", "ops", "scheduler"}),
     # The kit runs the worker's protocol on the publishers and beat's emitter.
     "testing": frozenset({"core", "topology", "store", "publish", "worker", "scheduler"}),
-    "api": frozenset({"core", "topology", "publish", "worker"}),
+    "api": frozenset({"core", "topology", "store", "publish", "worker"}),
     "cli": frozenset({"api", *LIBRARY}),
     "bench": frozenset({"api", "testing", "cli", *LIBRARY}),
 }
