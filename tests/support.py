@@ -57,6 +57,9 @@ class AsyncFacade:
     def publish_many(self, requests: list[JobRequest], **kwargs: Any) -> list[Job]:
         return self.loop.run_until_complete(self.inner.publish_many(requests, **kwargs))
 
+    def connect(self) -> None:
+        self.loop.run_until_complete(self.inner.connect())
+
     def close(self) -> None:
         self.loop.run_until_complete(self.inner.close())
         self.loop.close()

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from broker_jobs import (
     App,
     BrokerConnectionError,
+    BrokerUnreachableError,
     JobError,
     JobRequest,
     PayloadEncodingError,
@@ -246,3 +247,20 @@ def test_a_message_goes_to_the_socket_as_one_buffer(broker: Broker, app: App) ->
         assert len(transport._tx_buffers) == 1
     finally:
         link.close()
+
+
+def test_connect_opens_the_connection_before_any_publish_and_says_when_it_cannot(
+    app: App, make_publisher: MakePublisher, connection: pika.BlockingConnection
+) -> None:
+    publisher = make_publisher(app)
+    publisher.connect()  # declares the topology too, as the first publish would
+    connection.channel().queue_declare(app.names.task_queue("image.resize"), passive=True)
+    publisher.connect()  # open already: nothing happens
+    publisher.publish("image.resize", Resize(url="u", width=1))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nobody listens there once closed
+    unreachable = make_publisher(app, url=f"amqp://guest:secret@127.0.0.1:{port}/")
+    with pytest.raises(BrokerUnreachableError) as caught:
+        unreachable.connect()
+    assert "secret" not in str(caught.value)

@@ -141,6 +141,12 @@ class AsyncPublisher(PublisherBase):
             await self._drop_connection()  # its state is unknown now
         return outcome
 
+    async def connect(self) -> None:
+        """Open the connection now, or check that it is open: a publisher otherwise
+        connects on its first publish. For a service's start-up or readiness probe;
+        raises :class:`BrokerConnectionError` (or a topology error) as a publish would."""
+        await self._ready_channel(())
+
     async def close(self) -> None:
         connection = self._connection
         self._forget_channel()

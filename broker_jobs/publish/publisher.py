@@ -127,6 +127,13 @@ class Publisher(PublisherBase):
         self._record_confirmed(outcome.confirmed_jobs())
         return outcome.settle()
 
+    def connect(self) -> None:
+        """Open the connection now, or check that it is open: a publisher otherwise
+        connects on its first publish. For a service's start-up or readiness probe;
+        raises :class:`BrokerConnectionError` (or a topology error) as a publish would."""
+        with self._lock:
+            self._connected_link()
+
     def close(self) -> None:
         with self._lock:
             if self._link is not None:

@@ -67,6 +67,9 @@ class MemoryPublisher(Publisher):
     ) -> BatchOutcome:
         return send_to_memory(self._memory, self._factory, prepared, on_confirmed)
 
+    def connect(self) -> None:
+        """Always connected."""
+
     def close(self) -> None:
         """Nothing to close."""
 
@@ -93,6 +96,9 @@ class MemoryAsyncPublisher(AsyncPublisher):
         self, prepared: list[Prepared], on_confirmed: Callable[[Job], None] | None
     ) -> BatchOutcome:
         return send_to_memory(self._memory, self._factory, prepared, on_confirmed)
+
+    async def connect(self) -> None:
+        """Always connected."""
 
     async def close(self) -> None:
         """Nothing to close."""
