@@ -12,10 +12,14 @@ from __future__ import annotations
 import re
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from broker_jobs import App
+from tests.support import Broker
+from topology import Topology
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The broker URL the docs' examples use.
@@ -41,7 +45,8 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
                 del sys.modules[name]
 
 
-def run_page(page: str, directory: Path, url: str = DOCS_URL) -> None:
+def run_page(page: str, directory: Path, url: str = DOCS_URL) -> dict[str, object]:
+    """Run the page's blocks; the namespace they leave."""
     namespace: dict[str, object] = {"__name__": f"docs_{Path(page).stem}"}
     found = blocks(page)
     assert found, f"{page} has no python block"
@@ -56,7 +61,23 @@ def run_page(page: str, directory: Path, url: str = DOCS_URL) -> None:
             exec(compile(code, f"{page} block {number}", "exec"), namespace)
         except Exception as error:
             raise AssertionError(f"{page}, block {number} failed:\n{code}") from error
+    return namespace
 
 
 def test_every_block_of_the_testing_page_runs(sandbox: Path) -> None:
     run_page("docs/testing.md", sandbox)
+
+
+@pytest.mark.broker
+def test_every_block_of_the_guide_runs_on_a_real_broker(
+    sandbox: Path, broker: Broker, cleanup_topology: Callable[[Topology], Topology]
+) -> None:
+    try:
+        namespace = run_page("docs/guide.md", sandbox, url=broker.url)
+    finally:
+        contracts = sys.modules.get("shop.contracts")
+        if contracts is not None:
+            app = contracts.app
+            assert isinstance(app, App)
+            cleanup_topology(app.topology())
+    assert "outcomes" in namespace
