@@ -205,17 +205,19 @@ class JobObserver:
         job: Job | None = None,
         job_id: str | None = None,
         key: str | None = None,
+        attempt: int | None = None,
         run: Run | None = None,
     ) -> None:
-        """A job (or a message that never became one: ``job_id`` and ``key`` from
-        its headers) is dead-lettered with ``reason`` (ERROR: a person must look)."""
+        """A job (or a message that never became one: ``job_id``, ``key`` and
+        ``attempt`` from its headers, where it has them) is dead-lettered with
+        ``reason`` (ERROR: a person must look)."""
         if (metrics := self._task(task)) is not None:
             metrics.dead_lettered(reason)
         fields: dict[str, Any] = {
             "job_id": job.id if job is not None else job_id,
             "key": job.idempotency_key if job is not None else key,
             "task": task,
-            "attempt": job.attempt if job is not None else None,
+            "attempt": job.attempt if job is not None else attempt,
             "duration_s": _rounded(run.duration) if run is not None else None,
             "worker": self._worker_id,
             "outcome": "dead",
@@ -225,10 +227,15 @@ class JobObserver:
         error_type, colon, _ = error.partition(": ")
         if colon and error_type.isidentifier():  # "ValueError: ..." from the handler
             fields["error_type"] = error_type
+        # A message that never became a job may lack a key or an attempt: say so,
+        # rather than print "None".
+        known = [f"key {fields['key']}" if fields["key"] else "no key", task]
+        if fields["attempt"] is not None:
+            known[-1] += f" attempt {fields['attempt']}"
         log.error(
-            "job %s (key %s, %s attempt %s) dead-lettered on %s (%s): %s",
-            fields["job_id"], fields["key"], task, fields["attempt"], self._worker_id,
-            reason, fields["error"], extra=fields,
+            "job %s (%s) dead-lettered on %s (%s): %s",
+            fields["job_id"] or "without an id", ", ".join(known), self._worker_id, reason,
+            fields["error"], extra=fields,
         )  # fmt: skip
 
     def skipped(self, job: Job, outcome: str, why: str, record: JobRecord) -> None:

@@ -557,8 +557,16 @@ class Runner:
                 job_id=properties.message_id,
                 task=task,
             )
+        header_attempt = message.headers.get(n.HEADER_ATTEMPT)
         self.observer.dead(
-            task, cause.reason, cause.error, job=job, job_id=properties.message_id, key=key, run=run
+            task,
+            cause.reason,
+            cause.error,
+            job=job,
+            job_id=properties.message_id,
+            key=key,
+            attempt=header_attempt if type(header_attempt) is int else None,
+            run=run,
         )
         return f"dead:{cause.reason}"
 
