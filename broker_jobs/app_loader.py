@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
+import traceback
 from typing import Any
 
 from broker_jobs.app import App
 from broker_jobs.errors import ConfigurationError
+
+log = logging.getLogger(__name__)
 
 
 def load_app(path: str) -> App:
@@ -29,13 +33,9 @@ def load_app(path: str) -> App:
                 f"--app {path!r}: no module named {missing!r} in the current directory or"
                 " on PYTHONPATH: run from the project directory or set PYTHONPATH"
             ) from None
-        raise ConfigurationError(
-            f"--app {path!r}: importing {module_name!r} failed: {error}"
-        ) from None
+        raise _import_failed(path, module_name, error) from None
     except Exception as error:  # any import-time failure is the user's to see
-        raise ConfigurationError(
-            f"--app {path!r}: importing {module_name!r} failed: {type(error).__name__}: {error}"
-        ) from None
+        raise _import_failed(path, module_name, error) from None
     found: Any = module
     for part in attribute.split("."):
         if not hasattr(found, part):
@@ -50,3 +50,26 @@ def load_app(path: str) -> App:
             f"--app {path!r} is a {type(found).__name__}, not a broker_jobs.App"
         )
     return found
+
+
+def _import_failed(path: str, module_name: str, error: BaseException) -> ConfigurationError:
+    """The error of an app module that raised on import: where (the file and line
+    that raised, the user's code rather than the import machinery), and the whole
+    traceback at DEBUG (``--log-level debug``)."""
+    log.debug("importing %s failed", module_name, exc_info=error)
+    where = _where(error)
+    return ConfigurationError(
+        f"--app {path!r}: importing {module_name!r} failed{where}:"
+        f" {type(error).__name__}: {error} (--log-level debug shows the traceback)"
+    )
+
+
+def _where(error: BaseException) -> str:
+    if isinstance(error, SyntaxError) and error.filename:
+        return f" at {error.filename}:{error.lineno}"
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if "importlib" not in frame.filename and not frame.filename.startswith("<frozen")
+    ]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
