@@ -37,6 +37,7 @@ from broker_jobs.publish.prepare import (
     PublisherBase,
     TaskRef,
     check_unique_ids,
+    confirm_timeout_hint,
 )
 from broker_jobs.urls import mask_text
 
@@ -205,7 +206,8 @@ class AsyncPublisher(PublisherBase):
         if isinstance(error, aio_pika.exceptions.DeliveryError):
             return NackedError(job.task, job.id)
         if isinstance(error, TimeoutError):
-            return ConfirmTimeoutError(job.task, job.id, self._settings.confirm_timeout)
+            hint = confirm_timeout_hint(_blocked(self._connection))
+            return ConfirmTimeoutError(job.task, job.id, self._settings.confirm_timeout, hint)
         if isinstance(error, aio_pika.exceptions.CONNECTION_EXCEPTIONS):
             return BrokerConnectionError(
                 f"the connection to {self._node_name()} broke before job {job.id} was"
@@ -275,6 +277,16 @@ class AsyncPublisher(PublisherBase):
             # Already broken: the next publish opens a new one.
             with contextlib.suppress(*aio_pika.exceptions.CONNECTION_EXCEPTIONS):
                 await connection.close()
+
+
+def _blocked(connection: aio_pika.abc.AbstractConnection | None) -> bool:
+    """Whether the broker blocked ``connection`` (``connection.blocked``: a memory or
+    disk alarm). aiormq keeps that only in a private event, which it waits on before
+    each write, and logs the reason; read defensively: False if its shape changed."""
+    transport = getattr(connection, "transport", None)
+    underlay = getattr(transport, "connection", None)
+    unblocked = getattr(underlay, "_Connection__connection_unblocked", None)
+    return isinstance(unblocked, asyncio.Event) and not unblocked.is_set()
 
 
 def amqp_message(message: WireMessage) -> aio_pika.Message:
@@ -350,7 +362,7 @@ class _Batch:
         for future, job in list(self._in_flight.items()):
             future.remove_done_callback(self._settled)
             future.cancel()
-            failed[job.id] = ConfirmTimeoutError(job.task, job.id, self._confirm_timeout)
+            failed[job.id] = self._translate(job, TimeoutError())  # with the hint why
         self._in_flight.clear()
         reason = "the connection broke" if self.broken else "confirms stopped coming"
         for item in unsent:

@@ -420,3 +420,16 @@ def check_unique_ids(jobs: Sequence[Job]) -> None:
     """Confirms and returns are matched to jobs by id, so a batch repeats none."""
     if len({job.id for job in jobs}) != len(jobs):
         raise JobError("a batch holds two jobs with the same id; give each job its own id")
+
+
+def confirm_timeout_hint(blocked: bool, reason: str | None = None) -> str:
+    """Why confirms may not come, for a :class:`ConfirmTimeoutError`: the broker
+    blocked the connection (``reason``, when the client was told it), or the likely
+    other cause."""
+    if blocked:
+        said = f" ({reason})" if reason else ""
+        return (
+            f"The broker reports the connection blocked{said}: a memory or disk alarm"
+            " stops publishing until it clears (rabbitmq-diagnostics alarms)."
+        )
+    return "A quorum queue without a majority of its replicas cannot confirm."

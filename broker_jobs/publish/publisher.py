@@ -32,6 +32,7 @@ from broker_jobs.publish.prepare import (
     PublisherBase,
     TaskRef,
     check_unique_ids,
+    confirm_timeout_hint,
 )
 
 log = logging.getLogger(__name__)
@@ -248,12 +249,7 @@ class Publisher(PublisherBase):
         """Give every job without a confirm its error, and drop the link: after a
         timeout its state is unknown, after a close it is dead."""
         if link.is_open:
-            hint = (
-                f"The broker reports the connection blocked ({link.blocked_reason}):"
-                " a memory or disk alarm stops publishing until it clears."
-                if link.blocked_reason
-                else "A quorum queue without a majority of its replicas cannot confirm."
-            )
+            hint = confirm_timeout_hint(bool(link.blocked_reason), link.blocked_reason)
             for job, _ in in_flight:
                 outcome.failed[job.id] = ConfirmTimeoutError(
                     job.task, job.id, self._settings.confirm_timeout, hint
