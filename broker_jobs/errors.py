@@ -125,9 +125,11 @@ class NackedError(PublishError):
         self.task = task
         self.job_id = job_id
         super().__init__(
-            f"the broker refused job {job_id} of task {task!r} (basic.nack): the queue may"
-            " be full (x-overflow=reject-publish) or the broker has an internal error;"
-            " the job was not stored, publish it again later"
+            f"the broker refused job {job_id} of task {task!r} (basic.nack): it was not"
+            " stored. A quorum queue refuses while it has no leader (a node lost, a"
+            " failover under way: again in a few seconds it is taken), when a length"
+            " limit rejects publishes, or on an internal error of the broker; publishing"
+            " it again with the same idempotency key is safe (it runs once)"
         )
 
 

@@ -46,3 +46,11 @@ def test_an_old_module_path_warns_and_gives_the_moved_module(old: str, new: str,
         module = importlib.import_module(old)
     assert module is importlib.import_module(new)
     assert getattr(module, name) is getattr(importlib.import_module(new), name)
+
+
+def test_a_nack_says_the_job_was_not_stored_and_names_a_failover_not_a_full_queue() -> None:
+    message = str(broker_jobs.NackedError("order.ship", "job-1"))
+    assert "not stored" in message
+    assert "no leader" in message  # the usual cause in a cluster: a failover
+    assert "same idempotency key is safe" in message
+    assert "may be full" not in message
