@@ -577,3 +577,20 @@ def test_errors_are_one_line_and_say_what_to_do(broker: Broker, namespace: str) 
     code, _out, err = cli("list", "--namespace", namespace, "--task", TASK, "--since", "yesterday")
     assert code == 2
     assert "30m, 2h, 7d" in err
+
+
+def test_a_piped_list_prints_every_id_and_key_whole_on_its_row(
+    broker: Broker,
+    app: App,
+    store: SQLiteStore,
+    connection: pika.BlockingConnection,
+) -> None:
+    long_keys = [f"tenant-{n}/invoice-2026-12-{n:04d}/receipt-and-thumbnail" for n in range(3)]
+    kill_jobs(broker, app, store, connection, long_keys, mode="permanent")
+    code, out, err = cli("list", *queue_args(broker, app, TASK))  # CliRunner: not a terminal
+    assert code == 0, err
+    with DeadLetterQueues(broker.url, app.names, [TASK]) as dlq:
+        letters = dlq.list(DeadLetterFilter())
+    for letter in letters:
+        [row] = [line for line in out.splitlines() if str(letter.job_id) in line]
+        assert str(letter.idempotency_key) in row, out

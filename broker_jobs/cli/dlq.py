@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from broker_jobs.cli.options import store_option, url_option
-from broker_jobs.cli.output import echo_json, fail, json_option
+from broker_jobs.cli.output import console, echo_json, fail, json_option
 from broker_jobs.cli.tasks import chosen_tasks, task_options
 from broker_jobs.clock import utc_now
 from broker_jobs.errors import BrokerJobsError
@@ -201,7 +201,7 @@ def list_command(
         echo_json([_with_ledger(letter, statuses) for letter in letters])
         return
     if letters:
-        Console().print(_table(letters, statuses, several_tasks=len(queues.tasks) > 1))
+        console().print(_table(letters, statuses, several_tasks=len(queues.tasks) > 1))
     total = sum(depths.values())
     click.echo(
         f"{len(letters)} dead letter(s) shown of {total} in {queues.listed}"
@@ -341,8 +341,17 @@ def _table(
         columns.insert(0, "task")
     if statuses:
         columns.append("ledger")
+    # Ids and keys are never cut nor folded (they are copied into the next command):
+    # each is as wide as its longest value, and the error column gives way.
+    widest = {
+        "job id": max((len(letter.job_id or "-") for letter in letters), default=1),
+        "key": max((len(letter.idempotency_key or "-") for letter in letters), default=1),
+    }
     for column in columns:
-        table.add_column(column, overflow="fold" if column in ("job id", "key") else "ellipsis")
+        if column in widest:
+            table.add_column(column, no_wrap=True, min_width=widest[column])
+        else:
+            table.add_column(column, overflow="ellipsis")
     for letter in letters:
         key = letter.idempotency_key
         cells = [
@@ -397,14 +406,14 @@ def _replay_with_progress(
     *,
     show: bool,
 ) -> ReplaySummary:
-    console = Console(stderr=True)
+    bar_console = Console(stderr=True)
     with Progress(
         TextColumn("replaying"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[replayed]} replayed, {task.fields[skipped]} skipped"),
-        console=console,
-        disable=not (show and console.is_terminal),
+        console=bar_console,
+        disable=not (show and bar_console.is_terminal),
     ) as progress:
         bar = progress.add_task("replay", total=None, replayed=0, skipped=0)
 
