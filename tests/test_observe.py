@@ -151,6 +151,24 @@ def test_text_logs_mask_passwords_and_keep_the_level(capsys: pytest.CaptureFixtu
     assert ":pw@" not in err
 
 
+@pytest.mark.usefixtures("root_logging")
+def test_the_drivers_connection_errors_show_only_at_debug_and_as_debug(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    driver = logging.getLogger("aiormq.connection")
+    configure_logging("info", "text")
+    driver.error("error when creating transport: %r", ConnectionRefusedError(111))
+    logging.getLogger("broker_jobs.worker.link").warning("lost the broker")
+    err = capsys.readouterr().err
+    assert "error when creating transport" not in err
+    assert "WARNING broker_jobs.worker.link: lost the broker" in err
+    configure_logging("debug", "text")
+    driver.error("error when creating transport: %r", ConnectionRefusedError(111))
+    err = capsys.readouterr().err
+    assert "DEBUG aiormq.connection: error when creating transport" in err
+    assert "ERROR" not in err
+
+
 def test_bad_levels_and_formats_are_refused() -> None:
     with pytest.raises(ValueError, match="log level must be one of"):
         configure_logging("loud")

@@ -24,8 +24,25 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-#: Loggers of the libraries below us: their connection chatter only from WARNING.
+#: Loggers of the AMQP drivers below us. Their lines about connections (aiormq logs
+#: an ERROR per failed connection attempt) are shown as DEBUG: broker-jobs logs an
+#: outage itself, once, and an alert on ERROR lines must not fire on a routine
+#: broker restart.
 _QUIET = ("pika", "aiormq", "aio_pika")
+
+
+class DemoteDrivers(logging.Filter):
+    """The drivers' records at DEBUG, kept only when the handler's level shows DEBUG."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self._level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.partition(".")[0] not in _QUIET:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return self._level <= logging.DEBUG
 
 
 class MaskPasswords(logging.Filter):
@@ -72,6 +89,7 @@ def configure_logging(level: str = "info", log_format: str = "text") -> None:
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, not {log_format!r}")
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(DemoteDrivers(logging.getLevelName(level.upper())))
     handler.addFilter(MaskPasswords())
     if log_format == "json":
         handler.setFormatter(
