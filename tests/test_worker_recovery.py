@@ -259,7 +259,7 @@ def counting_app(make_app: Callable[[], App], effects: Effects) -> App:
 
 
 def test_a_network_cut_longer_than_the_heartbeat_is_noticed_and_healed(
-    broker: Broker, make_app: Callable[[], App]
+    broker: Broker, make_app: Callable[[], App], caplog: pytest.LogCaptureFixture
 ) -> None:
     effects = Effects()
     app = counting_app(make_app, effects)
@@ -284,6 +284,11 @@ def test_a_network_cut_longer_than_the_heartbeat_is_noticed_and_healed(
     assert set(effects.runs) == set(keys)
     assert set(effects.runs.values()) == {1}, "a job ran twice"
     assert outcomes["succeeded"] == len(keys)
+    # The cause is said in words, not as the driver's bare CancelledError.
+    lost = [r.getMessage() for r in caplog.records if "lost the broker" in r.getMessage()]
+    assert lost, caplog.text
+    assert any("no frame from the broker" in line for line in lost), lost
+    assert not any("CancelledError" in line for line in lost), lost
 
 
 @pytest.fixture

@@ -126,8 +126,18 @@ class Session:
             self.end(Cancelled(queue))
 
 
+#: A connection aiormq closed by cancelling its reader: its heartbeat found no frame
+#: from the broker for three heartbeat intervals.
+SILENT_BROKER = (
+    "no frame from the broker within three heartbeat intervals (a network cut, a"
+    " firewall dropping the connection, or a node that stopped answering)"
+)
+
+
 def describe_loss(error: BaseException) -> str:
     """The cause of a lost connection or channel, for one log line."""
+    if isinstance(error, asyncio.CancelledError):
+        return SILENT_BROKER
     if isinstance(error, aiormq.exceptions.ConnectionClosed | aiormq.exceptions.ChannelClosed):
         code, text = (*error.args, None, None)[:2]
         if code is not None:
