@@ -295,6 +295,43 @@ def test_a_stopped_worker_finishes_running_jobs_and_leaves_the_rest_queued(
     )
 
 
+def test_a_worker_stopped_past_its_grace_counts_and_says_what_it_abandoned(
+    broker: Broker, make_app: Callable[[], App], caplog: pytest.LogCaptureFixture
+) -> None:
+    app = make_app()
+    started, release = threading.Event(), threading.Event()
+
+    @app.task("slow.job")
+    def slow(payload: Add) -> None:
+        del payload
+        started.set()
+        release.wait(timeout=30)
+
+    with Publisher(broker.url, app) as publisher:
+        job = publisher.publish("slow.job", {"key": "k"})
+    store = MemoryStore()
+    worker = Worker(broker.url, app, store, WorkerSettings(grace=0.2, lease=20))
+
+    async def scenario() -> Counter[str]:
+        running = asyncio.create_task(worker.run())
+        await asyncio.to_thread(started.wait, 30)
+        worker.stop()
+        try:
+            return await running
+        finally:
+            release.set()  # the handler's thread may end now: the worker is gone
+
+    outcomes = asyncio.run(scenario())
+    assert outcomes["abandoned"] == 1, outcomes
+    assert "succeeded" not in outcomes
+    [line] = [r.getMessage() for r in caplog.records if "abandoned" in r.getMessage()]
+    assert line.startswith("1 jobs still running after the grace period (0.2 s) were abandoned")
+    assert "once its lease (20 s) lapses" in line
+    record = store.get(job.idempotency_key)
+    assert record is not None
+    assert record.status is Status.RUNNING  # the lease lapses; its redelivery runs it
+
+
 @pytest.mark.also_on_rabbitmq_4
 def test_a_time_limit_beyond_the_brokers_consumer_timeout_is_refused(broker: Broker) -> None:
     app = App(namespace="unused")

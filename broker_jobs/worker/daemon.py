@@ -346,10 +346,18 @@ class Worker:
         deliveries not started stay unsettled (the broker gives them back)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
-        if not await fast_path.wait_idle(grace):
-            log.warning("jobs did not finish within the grace period")
+        abandoned = 0 if await fast_path.wait_idle(grace) else fast_path.in_hand
         await fast_path.stop()
-        await runner.finish(max(0.0, deadline - loop.time()))
+        abandoned += await runner.finish(max(0.0, deadline - loop.time()))
+        if abandoned:
+            # Counted among the outcomes: the summary must not say "no jobs".
+            runner.outcomes.add("abandoned", abandoned)
+            log.warning(
+                "%d jobs still running after the grace period (%g s) were abandoned:"
+                " their deliveries go back to the queue, and each runs again once its"
+                " lease (%g s) lapses (a longer --grace lets them finish)",
+                abandoned, grace, self._settings.lease,
+            )  # fmt: skip
 
     async def _until_drained(self, connection: aio_pika.abc.AbstractConnection) -> SessionEnded:
         """Burst mode: return once nothing runs and the task queues and the delay

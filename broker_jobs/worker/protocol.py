@@ -181,16 +181,15 @@ class Runner:
         delivery's channel is lost (the broker redelivers it; its copy runs)."""
         return self._stopping or message.acks.lost
 
-    async def finish(self, grace: float) -> None:
+    async def finish(self, grace: float) -> int:
         """After ``stopping`` was set: let the per-delivery path's jobs settle within
-        ``grace`` seconds; the rest is cancelled (and left unsettled)."""
+        ``grace`` seconds; the rest is cancelled (and left unsettled). How many were."""
         if not self._tasks:
-            return
+            return 0
         _, pending = await asyncio.wait(self._tasks, timeout=grace)
         for task in pending:
             task.cancel()
-        if pending:
-            log.warning("%d jobs did not finish within the grace period", len(pending))
+        return len(pending)
 
     def next_holder(self) -> str:
         """A holder id of its own for each delivery: two copies of one job in this
