@@ -36,7 +36,7 @@ from broker_jobs.cli import main as cli
 from broker_jobs.store import open_store
 from broker_jobs.store.base import Status
 from scheduler.config import load_schedules
-from tests.support import Broker, docker_answers, unavailable
+from tests.support import Broker, unavailable
 from topology import Names, QueueOptions, Topology, namespace_topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -646,17 +646,6 @@ def test_docker_compose_validates_the_file() -> None:
         )
     assert tool is not None
     result = run([tool, "-f", str(COMPOSE_FILE), "config", "-q"])
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_docker_compose_v2_validates_the_file() -> None:
-    docker = shutil.which("docker")
-    if docker is None or not docker_answers():
-        pytest.skip("no Docker engine answers: `docker compose config` is checked where one does")
-    assert docker is not None
-    if run([docker, "compose", "version"]).returncode != 0:
-        pytest.skip("the docker CLI has no compose plugin")
-    result = run([docker, "compose", "-f", str(COMPOSE_FILE), "config", "-q"])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
