@@ -200,12 +200,19 @@ class TopologyError(BrokerJobsError):
     """The broker's objects cannot be declared as wanted."""
 
 
+#: How a publisher gets a missing topology declared.
+PUBLISHER_DECLARES = "or publish with declare=True and an app that declares the task"
+#: How a worker does (it declares its own queues unless told not to).
+WORKER_DECLARES = "or start the worker without --no-declare (it declares its queues at start)"
+
+
 class TopologyMissingError(TopologyError):
-    def __init__(self, broker_message: str) -> None:
+    def __init__(self, broker_message: str, *, or_else: str = PUBLISHER_DECLARES) -> None:
+        """``or_else``: the way out besides the topology command, for who met it."""
         super().__init__(
             f"the broker says {broker_message!r}: the topology does not exist. Declare it"
             " first: `broker-jobs topology apply --app module:app` (or --file"
-            " topology.toml), or publish with declare=True and an app that declares the task"
+            f" topology.toml), {or_else}"
         )
 
 

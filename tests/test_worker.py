@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from broker_jobs import App, Job, JobRequest, Publisher, QueueOptions
 from broker_jobs.cli import main
-from broker_jobs.errors import ConfigurationError
+from broker_jobs.errors import ConfigurationError, TopologyMissingError
 from broker_jobs.retry import PermanentError, RetryPolicy
 from broker_jobs.store.base import ExecutionOutcome, Status
 from broker_jobs.store.memory import MemoryStore
@@ -1019,3 +1019,21 @@ def test_a_skipped_duplicate_is_logged_with_its_id_and_key(
     assert second.id in line
     assert "invoice-7" in line
     assert f"succeeded (job {first.id}" in line
+
+
+def test_a_worker_without_its_queue_gives_worker_advice_not_a_publishers(
+    broker: Broker, make_app: Callable[[], App]
+) -> None:
+    app = make_app()
+
+    @app.task("never.declared")
+    def never(payload: Add) -> None:
+        del payload
+
+    worker = Worker(broker.url, app, MemoryStore(), WorkerSettings(declare=False, burst=True))
+    with pytest.raises(TopologyMissingError) as caught:
+        asyncio.run(worker.run())
+    message = str(caught.value)
+    assert "broker-jobs topology apply" in message
+    assert "--no-declare" in message
+    assert "publish" not in message

@@ -24,7 +24,7 @@ import aiormq
 from aiormq.abc import DeliveredMessage
 from pamqp import commands
 
-from broker_jobs.errors import TopologyMissingError
+from broker_jobs.errors import WORKER_DECLARES, TopologyMissingError
 from broker_jobs.urls import mask_text
 from broker_jobs.worker.acks import ChannelAcks
 
@@ -72,9 +72,7 @@ class Session:
         underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
         for queue, task in queues.items():
 
-            def take(
-                delivered: DeliveredMessage, task: str = task
-            ) -> Coroutine[Any, Any, None]:
+            def take(delivered: DeliveredMessage, task: str = task) -> Coroutine[Any, Any, None]:
                 if delivered.delivery_tag is not None:
                     acks.taken(delivered.delivery_tag)
                 try:
@@ -86,7 +84,9 @@ class Session:
             try:
                 ok = await underlay.basic_consume(queue, take)
             except aio_pika.exceptions.ChannelNotFoundEntity as error:
-                raise TopologyMissingError(mask_text(str(error.args[-1]))) from None
+                raise TopologyMissingError(
+                    mask_text(str(error.args[-1])), or_else=WORKER_DECLARES
+                ) from None
             assert ok.consumer_tag is not None  # the broker always names the consumer
             self._consumers[ok.consumer_tag] = queue
 
@@ -148,4 +148,3 @@ def describe_loss(error: BaseException) -> str:
 
 async def _taken() -> None:
     """What a consumer callback hands aiormq to run: the delivery is taken already."""
-
