@@ -15,7 +15,7 @@ from broker_jobs.app import App
 from broker_jobs.envelope import Job
 from broker_jobs.errors import BrokerJobsError, TopologyMissingError
 from broker_jobs.publish.async_publisher import AsyncPublisher
-from broker_jobs.publish.prepare import BatchOutcome, JobFactory, Prepared
+from broker_jobs.publish.prepare import BatchOutcome, JobFactory, Prepared, PublisherBase
 from broker_jobs.publish.publisher import Publisher
 from broker_jobs.store.base import Store
 from broker_jobs.testing.memory_broker import MemoryBroker, UnknownExchangeError
@@ -48,8 +48,8 @@ def send_to_memory(
     return outcome
 
 
-class MemoryPublisher(Publisher):
-    """A :class:`~broker_jobs.Publisher` whose broker is ``broker``."""
+class MemoryConnected(PublisherBase):
+    """What both memory publishers are made with: the memory broker in place of a URL."""
 
     def __init__(
         self,
@@ -61,6 +61,10 @@ class MemoryPublisher(Publisher):
     ) -> None:
         self._memory = broker
         super().__init__(MEMORY_URL, app, namespace=namespace, declare=False, ledger=ledger)
+
+
+class MemoryPublisher(MemoryConnected, Publisher):
+    """A :class:`~broker_jobs.Publisher` whose broker is ``broker``."""
 
     def _send(
         self, prepared: list[Prepared], on_confirmed: Callable[[Job], None] | None
@@ -74,19 +78,8 @@ class MemoryPublisher(Publisher):
         """Nothing to close."""
 
 
-class MemoryAsyncPublisher(AsyncPublisher):
+class MemoryAsyncPublisher(MemoryConnected, AsyncPublisher):
     """An :class:`~broker_jobs.AsyncPublisher` whose broker is ``broker``."""
-
-    def __init__(
-        self,
-        broker: MemoryBroker,
-        app: App | None = None,
-        *,
-        namespace: str | None = None,
-        ledger: Store | None = None,
-    ) -> None:
-        self._memory = broker
-        super().__init__(MEMORY_URL, app, namespace=namespace, declare=False, ledger=ledger)
 
     async def _send_one(self, prepared: Prepared) -> BrokerJobsError | None:
         outcome = send_to_memory(self._memory, self._factory, [prepared], None)
