@@ -113,9 +113,9 @@ def test_a_broker_that_stops_confirming_gives_a_timeout_not_a_hang(
         assert caught.value.confirmed == []
         errors = list(caught.value.failed.values())
         assert len(errors) == 1500
-        timeouts = [error for error in errors if isinstance(error, ConfirmTimeoutError)]
-        assert timeouts
-        assert all("memory or disk alarm" in str(error) for error in timeouts)
+        # (Whether a batch's fresh connection heard connection.blocked before its
+        # timeout is a race: its hint is not checked here, the single publish's is.)
+        assert any(isinstance(error, ConfirmTimeoutError) for error in errors)
         assert all("not sent" in str(error) for error in errors[-400:])
     finally:
         node.ctl("set_vm_memory_high_watermark", "0.4")
