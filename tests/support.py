@@ -104,15 +104,23 @@ def drain(connection: pika.BlockingConnection, queue: str) -> list[Job]:
     jobs = []
     depth = channel.queue_declare(queue, passive=True).method.message_count
     if depth:
-        # Acked as it goes: a quorum queue stops at 2,000 unacked for an unlimited prefetch.
-        for method, properties, body in channel.consume(queue):
-            assert method is not None  # no inactivity timeout: never None
+        # Acked as it goes: a quorum queue stops at 2,000 unacked for an unlimited
+        # prefetch. The timeout only bounds a depth that was read high (another
+        # consumer took some): basic.get below takes what is left.
+        last_tag = acked_tag = 0
+        for method, properties, body in channel.consume(queue, inactivity_timeout=10):
+            if method is None or properties is None or body is None:
+                break
             assert method.delivery_tag is not None
             jobs.append(decode(wire_from_pika(properties, body)))
-            if len(jobs) == depth or len(jobs) % 500 == 0:
-                channel.basic_ack(method.delivery_tag, multiple=True)
+            last_tag = method.delivery_tag
+            if len(jobs) % 500 == 0:
+                channel.basic_ack(last_tag, multiple=True)
+                acked_tag = last_tag
             if len(jobs) == depth:
                 break
+        if last_tag > acked_tag:  # a tag acked twice would close the channel
+            channel.basic_ack(last_tag, multiple=True)
         channel.cancel()  # requeues what was pushed past the depth, unacked
     while True:
         method, properties, body = channel.basic_get(queue, auto_ack=True)

@@ -206,7 +206,7 @@ class AsyncPublisher(PublisherBase):
         if isinstance(error, aio_pika.exceptions.DeliveryError):
             return NackedError(job.task, job.id)
         if isinstance(error, TimeoutError):
-            hint = confirm_timeout_hint(_blocked(self._connection))
+            hint = confirm_timeout_hint(None, blocked=_blocked(self._connection))
             return ConfirmTimeoutError(job.task, job.id, self._settings.confirm_timeout, hint)
         if isinstance(error, aio_pika.exceptions.CONNECTION_EXCEPTIONS):
             return BrokerConnectionError(

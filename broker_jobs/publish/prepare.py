@@ -422,11 +422,11 @@ def check_unique_ids(jobs: Sequence[Job]) -> None:
         raise JobError("a batch holds two jobs with the same id; give each job its own id")
 
 
-def confirm_timeout_hint(blocked: bool, reason: str | None = None) -> str:
+def confirm_timeout_hint(reason: str | None, *, blocked: bool = False) -> str:
     """Why confirms may not come, for a :class:`ConfirmTimeoutError`: the broker
-    blocked the connection (``reason``, when the client was told it), or the likely
-    other cause."""
-    if blocked:
+    blocked the connection (with ``reason``, when the client was told one; ``blocked``
+    when it only knows that), or the likely other cause."""
+    if reason or blocked:
         said = f" ({reason})" if reason else ""
         return (
             f"The broker reports the connection blocked{said}: a memory or disk alarm"

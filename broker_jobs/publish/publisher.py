@@ -249,7 +249,7 @@ class Publisher(PublisherBase):
         """Give every job without a confirm its error, and drop the link: after a
         timeout its state is unknown, after a close it is dead."""
         if link.is_open:
-            hint = confirm_timeout_hint(bool(link.blocked_reason), link.blocked_reason)
+            hint = confirm_timeout_hint(link.blocked_reason)
             for job, _ in in_flight:
                 outcome.failed[job.id] = ConfirmTimeoutError(
                     job.task, job.id, self._settings.confirm_timeout, hint

@@ -237,7 +237,7 @@ class JobsKit:
         if self._closed:
             return
         try:
-            self._on_loop(_call(self._worker.close))
+            self._worker.close()  # threads only: nothing of it runs between calls
         finally:
             self._closed = True
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -255,10 +255,6 @@ class JobsKit:
         _traceback: TracebackType | None,
     ) -> None:
         self.close()
-
-
-async def _call(function: Any) -> None:
-    function()
 
 
 def _dead_letter(message: WireMessage) -> DeadLetter:

@@ -229,13 +229,13 @@ class JobObserver:
             fields["error_type"] = error_type
         # A message that never became a job may lack a key or an attempt: say so,
         # rather than print "None".
-        known = [f"key {fields['key']}" if fields["key"] else "no key", task]
-        if fields["attempt"] is not None:
-            known[-1] += f" attempt {fields['attempt']}"
+        key_said = f"key {fields['key']}" if fields["key"] else "no key"
+        attempt = fields["attempt"]
+        task_said = task if attempt is None else f"{task} attempt {attempt}"
         log.error(
-            "job %s (%s) dead-lettered on %s (%s): %s",
-            fields["job_id"] or "without an id", ", ".join(known), self._worker_id, reason,
-            fields["error"], extra=fields,
+            "job %s (%s, %s) dead-lettered on %s (%s): %s",
+            fields["job_id"] or "without an id", key_said, task_said, self._worker_id,
+            reason, fields["error"], extra=fields,
         )  # fmt: skip
 
     def skipped(self, job: Job, outcome: str, why: str, record: JobRecord) -> None:
