@@ -826,6 +826,22 @@ def test_the_leader_is_the_last_writer(store: Store) -> None:
     assert store.leader("nobody") is None
 
 
+def test_the_leader_record_keeps_the_leaders_schedules(store: Store) -> None:
+    digests = {"nightly": "0123456789ab", "hourly/é": "ba9876543210"}
+    store.record_leader("shop", "host-1:101", at(0), now=at(1), schedules=digests)
+    assert store.leader("shop") == LeaderRecord("shop", "host-1:101", at(0), at(1), digests)
+
+    store.record_leader("shop", "host-1:101", at(0), now=at(2), schedules={})
+    found = store.leader("shop")
+    assert found is not None
+    assert found.schedules == {}  # a leader without schedules says so
+
+    store.record_leader("shop", "host-2:202", at(3), now=at(3))  # one that does not say
+    found = store.leader("shop")
+    assert found is not None
+    assert found.schedules is None
+
+
 def test_the_leader_is_seen_now_by_default(store: Store) -> None:
     before = datetime.now(UTC) - timedelta(seconds=5)
     store.record_leader("shop", "host-1:101", T0)
@@ -1326,6 +1342,90 @@ def test_postgres_a_role_without_create_opens_a_database_from_before_the_beat(
                 )
             limited.record_fire("shop/s", fire(1))
             assert limited.last_fire("shop/s") == fire(1)
+    finally:
+        with _admin(postgres_dsn) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')
+
+
+def test_an_sqlite_file_from_before_the_leaders_schedules_gets_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "beat.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    try:  # the leaders' table as an older broker-jobs made it, with its record
+        db.execute(
+            "CREATE TABLE broker_jobs_beat_leaders (group_name TEXT PRIMARY KEY,"
+            " identity TEXT NOT NULL, since TEXT NOT NULL, seen_at TEXT NOT NULL) WITHOUT ROWID"
+        )
+        db.execute(
+            "INSERT INTO broker_jobs_beat_leaders VALUES"
+            " ('shop', 'old:1', '2026-03-01T12:00:00.000000Z', '2026-03-01T12:00:00.000000Z')"
+        )
+    finally:
+        db.close()
+    with SQLiteStore(path) as store:
+        old = store.leader("shop")
+        assert old is not None
+        assert (old.identity, old.schedules) == ("old:1", None)
+        store.record_leader("shop", "new:2", at(0), now=at(1), schedules={"nightly": "ab"})
+        assert store.leader("shop") == LeaderRecord(
+            "shop", "new:2", at(0), at(1), {"nightly": "ab"}
+        )
+    db = sqlite3.connect(path, isolation_level=None)
+    try:  # an older beat rewriting the record names its four columns: it says nothing
+        db.execute(
+            "INSERT OR REPLACE INTO broker_jobs_beat_leaders (group_name, identity, since,"
+            " seen_at) VALUES ('shop', 'old:1', '2026-03-01T12:00:05.000000Z',"
+            " '2026-03-01T12:00:05.000000Z')"
+        )
+    finally:
+        db.close()
+    with SQLiteStore(path) as store:
+        found = store.leader("shop")
+        assert found is not None
+        assert (found.identity, found.schedules) == ("old:1", None)
+
+
+def test_postgres_leaders_from_before_the_schedules_get_the_column_or_do_without(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    """The owner adds the column when it opens the database; a role that may not
+    records and reads the leader without schedules; an older beat's upsert, which
+    leaves the column as it was, is not read as its own."""
+    from psycopg.conninfo import make_conninfo  # noqa: PLC0415
+
+    PostgresStore(postgres_dsn, schema=pg_schema).close()
+    leaders = f'"{pg_schema}".broker_jobs_beat_leaders'
+    role = f"r_{uuid.uuid4().hex[:12]}"
+    limited_dsn = make_conninfo(postgres_dsn, options=f"-c role={role}")
+    with _admin(postgres_dsn) as conn:
+        conn.execute(f"ALTER TABLE {leaders} DROP COLUMN schedules")  # as an older one has it
+        conn.execute(f'CREATE ROLE "{role}"')
+        conn.execute(f'GRANT USAGE ON SCHEMA "{pg_schema}" TO "{role}"')
+        conn.execute(
+            f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{pg_schema}".broker_jobs_records,'
+            f' "{pg_schema}".broker_jobs_beat_fires, {leaders} TO "{role}"'
+        )
+        conn.execute(f'GRANT SELECT ON "{pg_schema}".broker_jobs_schema TO "{role}"')
+    try:
+        with PostgresStore(limited_dsn, schema=pg_schema) as limited:
+            limited.record_leader("shop", "b:1", at(0), now=at(1), schedules={"nightly": "ab"})
+            assert limited.leader("shop") == LeaderRecord("shop", "b:1", at(0), at(1))
+
+        with PostgresStore(postgres_dsn, schema=pg_schema) as owner:  # adds the column
+            owner.record_leader("shop", "b:1", at(0), now=at(2), schedules={"nightly": "ab"})
+            assert owner.leader("shop") == LeaderRecord(
+                "shop", "b:1", at(0), at(2), {"nightly": "ab"}
+            )
+            with _admin(postgres_dsn) as conn:  # an older beat's upsert of its four columns
+                conn.execute(
+                    f"INSERT INTO {leaders} (group_name, identity, since, seen_at)"
+                    " VALUES ('shop', 'old:9', now(), now()) ON CONFLICT (group_name) DO UPDATE"
+                    " SET identity = excluded.identity, since = excluded.since,"
+                    " seen_at = excluded.seen_at"
+                )
+            found = owner.leader("shop")
+            assert found is not None
+            assert (found.identity, found.schedules) == ("old:9", None)
     finally:
         with _admin(postgres_dsn) as conn:
             conn.execute(f'DROP OWNED BY "{role}"')

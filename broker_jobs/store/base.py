@@ -525,11 +525,18 @@ class Store(ABC):
 
     @abstractmethod
     def record_leader(
-        self, group: str, identity: str, since: datetime, *, now: datetime | None = None
+        self,
+        group: str,
+        identity: str,
+        since: datetime,
+        *,
+        now: datetime | None = None,
+        schedules: Mapping[str, str] | None = None,
     ) -> None:
-        """``identity`` leads the beat of ``group`` since ``since``, seen at ``now``: one
-        record per group, the last writer wins (the broker decides who leads; the record
-        only answers ``beat status``)."""
+        """``identity`` leads the beat of ``group`` since ``since``, seen at ``now``, with
+        ``schedules`` (each one's digest, by name): one record per group, the last
+        writer wins (the broker decides who leads; the record answers ``beat status``
+        and lets the other beats compare their schedules with the leader's)."""
 
     @abstractmethod
     def leader(self, group: str) -> LeaderRecord | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -270,9 +270,16 @@ class MemoryStore(ExclusiveStore):
             return {k: v for k, v in sorted(self._fires.items()) if k.startswith(prefix)}
 
     def record_leader(
-        self, group: str, identity: str, since: datetime, *, now: datetime | None = None
+        self,
+        group: str,
+        identity: str,
+        since: datetime,
+        *,
+        now: datetime | None = None,
+        schedules: Mapping[str, str] | None = None,
     ) -> None:
-        record = LeaderRecord(group, identity, utc(since), utc(now))
+        kept = None if schedules is None else dict(schedules)
+        record = LeaderRecord(group, identity, utc(since), utc(now), kept)
         with self._open():
             self._leaders[group] = record
 

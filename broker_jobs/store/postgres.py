@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
@@ -87,7 +87,7 @@ from broker_jobs.store.rows import (
     status_counts,
 )
 from broker_jobs.store.rules import decide, holds, published_record
-from broker_jobs.store.values import check_lease, mask_dsn, utc
+from broker_jobs.store.values import check_lease, leader_schedules_text, mask_dsn, utc
 
 try:
     import psycopg
@@ -628,13 +628,29 @@ class PostgresStore(Store):
         return {schedule: aware(fire_at) for schedule, fire_at in rows}
 
     def record_leader(
-        self, group: str, identity: str, since: datetime, *, now: datetime | None = None
+        self,
+        group: str,
+        identity: str,
+        since: datetime,
+        *,
+        now: datetime | None = None,
+        schedules: Mapping[str, str] | None = None,
     ) -> None:
-        params = {"group": group, "identity": identity, "since": utc(since), "now": opt_utc(now)}
-        self._run("record the beat leader", self._q.record_leader, params)
+        params = {
+            "group": group,
+            "identity": identity,
+            "since": utc(since),
+            "now": opt_utc(now),
+            "schedules": leader_schedules_text(identity, schedules),
+        }
+        if self._layout.keeps_leader_schedules:
+            self._run("record the beat leader", self._q.record_leader, params)
+        else:
+            self._run("record the beat leader", self._q.record_leader_alone, params)
 
     def leader(self, group: str) -> LeaderRecord | None:
-        row = self._run_one("read the beat leader", self._q.leader, {"group": group})
+        query = self._q.leader if self._layout.keeps_leader_schedules else self._q.leader_alone
+        row = self._run_one("read the beat leader", query, {"group": group})
         return leader_of(row, maybe_aware)
 
     def close(self) -> None:

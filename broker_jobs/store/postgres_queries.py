@@ -219,12 +219,25 @@ class Queries:
             ' ORDER BY schedule COLLATE "C"'
         )
         self.record_leader = beat(
+            "INSERT INTO {leaders} (group_name, identity, since, seen_at, schedules)"
+            f" VALUES (%(group)s, %(identity)s, %(since)s, {NOW}, %(schedules)s)"
+            " ON CONFLICT (group_name) DO UPDATE SET identity = excluded.identity,"
+            "  since = excluded.since, seen_at = excluded.seen_at,"
+            "  schedules = excluded.schedules"
+        )
+        self.leader = beat(
+            "SELECT group_name, identity, since, seen_at, schedules FROM {leaders}"
+            " WHERE group_name = %(group)s"
+        )
+        # The same, on leaders without the schedules column (a role that could not add
+        # it): the record says nothing of the schedules.
+        self.record_leader_alone = beat(
             "INSERT INTO {leaders} (group_name, identity, since, seen_at)"
             f" VALUES (%(group)s, %(identity)s, %(since)s, {NOW})"
             " ON CONFLICT (group_name) DO UPDATE SET identity = excluded.identity,"
             "  since = excluded.since, seen_at = excluded.seen_at"
         )
-        self.leader = beat(
+        self.leader_alone = beat(
             "SELECT group_name, identity, since, seen_at FROM {leaders}"
             " WHERE group_name = %(group)s"
         )

@@ -83,6 +83,8 @@ class Schema:
         self.schema = schema
         #: Whether this store writes outputs (set by :meth:`open`).
         self.keeps_outputs = False
+        #: Whether the beat leaders' table has the schedules column (set by :meth:`open`).
+        self.keeps_leader_schedules = False
         self._store = store
         self._where = where
 
@@ -121,6 +123,11 @@ class Schema:
             # A role without CREATE on the schema still opens the store (a worker needs
             # no beat tables); the beat's calls then say what to do.
             self._add(conn, self.create_beat())
+        self.keeps_leader_schedules = self._has_leader_schedules(conn) or (
+            _exist(conn, self.q.leaders)
+            and self._add(conn, [self.add_leader_schedules()])
+            and self._has_leader_schedules(conn)
+        )
         schema = self._schema_name(conn)
         indexes = [sql.Identifier(schema, name) for name in _LEDGER_INDEXES]
         if not _exist(conn, *indexes) and not self._add(conn, self.create_ledger_indexes()):
@@ -257,6 +264,18 @@ class Schema:
                 else_,
             )
         return bool(allowed)
+
+    def _has_leader_schedules(self, conn: Connection) -> bool:
+        if not _exist(conn, self.q.leaders):
+            return False
+        (found,) = one_row(
+            conn.execute(
+                "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = %s::regclass"
+                " AND attname = 'schedules' AND NOT attisdropped)",
+                (self.q.leaders.as_string(conn),),
+            )
+        )
+        return bool(found)
 
     def _version(self, conn: Connection) -> int | None:
         if not _exist(conn, self.q.version_table):
@@ -463,9 +482,18 @@ class Schema:
                 " group_name text PRIMARY KEY,"
                 " identity text NOT NULL,"
                 " since timestamptz NOT NULL,"
-                " seen_at timestamptz NOT NULL)"
+                " seen_at timestamptz NOT NULL,"
+                " schedules text)"
             ).format(leaders=self.q.leaders),
         ]
+
+    def add_leader_schedules(self) -> sql.Composed:
+        """The leader's schedule digests (``values.leader_schedules_text``), added to the
+        leaders of an older database without a version: older code names its columns,
+        and its upsert leaves this one as it was, which the identity inside tells."""
+        return sql.SQL("ALTER TABLE {leaders} ADD COLUMN IF NOT EXISTS schedules text").format(
+            leaders=self.q.leaders
+        )
 
 
 def _trigger(

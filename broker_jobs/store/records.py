@@ -6,6 +6,7 @@ database, and every store answers with the same types (``docs/store.md``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -243,3 +244,6 @@ class LeaderRecord:
     identity: str  # who leads
     since: datetime  # when it became leader (its own account)
     seen_at: datetime  # when it last announced itself
+    #: The digest of each of its schedules, by name (``scheduler.digests``); None when
+    #: it did not say (a beat of an older version, a store without the column).
+    schedules: Mapping[str, str] | None = None

@@ -19,7 +19,7 @@ from broker_jobs.store.records import (
     LeaderRecord,
     Status,
 )
-from broker_jobs.store.values import read_output, read_payload
+from broker_jobs.store.values import read_leader_schedules, read_output, read_payload
 
 #: A time as a store's driver returns it -> aware UTC (None for NULL).
 ReadTime = Callable[[Any], datetime | None]
@@ -77,11 +77,13 @@ def kept_output_of(row: Sequence[Any] | None, time: ReadTime) -> KeptOutput | No
 
 
 def leader_of(row: Sequence[Any] | None, time: ReadTime) -> LeaderRecord | None:
-    """A row of ``group_name, identity, since, seen_at``; None for no row."""
+    """A row of ``group_name, identity, since, seen_at`` and, where the store has the
+    column, ``schedules``; None for no row."""
     if row is None:
         return None
-    name, identity, since, seen_at = row
-    return LeaderRecord(name, identity, _required(time(since)), _required(time(seen_at)))
+    name, identity, since, seen_at, *rest = row
+    schedules = read_leader_schedules(identity, rest[0]) if rest else None
+    return LeaderRecord(name, identity, _required(time(since)), _required(time(seen_at)), schedules)
 
 
 def status_counts(rows: Iterable[Sequence[Any]]) -> dict[Status, int]:

@@ -33,7 +33,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
 from os import PathLike
@@ -109,7 +109,7 @@ from broker_jobs.store.sqlite_statements import (
     _text,
     _time,
 )
-from broker_jobs.store.values import check_lease, utc
+from broker_jobs.store.values import check_lease, leader_schedules_text, utc
 
 __all__ = ["SQLiteStore", "SCHEMA_VERSION", "DEFAULT_BUSY_TIMEOUT", "MAX_SUMMARY_DURATIONS"]
 
@@ -549,11 +549,18 @@ class SQLiteStore(ExclusiveStore):
         return {schedule: _aware_time(fire_at) for schedule, fire_at in rows}
 
     def record_leader(
-        self, group: str, identity: str, since: datetime, *, now: datetime | None = None
+        self,
+        group: str,
+        identity: str,
+        since: datetime,
+        *,
+        now: datetime | None = None,
+        schedules: Mapping[str, str] | None = None,
     ) -> None:
         # synchronous=NORMAL: the record is re-announced periodically; losing the last
         # one to a power cut only shows an older announcement.
-        params = (group, identity, _text(utc(since)), _text(utc(now)))
+        digests = leader_schedules_text(identity, schedules)
+        params = (group, identity, _text(utc(since)), _text(utc(now)), digests)
         self._write(_RECORD_LEADER, params, "NORMAL", "record the beat leader")
 
     def leader(self, group: str) -> LeaderRecord | None:

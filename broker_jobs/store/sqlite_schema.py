@@ -188,9 +188,14 @@ _CREATE_BEAT = (
         group_name TEXT PRIMARY KEY,
         identity TEXT NOT NULL,
         since TEXT NOT NULL,
-        seen_at TEXT NOT NULL
+        seen_at TEXT NOT NULL,
+        schedules TEXT
     ) WITHOUT ROWID""",
 )
+#: The leader's schedule digests (``values.leader_schedules_text``), added to the
+#: leaders of an older file without a version: older code names its columns, so its
+#: INSERT OR REPLACE leaves the column NULL (a leader that does not say).
+_ADD_LEADER_SCHEDULES = "ALTER TABLE broker_jobs_beat_leaders ADD COLUMN schedules TEXT"
 
 
 def use_wal(conn: sqlite3.Connection, where: str) -> None:
@@ -237,6 +242,9 @@ def create_tables(conn: sqlite3.Connection, store: object, where: str) -> None:
         *_CREATE_LEDGER_INDEXES,
     ):
         conn.execute(statement)
+    leader_columns = {row[1] for row in conn.execute("PRAGMA table_info(broker_jobs_beat_leaders)")}
+    if "schedules" not in leader_columns:
+        conn.execute(_ADD_LEADER_SCHEDULES)
     conn.execute("COMMIT")
 
 

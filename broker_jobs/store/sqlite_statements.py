@@ -109,11 +109,12 @@ _LAST_FIRES = (
     " WHERE substr(schedule, 1, length(?1)) = ?1 ORDER BY schedule"
 )
 _LEADER = (
-    "SELECT group_name, identity, since, seen_at FROM broker_jobs_beat_leaders WHERE group_name = ?"
+    "SELECT group_name, identity, since, seen_at, schedules FROM broker_jobs_beat_leaders"
+    " WHERE group_name = ?"
 )
 _RECORD_LEADER = (
-    "INSERT OR REPLACE INTO broker_jobs_beat_leaders (group_name, identity, since, seen_at)"
-    " VALUES (?, ?, ?, ?)"
+    "INSERT OR REPLACE INTO broker_jobs_beat_leaders"
+    " (group_name, identity, since, seen_at, schedules) VALUES (?, ?, ?, ?, ?)"
 )
 
 

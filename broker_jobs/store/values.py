@@ -128,3 +128,26 @@ def mask_dsn(text: str) -> str:
     """Mask passwords in database URLs (``scheme://user:***@host``) and in libpq
     ``password=...`` settings (keyword form or URL query) anywhere in ``text``."""
     return _KEYWORD_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", text))
+
+
+def leader_schedules_text(identity: str, schedules: Mapping[str, str] | None) -> str | None:
+    """The leader record's schedules column: the digests with the identity that wrote
+    them, so a record rewritten by a beat that writes no digests (an older version,
+    which leaves the column alone) is not read as its own."""
+    if schedules is None:
+        return None
+    return json.dumps({"identity": identity, "schedules": dict(schedules)}, sort_keys=True)
+
+
+def read_leader_schedules(identity: str, text: str | None) -> dict[str, str] | None:
+    """The digests of the leader ``identity`` from its schedules column; None when
+    they are missing or were written by another beat."""
+    if text is None:
+        return None
+    try:
+        found = json.loads(text)
+        if found.get("identity") != identity:
+            return None
+        return {str(name): str(digest) for name, digest in found["schedules"].items()}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None  # not ours to fail on: the record is only shown
