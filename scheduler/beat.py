@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -40,6 +41,8 @@ from broker_jobs.observe.beat_metrics import BeatMetrics
 from broker_jobs.publish.prepare import JobFactory
 from broker_jobs.store.base import Store, StoreError
 from broker_jobs.urls import AnyBrokerURLs, BrokerURLs
+from scheduler.agreement import ScheduleAgreement
+from scheduler.digests import schedule_digests
 from scheduler.emitter import Emitter
 from scheduler.leadership import Leadership
 from scheduler.schedules import Schedule
@@ -52,8 +55,12 @@ MAX_NAP = 1.0
 #: How long a failed emission, or a term that ended on an error, waits to try again.
 RETRY_AFTER = 1.0
 
-#: Seconds between two announcements of the leader in the store (``beat status``).
+#: Seconds between two announcements of the leader in the store (``beat status``),
+#: and between two comparisons of a follower's schedules with the leader's.
 ANNOUNCE_EVERY = 5.0
+#: A leader that has not announced itself for this many announce periods is shown
+#: as stale (it died, or lost the broker, since).
+STALE_AFTER_ANNOUNCES = 3
 
 #: Called after each emitted fire (tests, benchmarks, metrics).
 OnEmitted = Callable[[Schedule, datetime, Job], None]
@@ -121,6 +128,13 @@ class Beat:
         )
         self._emitter = Emitter(
             JobFactory(app, None), confirm_timeout=self._settings.confirm_timeout
+        )
+        self._digests = schedule_digests(self._schedules)
+        self._agreement = ScheduleAgreement(
+            self._identity,
+            self._digests,
+            self._metrics,
+            stale_after=STALE_AFTER_ANNOUNCES * self._settings.announce_every,
         )
         self._stopping = asyncio.Event()
         # One thread for the store's calls, as in the worker: SQLite writes queue anyway.
@@ -203,17 +217,38 @@ class Beat:
         self._metrics.session(up)
 
     async def _until_leader(self, leadership: Leadership) -> bool:
-        """Wait to lead; False when stopping first."""
+        """Wait to lead, comparing this beat's schedules with the leader's every
+        announce period meanwhile; False when stopping first."""
         stopping = asyncio.ensure_future(self._stopping.wait())
         leading = asyncio.ensure_future(leadership.wait_until_leader())
-        await asyncio.wait((stopping, leading), return_when=asyncio.FIRST_COMPLETED)
-        for waiter in (stopping, leading):
-            waiter.cancel()
+        try:
+            while not (stopping.done() or leading.done()):
+                await asyncio.wait(
+                    (stopping, leading),
+                    timeout=self._settings.announce_every,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if not (stopping.done() or leading.done()):
+                    await self._compare_with_leader()
+        finally:
+            for waiter in (stopping, leading):
+                waiter.cancel()
         return not self._stopping.is_set()
+
+    async def _compare_with_leader(self) -> None:
+        """Read the leader's record and compare schedules (:mod:`scheduler.agreement`).
+        A store that fails here costs nothing: the leader reports its store itself."""
+        try:
+            record = await self._in_store(self._store.leader, self._app.namespace)
+        except StoreError as error:
+            log.debug("beat %s cannot read the leader's record: %s", self._identity, error)
+            return
+        self._agreement.check(record, self._clock())
 
     async def _lead(self, leadership: Leadership) -> None:
         elected = self._clock()
         log.info("beat %s leads %s", self._identity, self._app.namespace)
+        self._agreement.leading()
         cursors = {s.name: await self._cursor(s, elected) for s in self._schedules}
         announce_at = 0.0
         loop = asyncio.get_running_loop()
@@ -221,7 +256,13 @@ class Beat:
             self._check_leading(leadership)
             if loop.time() >= announce_at:
                 await self._in_store(
-                    self._store.record_leader, self._app.namespace, self._identity, elected
+                    functools.partial(
+                        self._store.record_leader,
+                        self._app.namespace,
+                        self._identity,
+                        elected,
+                        schedules=self._digests,
+                    )
                 )
                 announce_at = loop.time() + self._settings.announce_every
             now = self._clock()

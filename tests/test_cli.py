@@ -21,6 +21,8 @@ from broker_jobs.cli.options import url_option
 from broker_jobs.store import SQLiteStore
 from broker_jobs.urls import BrokerURLs
 from scheduler.beat import fire_key
+from scheduler.config import load_schedules
+from scheduler.digests import schedule_digests
 from tests.support import Broker, drain
 from topology import declare
 
@@ -198,11 +200,64 @@ def test_beat_status_shows_the_leader_and_each_schedules_fires(tmp_path: Path) -
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    leader, header, row = result.output.splitlines()
+    leader, agreement, header, row = result.output.splitlines()
     assert leader.startswith("leader: host-a:42 since 2026-11-29T12:55:00Z")
+    assert agreement == "leader's schedules: not recorded (a beat of an older broker-jobs)"
     assert header.split()[:3] == ["schedule", "task", "when"]
     assert row.split()[:6] == ["hourly", "beat.tick", "cron", "0", "*", "*"]
     assert "2026-11-29T13:00:00Z" in row
+
+
+def test_beat_status_shows_how_the_schedules_differ_from_the_leaders(tmp_path: Path) -> None:
+    from tests.beat_app import app  # noqa: PLC0415 - the module the command imports too
+
+    def toml(*entries: tuple[str, str]) -> str:
+        return "".join(
+            f'[[schedule]]\nname = "{name}"\ntask = "beat.tick"\ncron = "{cron}"\n'
+            for name, cron in entries
+        )
+
+    ours = tmp_path / "ours.toml"
+    ours.write_text(toml(("hourly", "0 * * * *"), ("nightly", "0 3 * * *"), ("new", "*/5 * * * *")))
+    theirs = tmp_path / "theirs.toml"
+    theirs.write_text(toml(("hourly", "0 * * * *"), ("nightly", "0 4 * * *"), ("old", "0 0 * * 0")))
+    leaders = schedule_digests(load_schedules(app, [theirs]))
+    with SQLiteStore(tmp_path / "beat.db") as store:
+        store.record_leader(app.namespace, "host-b:7", datetime.now(UTC), schedules=leaders)
+
+    def status(schedules: Path, *extra: str) -> str:
+        result = CliRunner().invoke(
+            main,
+            [
+                "beat", "status", "tests.beat_app:app", *extra,
+                "--schedules", str(schedules), "--store", f"sqlite:///{tmp_path / 'beat.db'}",
+            ],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    lines = status(ours).splitlines()
+    assert lines[1] == "leader's schedules: hourly, nightly, old"
+    assert lines[2] == (
+        "  differ from these: only here: new; only on the leader: old; defined differently:"
+        " nightly; only the leader's fire: deploy the same schedules to every beat"
+    )
+    document = json.loads(status(ours, "--json"))
+    assert document["leader"]["schedules"] == dict(sorted(leaders.items()))
+    assert document["mismatch"] == {
+        "only_here": ["new"],
+        "only_on_leader": ["old"],
+        "defined_differently": ["nightly"],
+    }
+    assert {s["name"]: s["digest"] for s in document["schedules"]}["hourly"] == leaders["hourly"]
+
+    same = status(theirs).splitlines()
+    assert same[1] == "leader's schedules: hourly, nightly, old (the same as these)"
+    assert json.loads(status(theirs, "--json"))["mismatch"] == {
+        "only_here": [],
+        "only_on_leader": [],
+        "defined_differently": [],
+    }
 
 
 def test_beat_status_takes_the_app_as_an_option_and_prints_json(tmp_path: Path) -> None:
@@ -229,7 +284,9 @@ def test_beat_status_takes_the_app_as_an_option_and_prints_json(tmp_path: Path) 
         "since": "2026-11-29T12:55:00Z",
         "seen_at": "2026-11-29T13:00:00Z",
         "stale": True,  # last seen long before the command ran
+        "schedules": None,  # recorded without them
     }
+    assert document["mismatch"] is None
     hourly = next(s for s in document["schedules"] if s["name"] == "hourly")
     assert (hourly["task"], hourly["catch_up"], hourly["last_fire"]) == (
         "beat.tick",

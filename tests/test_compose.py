@@ -538,6 +538,34 @@ UNIT_TESTS: list[dict[str, Any]] = [
             alert("BrokerJobsBeatNoLeader", "8m"),
         ],
     },
+    {  # a beat whose schedules differ from the leader's for 10 minutes; a deploy's blip not
+        "interval": "1m",
+        "input_series": [
+            {
+                "series": "broker_jobs_beat_schedules_mismatched"
+                f'{{namespace="demo",job="broker-jobs-beat",instance="{instance}"}}',
+                "values": values,
+            }
+            for instance, values in (
+                ("beat-1:9101", "0 2x15"),
+                ("beat-2:9101", "0 1x3 0x12"),
+                ("beat-3:9101", "0x16"),
+            )
+        ],
+        "alert_rule_test": [
+            alert("BrokerJobsBeatSchedulesDiffer", "5m"),
+            alert(
+                "BrokerJobsBeatSchedulesDiffer",
+                "12m",
+                {
+                    "severity": "warning",
+                    "namespace": "demo",
+                    "job": "broker-jobs-beat",
+                    "instance": "beat-1:9101",
+                },
+            ),
+        ],
+    },
     {  # no beat at all reports
         "interval": "1m",
         "input_series": [

@@ -10,6 +10,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -690,6 +691,33 @@ def test_every_api_endpoint_answers_json(
     for path in ["/schedules", f"/tasks/{TASK}", "/dead-letters", "/jobs/api-1"]:
         assert client.get(path).status_code == 200, path
     assert client.get("/tasks/not.shown").status_code == 404
+
+
+def test_the_schedules_page_says_how_the_leaders_schedules_differ(
+    app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    from scheduler.digests import schedule_digests  # noqa: PLC0415
+
+    app.schedule("nightly", TASK, cron="0 3 * * *", payload={"key": "n"})
+    app.schedule("hourly", TASK, cron="0 * * * *", payload={"key": "h"})
+    ours = schedule_digests(_schedules(app))
+    theirs = {"nightly": ours["nightly"], "hourly": "0" * 12, "<b>gone</b>": "1" * 12}
+    ledger.record_leader(app.namespace, "beat-a", datetime.now(UTC), schedules=theirs)
+    client = dashboard(schedules=tuple(_schedules(app)))
+
+    page = client.get("/schedules").text
+    assert "The leader runs other schedules than these" in page
+    assert "only on the leader: &lt;b&gt;gone&lt;/b&gt;; defined differently: hourly." in page
+    assert "<b>gone" not in page
+    mismatch = client.get("/api/schedules").json()["mismatch"]
+    assert mismatch == {
+        "only_here": [],
+        "only_on_leader": ["<b>gone</b>"],
+        "defined_differently": ["hourly"],
+    }
+
+    ledger.record_leader(app.namespace, "beat-a", datetime.now(UTC), schedules=ours)
+    assert "schedules-mismatch" not in client.get("/schedules").text
 
 
 def _schedules(app: App) -> list[Any]:

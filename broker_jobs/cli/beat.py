@@ -36,12 +36,14 @@ from broker_jobs.observe.logs import configure_logging
 from broker_jobs.observe.server import Health, serving
 from broker_jobs.ops.readable import when
 from broker_jobs.store.base import Store
+from broker_jobs.store.records import LeaderRecord
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
 from scheduler.beat import Beat, BeatSettings, fire_key
 from scheduler.config import load_schedules
+from scheduler.digests import schedule_digests
 from scheduler.schedules import Schedule
-from scheduler.status import is_stale, status_document
+from scheduler.status import is_stale, leader_mismatch, status_document
 
 schedules_option = click.option(
     "--schedules",
@@ -163,6 +165,21 @@ def status_command(
     click.echo("\n".join(lines))
 
 
+def agreement_lines(leader: LeaderRecord, schedules: Sequence[Schedule]) -> list[str]:
+    """The leader's schedules, and how those given here differ from them."""
+    mismatch = leader_mismatch(leader, schedule_digests(schedules))
+    if leader.schedules is None or mismatch is None:
+        return ["leader's schedules: not recorded (a beat of an older broker-jobs)"]
+    listed = ", ".join(sorted(leader.schedules)) or "none"
+    if not mismatch:
+        return [f"leader's schedules: {listed} (the same as these)"]
+    return [
+        f"leader's schedules: {listed}",
+        f"  differ from these: {mismatch.describe()}; only the leader's fire: deploy the"
+        " same schedules to every beat",
+    ]
+
+
 def status_lines(app: App, schedules: Sequence[Schedule], store: Store, now: datetime) -> list[str]:
     """The leader as last announced, and one line per schedule."""
     leader = store.leader(app.namespace)
@@ -173,7 +190,8 @@ def status_lines(app: App, schedules: Sequence[Schedule], store: Store, now: dat
         stale = is_stale(leader.seen_at, now)
         lines = [
             f"leader: {leader.identity} since {when(leader.since)},"
-            f" last seen {age:.0f} s ago{' (stale: no beat leads now?)' if stale else ''}"
+            f" last seen {age:.0f} s ago{' (stale: no beat leads now?)' if stale else ''}",
+            *agreement_lines(leader, schedules),
         ]
     lines.append(
         f"{'schedule':<20} {'task':<20} {'when':<28} {'catch-up':<8} {'last fire':<20} next fire"

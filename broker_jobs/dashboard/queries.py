@@ -267,7 +267,12 @@ def letters_view(settings: DashboardSettings, chosen: LetterFilter) -> LettersVi
 def schedules(settings: DashboardSettings) -> dict[str, Any]:
     """``beat status --json``'s document, with the next few fires of each schedule."""
     if settings.app is None:
-        return {"namespace": settings.names.namespace, "leader": None, "schedules": []}
+        return {
+            "namespace": settings.names.namespace,
+            "leader": None,
+            "mismatch": None,
+            "schedules": [],
+        }
     now = utc(None)
     document = status_document(settings.app, settings.schedules, settings.store, now)
     entries: list[dict[str, Any]] = document["schedules"]  # type: ignore[assignment]

@@ -1,5 +1,6 @@
 """Metrics of a beat process (docs/metrics.md, "Beat"): leadership, fires emitted by
-kind, fires the catch-up policy skipped, and the link to the broker."""
+kind, fires the catch-up policy skipped, schedules that differ from the leader's,
+and the link to the broker."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ class BeatMetrics:
 
     Called from the beat's event loop: :meth:`leading` when leadership is won or lost,
     :meth:`session` when a session with the broker starts or ends, :meth:`fired` per
-    emitted fire, :meth:`skipped` when the catch-up policy drops missed fires."""
+    emitted fire, :meth:`skipped` when the catch-up policy drops missed fires,
+    :meth:`mismatched` when a follower compared its schedules with the leader's."""
 
     def __init__(
         self,
@@ -50,7 +52,15 @@ class BeatMetrics:
             ["namespace", "schedule"],
             registry=registry,
         )
+        self._mismatched = Gauge(
+            "broker_jobs_beat_schedules_mismatched",
+            "Schedules this beat has and the leader has not, or the reverse, or defines"
+            " differently (0 while leading or agreeing)",
+            ["namespace"],
+            registry=registry,
+        )
         self._is_leader.labels(namespace).set(0)
+        self._mismatched.labels(namespace).set(0)
         # Every series from the start, so that rate() and increase() see the first fire.
         for schedule in schedules:
             for kind in FIRE_KINDS:
@@ -62,6 +72,10 @@ class BeatMetrics:
 
     def leading(self, leader: bool) -> None:
         self._is_leader.labels(self._namespace).set(1 if leader else 0)
+
+    def mismatched(self, count: int) -> None:
+        """How many schedules differ from the leader's (:mod:`scheduler.agreement`)."""
+        self._mismatched.labels(self._namespace).set(count)
 
     def fired(self, schedule: str, kind: str) -> None:
         self._fires.labels(self._namespace, schedule, kind).inc()
