@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
+import aio_pika
 import pika
 import pytest
 from pydantic import BaseModel
+from yarl import URL
 
 from broker_jobs import App, BrokerConnectionError, ConfigurationError, mask_url
-from broker_jobs.amqp.connecting import connect_first, connect_first_blocking
+from broker_jobs.amqp.connecting import Connection, connect_first, connect_first_blocking
 from broker_jobs.amqp.declaring import declare_at_start, existing_queues
 from broker_jobs.errors import BrokerUnreachableError
 from broker_jobs.publish.publisher import Publisher
@@ -248,6 +252,34 @@ def test_no_node_answering_names_every_node_masked() -> None:
         assert "hunter2" not in message
 
 
+@pytest.mark.parametrize(
+    ("connection_class", "warns"), [(aio_pika.Connection, True), (Connection, False)]
+)
+def test_an_unclosed_connection_collected_in_another_thread_warns_nothing(
+    connection_class: type[aio_pika.Connection], warns: bool
+) -> None:
+    """aio-pika's own connection is the control: its ``__del__`` makes a close
+    coroutine that no loop in the collecting thread awaits (what users saw after a
+    broker restart); the connection every client here uses does not."""
+
+    async def unclosed() -> aio_pika.Connection:
+        return connection_class(URL(f"amqp://guest:guest@127.0.0.1:{closed_port()}/"))
+
+    loop = asyncio.new_event_loop()
+    try:
+        held = [loop.run_until_complete(unclosed())]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            collector = threading.Thread(target=held.clear)  # the last reference goes there
+            collector.start()
+            collector.join()
+            gc.collect()  # the unawaited coroutine, if one was made, warns when it is freed
+    finally:
+        loop.close()
+    unawaited = [str(w.message) for w in caught if "was never awaited" in str(w.message)]
+    assert bool(unawaited) is warns, unawaited
+
+
 @pytest.mark.broker
 def test_blocking_and_async_connects_skip_a_node_that_does_not_answer(
     broker: Broker, caplog: pytest.LogCaptureFixture
@@ -361,6 +393,7 @@ def test_connection_errors_tell_a_refused_port_a_refused_login_and_a_missing_vho
         f"amqp://guest:wrong-pw@{host}/": "login refused for user 'guest' (ACCESS_REFUSED)",
         f"amqp://guest:guest@{host}/no-such-vhost": "the broker refused the vhost 'no-such-vhost'",
     }
+
     def publish_once(url: str) -> None:
         publisher: AnyPublisher = (Publisher if kind == "sync" else AsyncFacade)(
             url, None, namespace="t", declare=False

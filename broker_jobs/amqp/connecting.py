@@ -16,6 +16,7 @@ failed, with passwords masked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 import aio_pika
 import aio_pika.abc
 import aio_pika.exceptions
+import aiormq.abc
 import pika
 import pika.exceptions
 
@@ -52,6 +54,35 @@ class NodeUnreachable(BrokerUnreachableError):
         super().__init__(unreachable_message([self.line]))
 
 
+class Connection(aio_pika.Connection):
+    """aio-pika's connection, without its warning after a broker restart.
+
+    aio-pika's ``__del__`` schedules the close of a connection it finds unclosed (a
+    failed connect, or one whose broker went away: a lost connection is not marked
+    closed), creating the coroutine before it knows whether an event loop runs in
+    that thread. The garbage collector runs in whichever thread allocates (a ledger
+    or declare thread of ours, the user's own), so the coroutine is never awaited
+    and Python warns "coroutine 'Connection.close' was never awaited". Here a failed
+    connect closes itself, and a collection outside the connection's loop leaves the
+    transport to close with its socket."""
+
+    async def connect(self, timeout: aiormq.abc.TimeoutType = None) -> None:
+        try:
+            await super().connect(timeout)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.close()  # before a transport exists: no I/O, it only marks it
+            raise
+
+    def __del__(self) -> None:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if running is getattr(self, "loop", None):
+            super().__del__()
+
+
 async def connect_first(
     urls: AnyBrokerURLs,
     *,
@@ -71,6 +102,7 @@ async def connect_first(
                     url.url,
                     timeout=timeout,
                     client_properties={"connection_name": connection_name},
+                    connection_class=Connection,
                     **options,
                 ),
                 timeout,
