@@ -1,4 +1,4 @@
-"""The worker's fast path: the common delivery, processed in batches (docs/worker.md).
+"""The worker's fast path: the common delivery, processed in batches (docs/internals/execution.md).
 
 Most deliveries are a job due now, for a plain (sync or async) handler, free to claim, that
 succeeds. Processed one task per delivery, each cost ~1.4 ms of CPU, mostly in hand-offs

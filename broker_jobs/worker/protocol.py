@@ -1,4 +1,4 @@
-"""The execution protocol for one delivery (docs/worker.md).
+"""The execution protocol for one delivery (docs/internals/execution.md).
 
     receive -> decode + validate -> hold until due -> claim in the store
       DONE / STALE          -> ack (a duplicate)

@@ -3,7 +3,7 @@ batches and the per-delivery protocol): renewing a running job's lease, recordin
 successes, acking settled deliveries, returning or leaving the others.
 
 Each step is decided here once; a path hands it one delivery or a batch. The order
-is the protocol's (docs/worker.md): an outcome is recorded before its delivery is
+is the protocol's (docs/internals/execution.md): an outcome is recorded before its delivery is
 acked, and a failure to record returns the delivery (its redelivery meets the
 ledger's record again).
 """
