@@ -218,7 +218,31 @@ def click(driver: Any, css: str) -> None:
 
     element = wait_for(driver, ec.element_to_be_clickable((By.CSS_SELECTOR, css)), css)
     element.click()
-    wait_for(driver, ec.staleness_of(element), f"the page after clicking {css}")
+    wait_for(driver, lambda _: is_stale(element), f"the page after clicking {css}")
+
+
+#: What chromedriver answers, instead of a stale element reference, for an element of a
+#: page being replaced at that moment (the node is gone from the new document).
+NODE_GONE = "does not belong to the document"
+
+
+def is_stale(element: Any) -> bool:
+    """Whether ``element`` left the document (selenium's staleness_of, plus
+    chromedriver's other word for it during a navigation)."""
+    from selenium.common.exceptions import (  # noqa: PLC0415
+        StaleElementReferenceException,
+        WebDriverException,
+    )
+
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as error:
+        if NODE_GONE in str(error):
+            return True
+        raise
+    return False
 
 
 def action_buttons(driver: Any) -> list[Any]:
