@@ -1348,41 +1348,38 @@ def test_postgres_a_role_without_create_opens_a_database_from_before_the_beat(
             conn.execute(f'DROP ROLE "{role}"')
 
 
-def test_an_sqlite_file_from_before_the_leaders_schedules_gets_the_column(tmp_path: Path) -> None:
-    path = tmp_path / "beat.db"
+def _sqlite_statements(path: Path, *statements: str) -> None:
     db = sqlite3.connect(path, isolation_level=None)
-    try:  # the leaders' table as an older broker-jobs made it, with its record
-        db.execute(
-            "CREATE TABLE broker_jobs_beat_leaders (group_name TEXT PRIMARY KEY,"
-            " identity TEXT NOT NULL, since TEXT NOT NULL, seen_at TEXT NOT NULL) WITHOUT ROWID"
-        )
-        db.execute(
-            "INSERT INTO broker_jobs_beat_leaders VALUES"
-            " ('shop', 'old:1', '2026-03-01T12:00:00.000000Z', '2026-03-01T12:00:00.000000Z')"
-        )
+    try:
+        for statement in statements:
+            db.execute(statement)
     finally:
         db.close()
+
+
+def test_an_sqlite_file_from_before_the_leaders_schedules_gets_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "beat.db"
+    _sqlite_statements(  # the leaders' table as an older broker-jobs made it, with its record
+        path,
+        "CREATE TABLE broker_jobs_beat_leaders (group_name TEXT PRIMARY KEY,"
+        " identity TEXT NOT NULL, since TEXT NOT NULL, seen_at TEXT NOT NULL) WITHOUT ROWID",
+        "INSERT INTO broker_jobs_beat_leaders VALUES"
+        " ('shop', 'old:1', '2026-03-01T12:00:00.000000Z', '2026-03-01T12:00:00.000000Z')",
+    )
     with SQLiteStore(path) as store:
-        old = store.leader("shop")
-        assert old is not None
-        assert (old.identity, old.schedules) == ("old:1", None)
+        assert store.leader("shop") == LeaderRecord("shop", "old:1", at(0), at(0))
         store.record_leader("shop", "new:2", at(0), now=at(1), schedules={"nightly": "ab"})
         assert store.leader("shop") == LeaderRecord(
             "shop", "new:2", at(0), at(1), {"nightly": "ab"}
         )
-    db = sqlite3.connect(path, isolation_level=None)
-    try:  # an older beat rewriting the record names its four columns: it says nothing
-        db.execute(
-            "INSERT OR REPLACE INTO broker_jobs_beat_leaders (group_name, identity, since,"
-            " seen_at) VALUES ('shop', 'old:1', '2026-03-01T12:00:05.000000Z',"
-            " '2026-03-01T12:00:05.000000Z')"
-        )
-    finally:
-        db.close()
+    _sqlite_statements(  # an older beat rewriting the record names its four columns
+        path,
+        "INSERT OR REPLACE INTO broker_jobs_beat_leaders (group_name, identity, since,"
+        " seen_at) VALUES ('shop', 'old:1', '2026-03-01T12:00:05.000000Z',"
+        " '2026-03-01T12:00:05.000000Z')",
+    )
     with SQLiteStore(path) as store:
-        found = store.leader("shop")
-        assert found is not None
-        assert (found.identity, found.schedules) == ("old:1", None)
+        assert store.leader("shop") == LeaderRecord("shop", "old:1", at(5), at(5))
 
 
 def test_postgres_leaders_from_before_the_schedules_get_the_column_or_do_without(
