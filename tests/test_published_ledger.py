@@ -16,10 +16,11 @@ import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
 
-from broker_jobs import App, JobRequest
+from broker_jobs import App, Job, JobRequest
 from broker_jobs.cli import main
+from broker_jobs.publish.ledger import PublishedLedger
 from broker_jobs.retry import RetryPolicy
-from broker_jobs.store import SQLiteStore, StoreError
+from broker_jobs.store import MemoryStore, SQLiteStore, StoreError
 from broker_jobs.store.base import Cancellation, CancelOutcome, Status
 from tests.support import AnyPublisher, Broker, run_burst_worker
 from tests.test_store import Kit
@@ -193,6 +194,27 @@ def test_publishing_a_finished_key_again_warns_that_it_will_not_run(
         assert (record.status, record.job_id) == (Status.SUCCEEDED, first.id)  # kept
     finally:
         store.close()
+
+
+def test_a_job_a_worker_finished_before_its_record_is_no_duplicate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker may claim and finish a job before the publisher records it: the key's
+    record then names the same job, which ran; only another job of a finished key
+    will be skipped."""
+    store = MemoryStore()
+    ran = Job(id="id-1", task="notes.write", idempotency_key="inv-1", attempt=1)
+    store.claim(ran, "host-1:1", 60)
+    store.succeed("inv-1", "host-1:1")
+    other = Job(id="id-2", task="notes.write", idempotency_key="inv-1", attempt=1)
+    with caplog.at_level(logging.WARNING, logger="broker_jobs.publish.publisher"):
+        PublishedLedger(store).record([ran])
+        assert not caplog.records
+        PublishedLedger(store).record([other])
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(
+        "job id-2 will not run: its key 'inv-1' is succeeded in the ledger (job id-1)"
+    )
 
 
 class BrokenLedger(SQLiteStore):

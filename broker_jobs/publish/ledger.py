@@ -9,7 +9,9 @@ The broker holds the job either way, so a store that fails after the confirm los
 nothing: the publish still succeeds, one WARNING says the job was not recorded, and
 the ledger learns of the job at its first claim. A key that already has a record
 keeps it (a worker may have claimed the job before the publisher recorded it); one
-that already finished is reported, because its job will be skipped as a duplicate.
+that another job finished is reported, because this job will be skipped as a
+duplicate (the same job finished already is not: a worker was quicker than the
+record).
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ class PublishedLedger:
             )
             return
         for job, record in zip(jobs, existing, strict=True):
-            if record is not None and record.status in TERMINAL:
+            # The same job id: a worker took the job and finished it before this
+            # record was written (a fast worker), which is no duplicate.
+            if record is not None and record.status in TERMINAL and record.job_id != job.id:
                 log.warning(
                     "job %s will not run: its key %r is %s in the ledger (job %s); give"
                     " a new key, or replay a dead job with `broker-jobs dlq replay`",
