@@ -120,6 +120,7 @@ def test_the_leader_alone_reports_leading_and_a_failover_flips_it(
     assert sample(followed, fires, **labels, kind="on_time") == 0
     assert sample(followed, fires, **labels, kind="caught_up") == 0
     assert sample(followed, "broker_jobs_broker_connected") == 1
+    assert (sample(followed, "process_open_fds") or 0) > 0  # the process's own metrics
 
     group.running[leader].send_signal(signal.SIGKILL)
     wait_until(

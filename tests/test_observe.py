@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from broker_jobs.observe import Health, ObservabilityServer, configure_logging
+from broker_jobs.observe.server import process_registry
 
 
 class Clock:
@@ -56,6 +57,24 @@ def test_metrics_and_probes_are_served_and_say_why_when_not_ready(
         state["ready"] = (True, "consuming")
         assert get(server.port, "/readyz")[0] == 200
         assert get(server.port, "/nothing")[0] == 404
+
+
+def test_a_daemons_registry_has_the_process_metrics() -> None:
+    registry = process_registry()
+    for name in (
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+    ):
+        value = registry.get_sample_value(name)
+        assert value is not None, name
+        assert value > 0, name
+    assert registry.get_sample_value("process_cpu_seconds_total") is not None
+    assert any(
+        sample.name == "python_info" for metric in registry.collect() for sample in metric.samples
+    )
+    assert process_registry() is not registry  # one per daemon, nothing bound at import
 
 
 def test_a_stalled_event_loop_fails_both_probes(registry: CollectorRegistry) -> None:

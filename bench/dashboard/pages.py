@@ -4,6 +4,7 @@ whose queues are declared, each page and JSON endpoint timed."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import socket
 import threading
 import time
@@ -79,9 +80,20 @@ def declare_topology(url: str, namespace: str, tasks: Sequence[str]) -> Callable
     return delete
 
 
+def http_client_module() -> Any:
+    """httpx's module: ``httpx2`` (what the test extras install, for starlette's
+    TestClient) or ``httpx``, whichever is there; both have ``Client``."""
+    for name in ("httpx2", "httpx"):
+        with contextlib.suppress(ModuleNotFoundError):
+            return importlib.import_module(name)
+    raise SystemExit(
+        "bench.dashboard needs an HTTP client: pip install -e '.[test]' (httpx2) or httpx"
+    )
+
+
 def page_timings(base: str, store: Store, requests: int, depth: int) -> list[Timing]:
     """Each page and JSON endpoint, ``requests`` times over one keep-alive connection."""
-    import httpx  # noqa: PLC0415
+    httpx = http_client_module()
 
     from broker_jobs.ops.documents import encode_cursor  # noqa: PLC0415
 

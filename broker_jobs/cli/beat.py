@@ -17,7 +17,6 @@ from datetime import datetime
 from pathlib import Path
 
 import click
-from prometheus_client import CollectorRegistry
 
 from broker_jobs.app import App
 from broker_jobs.app_loader import load_app
@@ -33,7 +32,7 @@ from broker_jobs.clock import utc_now
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.observe.beat_metrics import BeatMetrics
 from broker_jobs.observe.logs import configure_logging
-from broker_jobs.observe.server import Health, serving
+from broker_jobs.observe.server import Health, process_registry, serving
 from broker_jobs.ops.readable import when
 from broker_jobs.store.base import Store
 from broker_jobs.store.records import LeaderRecord
@@ -123,7 +122,7 @@ async def _run(  # noqa: PLR0917 - the run command's settings, passed on
     settings: BeatSettings,
     metrics_port: int | None,
 ) -> None:
-    registry = CollectorRegistry()
+    registry = process_registry()
     metrics = BeatMetrics(registry, app.namespace, [schedule.name for schedule in schedules])
     beat = Beat(url, app, schedules, store, settings, metrics=metrics)
     beat.install_signal_handlers()

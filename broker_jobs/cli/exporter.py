@@ -23,7 +23,7 @@ from broker_jobs.cli.options import log_options, url_option
 from broker_jobs.cli.tasks import chosen_tasks, task_options
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.observe.logs import configure_logging
-from broker_jobs.observe.server import Health, serving
+from broker_jobs.observe.server import Health, process_registry, serving
 from broker_jobs.ops.exporter import POLL_EVERY, Exporter
 from broker_jobs.urls import BrokerURLs
 from topology.names import InvalidNameError
@@ -96,7 +96,7 @@ def exporter_command(  # noqa: PLR0917 - click passes every option positionally
     logging.getLogger("pika").setLevel(logging.CRITICAL)
     try:
         chosen = chosen_tasks(app_option, namespace, tasks, "to export")
-        registry = CollectorRegistry()
+        registry = process_registry()
         exporter = Exporter(
             url,
             chosen.names,

@@ -11,14 +11,13 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import click
-from prometheus_client import CollectorRegistry
 
 from broker_jobs.app import App
 from broker_jobs.app_loader import load_app
 from broker_jobs.cli.options import chosen_app, daemon_options
 from broker_jobs.errors import BrokerJobsError, ConfigurationError, HandlerStuckError
 from broker_jobs.observe.logs import configure_logging
-from broker_jobs.observe.server import Health, serving
+from broker_jobs.observe.server import Health, process_registry, serving
 from broker_jobs.observe.worker_metrics import WorkerMetrics
 from broker_jobs.store.base import DEFAULT_RETENTION, Store
 from broker_jobs.store.urls import open_store
@@ -231,7 +230,7 @@ async def _run(
         worker = Worker(url, app, store, settings)
         worker.install_signal_handlers()
         return dict(await worker.run())
-    registry = CollectorRegistry()
+    registry = process_registry()
     worker = Worker(url, app, store, settings, metrics=WorkerMetrics(registry))
     worker.install_signal_handlers()
     async with serving(registry, Health(worker.readiness), metrics_port):

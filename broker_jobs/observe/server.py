@@ -21,7 +21,12 @@ from collections.abc import AsyncIterator, Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from broker_jobs.errors import ConfigurationError
@@ -109,6 +114,16 @@ class ObservabilityServer:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def process_registry() -> CollectorRegistry:
+    """A registry for a daemon's own metrics, with the process's beside them:
+    ``process_*`` (CPU seconds, resident memory, open and max file descriptors, start
+    time; Linux), ``python_info`` and ``python_gc_*`` (docs/metrics.md, "Process")."""
+    registry = CollectorRegistry()
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
+    return registry
 
 
 @contextlib.asynccontextmanager
