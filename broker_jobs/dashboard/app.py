@@ -31,6 +31,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
         Route("/tasks/{task}", pages.task_page),
         Route("/jobs", pages.jobs_page),
         Route("/jobs/{ref:path}", pages.job_page),
+        Route("/job", pages.job_page),  # ?ref=: a key no path can carry (views.job_href)
         Route("/dead-letters", pages.dead_letters_page),
         Route("/schedules", pages.schedules_page),
         Route("/api/overview", api.overview),

@@ -60,7 +60,7 @@ async def jobs_page(request: Request) -> Response:
 
 async def job_page(request: Request) -> Response:
     settings = settings_of(request)
-    ref = request.path_params["ref"]
+    ref = request.path_params.get("ref") or request.query_params.get("ref", "")
     view = await run_in_threadpool(queries.job_view, settings, ref)
     if view is None:
         raise Refused(404, f"no job with key or id {ref!r} in the ledger")

@@ -46,8 +46,22 @@ def _pretty(value: Any) -> str:
 
 
 def _ref(value: str) -> str:
-    """A key or job id in a URL path (a slash stays a slash: the routes take paths)."""
+    """A task name in a URL path."""
     return quote(value, safe="/")
+
+
+#: Keys a path cannot carry: a browser removes a "." or ".." segment, encoded or not.
+_DOT_SEGMENTS = frozenset({".", ".."})
+
+
+def job_href(ref: str) -> str:
+    """The link to a job's page by key or id. Everything but letters, digits and
+    ``-._~`` is encoded, slashes included, so a key is one path segment and a
+    ``tenant/../../dead-letters`` cannot lead the browser to another page (the
+    routes decode it back); a key that is itself a dot segment goes in the query."""
+    if ref in _DOT_SEGMENTS:
+        return "/job?ref=" + quote(ref, safe="")
+    return "/jobs/" + quote(ref, safe="")
 
 
 environment = Environment(
@@ -58,7 +72,7 @@ environment = Environment(
     lstrip_blocks=True,
 )
 environment.filters.update(
-    when=when, span=_seconds, age=_age, first_line=first_line, ref=_ref, pretty=_pretty
+    when=when, span=_seconds, age=_age, first_line=first_line, ref=_ref, job_href=job_href, pretty=_pretty
 )
 
 
