@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -316,7 +318,10 @@ def _commands(
 ) -> Iterator[tuple[tuple[str, ...], click.Command]]:
     yield path, command
     if isinstance(command, click.Group):
-        for name, sub in command.commands.items():
+        context = click.Context(command)
+        for name in command.list_commands(context):  # the top level imports them here
+            sub = command.get_command(context, name)
+            assert sub is not None, name
             yield from _commands(sub, (*path, name))
 
 
@@ -332,6 +337,28 @@ def test_every_command_and_option_has_help_text() -> None:
         ]
     assert len(list(_commands(main))) > 20  # every group was walked
     assert missing == []
+
+
+def test_a_command_imports_only_its_own_module() -> None:
+    """A worker's process (started once per process, many times a day) does not pay
+    for the dashboard's web stack or the other commands."""
+    probe = (
+        "import sys\n"
+        "from broker_jobs.cli import main\n"
+        "main(['worker', '--help'], standalone_mode=False)\n"
+        "loaded = [m for m in ('broker_jobs.cli.dashboard', 'starlette', 'jinja2',"
+        " 'broker_jobs.cli.beat', 'broker_jobs.cli.exporter') if m in sys.modules]\n"
+        "assert 'broker_jobs.cli.worker' in sys.modules\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def test_dash_h_is_help_everywhere() -> None:
