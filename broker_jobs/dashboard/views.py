@@ -72,7 +72,13 @@ environment = Environment(
     lstrip_blocks=True,
 )
 environment.filters.update(
-    when=when, span=_seconds, age=_age, first_line=first_line, ref=_ref, job_href=job_href, pretty=_pretty
+    when=when,
+    span=_seconds,
+    age=_age,
+    first_line=first_line,
+    ref=_ref,
+    job_href=job_href,
+    pretty=_pretty,
 )
 
 
