@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import socket
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pika
@@ -187,3 +190,18 @@ def untyped_queue_type(connection: pika.BlockingConnection) -> str | None:
     nothing on RabbitMQ 3.x, ``classic`` on 4.x."""
     version = server_version(connection)
     return "classic" if version is not None and version >= (4,) else None
+
+
+def app_from(directory: Path, module: str) -> App:
+    """The ``app`` of ``<directory>/<module>.py``, imported afresh: a test that writes
+    its app module and runs once per RabbitMQ release, or per store, must not get the
+    module an earlier run left in ``sys.modules`` (with that run's namespace)."""
+    sys.modules.pop(module, None)
+    sys.path.insert(0, str(directory))
+    try:
+        app = importlib.import_module(module).app
+    finally:
+        sys.path.remove(str(directory))
+        sys.modules.pop(module, None)
+    assert isinstance(app, App)
+    return app

@@ -33,7 +33,7 @@ from broker_jobs.store.memory import MemoryStore
 from broker_jobs.worker import Worker, WorkerSettings
 from broker_jobs.worker.overrun import EXIT_HANDLER_STUCK
 from broker_jobs.worker.supervisor import Verdict, judge_exit
-from tests.support import Broker, run_burst_worker
+from tests.support import Broker, app_from, run_burst_worker
 from topology import Topology
 
 #: Publish delays that send a job down each path.
@@ -278,11 +278,7 @@ def test_the_worker_command_exits_70_on_a_stuck_handler_and_its_supervisor_resta
                 threading.Event().wait(120)  # C code: the interrupt never lands
         """)
     )
-    sys.path.insert(0, str(tmp_path))
-    try:
-        from stuck_app import app as stuck_app  # type: ignore[import-not-found]  # noqa: PLC0415
-    finally:
-        sys.path.remove(str(tmp_path))
+    stuck_app = app_from(tmp_path, "stuck_app")
     cleanup_topology(stuck_app.topology())
     with Publisher(broker.url, stuck_app) as publisher:
         publisher.publish("stuck.cli", {"key": "s"})

@@ -32,7 +32,7 @@ from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.worker import Worker, WorkerSettings
 from broker_jobs.worker.dead_letters import HEADER_ATTEMPTS, HEADER_ERROR, HEADER_REASON
-from tests.support import Broker, drain_at_least, run_burst_worker, wait_until
+from tests.support import Broker, app_from, drain_at_least, run_burst_worker, wait_until
 from topology import Topology, declare
 
 pytestmark = pytest.mark.broker
@@ -369,11 +369,7 @@ def test_a_job_that_kills_its_worker_every_time_is_dead_lettered_by_the_delivery
                 os._exit(payload.fuse)  # like a segfault or an OOM kill
         """)
     )
-    sys.path.insert(0, str(tmp_path))
-    try:
-        from crash_app import app as crash_app  # type: ignore[import-not-found]  # noqa: PLC0415
-    finally:
-        sys.path.remove(str(tmp_path))
+    crash_app = app_from(tmp_path, "crash_app")
     cleanup_topology(crash_app.topology())
     with Publisher(broker.url, crash_app) as publisher:
         bomb = publisher.publish("bomb.explode", {"fuse": 3})
@@ -549,12 +545,7 @@ def test_a_worker_killed_mid_batch_leaves_each_effect_exactly_once(
                 db.execute(f"INSERT INTO {database.table} (key) VALUES ({{mark}})", (payload.key,))
         """)
     )
-    sys.modules.pop("effects_app", None)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        from effects_app import app as effects_app  # type: ignore[import-not-found]  # noqa: PLC0415
-    finally:
-        sys.path.remove(str(tmp_path))
+    effects_app = app_from(tmp_path, "effects_app")
     cleanup_topology(effects_app.topology())
     keys = [f"k{n}" for n in range(800)]
     with Publisher(broker.url, effects_app) as publisher:
