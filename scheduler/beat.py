@@ -221,17 +221,18 @@ class Beat:
         announce period meanwhile; False when stopping first."""
         stopping = asyncio.ensure_future(self._stopping.wait())
         leading = asyncio.ensure_future(leadership.wait_until_leader())
+        waiters = (stopping, leading)
+        period = self._settings.announce_every
         try:
-            while not (stopping.done() or leading.done()):
-                await asyncio.wait(
-                    (stopping, leading),
-                    timeout=self._settings.announce_every,
-                    return_when=asyncio.FIRST_COMPLETED,
+            while True:
+                done, _ = await asyncio.wait(
+                    waiters, timeout=period, return_when=asyncio.FIRST_COMPLETED
                 )
-                if not (stopping.done() or leading.done()):
-                    await self._compare_with_leader()
+                if done:
+                    break
+                await self._compare_with_leader()  # a period passed, still following
         finally:
-            for waiter in (stopping, leading):
+            for waiter in waiters:
                 waiter.cancel()
         return not self._stopping.is_set()
 
@@ -256,13 +257,11 @@ class Beat:
             self._check_leading(leadership)
             if loop.time() >= announce_at:
                 await self._in_store(
-                    functools.partial(
-                        self._store.record_leader,
-                        self._app.namespace,
-                        self._identity,
-                        elected,
-                        schedules=self._digests,
-                    )
+                    self._store.record_leader,
+                    self._app.namespace,
+                    self._identity,
+                    elected,
+                    schedules=self._digests,
                 )
                 announce_at = loop.time() + self._settings.announce_every
             now = self._clock()
@@ -330,9 +329,11 @@ class Beat:
         if not leadership.is_leader():
             raise _StandDown
 
-    async def _in_store(self, call: Callable[..., T], *args: Any) -> T:
+    async def _in_store(self, call: Callable[..., T], *args: Any, **options: Any) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._store_thread, call, *args)
+        return await loop.run_in_executor(
+            self._store_thread, functools.partial(call, *args, **options)
+        )
 
 
 def fire_key(namespace: str, schedule: str) -> str:

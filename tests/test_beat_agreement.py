@@ -170,7 +170,7 @@ def test_a_follower_with_other_schedules_says_which_against_the_leaders(
         app,
         [steady, nightly()],
         store,
-        BeatSettings(identity="beat-a", heartbeat=2, announce_every=0.2),
+        BeatSettings(identity="beat-a", heartbeat=5, announce_every=0.2),
         metrics=BeatMetrics(registries["leader"], namespace),
     )
     following = Beat(
@@ -178,7 +178,7 @@ def test_a_follower_with_other_schedules_says_which_against_the_leaders(
         app,
         [steady, nightly(payload={"label": "changed"}), nightly(name="added")],
         store,
-        BeatSettings(identity="beat-b", heartbeat=2, announce_every=0.2),
+        BeatSettings(identity="beat-b", heartbeat=5, announce_every=0.2),
         metrics=BeatMetrics(registries["follower"], namespace),
     )
     caplog.set_level(logging.WARNING, logger="scheduler.beat")

@@ -40,9 +40,9 @@ from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
 from scheduler.beat import Beat, BeatSettings, fire_key
 from scheduler.config import load_schedules
-from scheduler.digests import schedule_digests
+from scheduler.digests import Mismatch, schedule_digests
 from scheduler.schedules import Schedule
-from scheduler.status import is_stale, leader_mismatch, status_document
+from scheduler.status import is_stale, status_document
 
 schedules_option = click.option(
     "--schedules",
@@ -166,9 +166,9 @@ def status_command(
 
 def agreement_lines(leader: LeaderRecord, schedules: Sequence[Schedule]) -> list[str]:
     """The leader's schedules, and how those given here differ from them."""
-    mismatch = leader_mismatch(leader, schedule_digests(schedules))
-    if leader.schedules is None or mismatch is None:
+    if leader.schedules is None:
         return ["leader's schedules: not recorded (a beat of an older broker-jobs)"]
+    mismatch = Mismatch.between(schedule_digests(schedules), leader.schedules)
     listed = ", ".join(sorted(leader.schedules)) or "none"
     if not mismatch:
         return [f"leader's schedules: {listed} (the same as these)"]

@@ -123,10 +123,9 @@ class Schema:
             # A role without CREATE on the schema still opens the store (a worker needs
             # no beat tables); the beat's calls then say what to do.
             self._add(conn, self.create_beat())
+        # A role that may not add the column records the leader without it.
         self.keeps_leader_schedules = self._has_leader_schedules(conn) or (
-            _exist(conn, self.q.leaders)
-            and self._add(conn, [self.add_leader_schedules()])
-            and self._has_leader_schedules(conn)
+            _exist(conn, self.q.leaders) and self._add(conn, [self.add_leader_schedules()])
         )
         schema = self._schema_name(conn)
         indexes = [sql.Identifier(schema, name) for name in _LEDGER_INDEXES]
@@ -266,11 +265,10 @@ class Schema:
         return bool(allowed)
 
     def _has_leader_schedules(self, conn: Connection) -> bool:
-        if not _exist(conn, self.q.leaders):
-            return False
+        """Whether the leaders' table exists and has the schedules column."""
         (found,) = one_row(
             conn.execute(
-                "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = %s::regclass"
+                "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s)"
                 " AND attname = 'schedules' AND NOT attisdropped)",
                 (self.q.leaders.as_string(conn),),
             )
