@@ -36,6 +36,7 @@ CORE = frozenset(
         "publisher",
         "async_publisher",
         "dead_letter_queue",
+        "dead_letter",
     }
 )
 

@@ -747,3 +747,35 @@ def _schedules(app: App) -> list[Any]:
     from scheduler.config import load_schedules  # noqa: PLC0415
 
     return load_schedules(app)
+
+
+def test_dead_letters_and_a_dead_job_are_read_from_the_ledger_without_the_broker(
+    broker: Broker, app: App, ledger: SQLiteStore, connection: pika.BlockingConnection
+) -> None:
+    publish(broker, app, ledger, *(Item(key=f"d{n}", fail=True) for n in range(3)))
+    run_burst_worker(broker, app, ledger)
+    settings = DashboardSettings(
+        store=ledger,
+        urls=BrokerURLs.parse("amqp://guest:guest@127.0.0.1:1/"),  # nothing answers there
+        names=app.names,
+        tasks=(TASK, OTHER),
+        app=app,
+        allowed_hosts=("testserver",),
+    )
+    with TestClient(create_app(settings)) as client:
+        document = client.get("/api/dead-letters").json()
+        assert document["depths"] == {TASK: 3, OTHER: 0}
+        assert document["matching"] == 3
+        keys = [x["idempotency_key"] for g in document["groups"] for x in g["dead_letters"]]
+        assert sorted(keys) == ["d0", "d1", "d2"]
+        page = client.get("/dead-letters?reason=permanent")
+        assert page.status_code == 200
+        assert "Showing 3 of 3 matching" in page.text
+        job = client.get("/jobs/d1")
+        assert job.status_code == 200
+        assert "PermanentError" in job.text
+        assert "dead-lettered" in job.text  # its dead letter on the timeline
+    queue = app.names.dead_letter_queue(TASK)
+    channel = connection.channel()
+    assert channel.queue_declare(queue, passive=True).method.message_count == 3
+    channel.close()

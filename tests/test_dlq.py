@@ -89,6 +89,14 @@ def store(tmp_path: Path) -> Iterator[SQLiteStore]:
         yield opened
 
 
+@pytest.fixture(autouse=True)
+def ledger_in_the_environment(
+    store: SQLiteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commands find the workers' ledger as users set it: $BROKER_JOBS_STORE."""
+    monkeypatch.setenv("BROKER_JOBS_STORE", store_url(store, tmp_path))
+
+
 def store_url(store: SQLiteStore, tmp_path: Path) -> str:
     del store  # the fixture created the file
     return f"sqlite:///{tmp_path / 'ledger.db'}"
@@ -186,6 +194,17 @@ def test_list_and_show_leave_the_dead_letters_in_place_and_in_order(
         some = dlq.list(limit=5)
     assert len(first) == 40
     assert [letter.job_id for letter in second] == [letter.job_id for letter in first]
+    # The ledger's index holds the same dead letters, read alike (in the order they
+    # were recorded: concurrent handlers may record theirs in another order than
+    # their dead letters reached the queue).
+    indexed = sorted(
+        (entry.letter for entry in store.dead_letters([TASK], limit=100)),
+        key=lambda letter: str(letter.job_id),
+    )
+    in_queue = sorted(first, key=lambda letter: str(letter.job_id))
+    assert [(x.job_id, x.reason, x.error, x.dead_at, x.payload) for x in indexed] == [
+        (x.job_id, x.reason, x.error, x.dead_at, x.payload) for x in in_queue
+    ]
     assert [letter.job_id for letter in some] == [letter.job_id for letter in first[:5]]
     letter = first[17]
     assert letter.task == TASK
@@ -557,7 +576,12 @@ def test_errors_are_one_line_and_say_what_to_do(broker: Broker, namespace: str) 
     assert result.exit_code == 2
     assert "needs the tasks whose dead letters to take: add --task NAME" in result.stderr
 
-    code, _out, err = cli("list", "--url", broker.url, "--namespace", namespace, "--task", TASK)
+    code, out, err = cli("list", "--url", broker.url, "--namespace", namespace, "--task", TASK)
+    assert (code, err) == (0, "")  # the index: nothing dead in this namespace
+    assert "0 dead letter(s) shown of 0" in out
+    code, _out, err = cli(
+        "list", "--url", broker.url, "--namespace", namespace, "--task", TASK, "--from-queue"
+    )
     assert code == 1
     assert err.count("\n") == 1
     assert "topology apply" in err
@@ -569,7 +593,7 @@ def test_errors_are_one_line_and_say_what_to_do(broker: Broker, namespace: str) 
 
     code, _out, err = cli(
         "list", "--url", "amqp://guest:s3cret-pw@127.0.0.1:1/", "--namespace", namespace,
-        "--task", TASK,
+        "--task", TASK, "--from-queue",
     )  # fmt: skip
     assert code == 1
     assert err.startswith("error: cannot connect")
@@ -594,3 +618,91 @@ def test_a_piped_list_prints_every_id_and_key_whole_on_its_row(
     for letter in letters:
         [row] = [line for line in out.splitlines() if str(letter.job_id) in line]
         assert str(letter.idempotency_key) in row, out
+
+
+# -- the ledger's index -----------------------------------------------------------------
+
+
+def test_list_and_show_read_the_ledger_and_never_the_broker(
+    broker: Broker,
+    app: App,
+    store: SQLiteStore,
+    connection: pika.BlockingConnection,
+) -> None:
+    kill_jobs(broker, app, store, connection, ["a1", "a2", "a3"])
+    queue = app.names.dead_letter_queue(TASK)
+    nowhere = ["--url", "amqp://guest:s3cret@127.0.0.1:1/", "--namespace", app.namespace]
+    code, out, err = cli("list", *nowhere, "--task", TASK, "--json")
+    assert code == 0, err
+    listed = json.loads(out)
+    assert [item["idempotency_key"] for item in listed] == ["a1", "a2", "a3"]
+    assert {item["ledger"] for item in listed} == {"dead"}
+    code, out, err = cli("list", *nowhere, "--task", TASK, "--limit", "1", "--offset", "1")
+    assert code == 0, err
+    assert "1 dead letter(s) shown (from number 2) of 3 indexed for" in out
+    assert "a2" in out
+    assert "a1" not in out
+    code, out, err = cli("show", *nowhere, "--task", TASK, "a3", "--json")
+    assert code == 0, err
+    assert json.loads(out)["error"] == "PermanentError: broken input a3"
+    assert depth(connection, queue) == 3
+
+
+def test_replay_and_purge_keep_the_index_in_step(
+    broker: Broker,
+    app: App,
+    store: SQLiteStore,
+    handlers: Handlers,
+    connection: pika.BlockingConnection,
+) -> None:
+    kill_jobs(broker, app, store, connection, ["p1", "p2", "p3"], mode="permanent")
+    kill_jobs(broker, app, store, connection, ["e1", "e2"], mode="exhausted")
+
+    def indexed() -> list[str | None]:
+        return [entry.letter.idempotency_key for entry in store.dead_letters([TASK])]
+
+    assert indexed() == ["p1", "p2", "p3", "e1", "e2"]
+    handlers.fixed = True
+    code, _out, err = cli("replay", *queue_args(broker, app), "--reason", "exhausted")
+    assert code == 0, err
+    assert indexed() == ["p1", "p2", "p3"]
+    run_burst_worker(broker, app, store)
+    assert handlers.succeeded == Counter({"e1": 1, "e2": 1})
+    code, _out, err = cli("purge", *queue_args(broker, app), "--limit", "1", "--yes")
+    assert code == 0, err
+    assert indexed() == ["p2", "p3"]
+    code, out, err = cli("purge", *queue_args(broker, app), "--yes")
+    assert (code, "purged 2 dead letter(s)" in out) == (0, True), err
+    assert indexed() == []
+
+
+def test_reindex_indexes_what_came_another_way_and_drops_what_left(
+    broker: Broker,
+    app: App,
+    store: SQLiteStore,
+    connection: pika.BlockingConnection,
+) -> None:
+    kill_jobs(broker, app, store, connection, ["k1", "k2"])
+    queue = app.names.dead_letter_queue(TASK)
+    channel = connection.channel()
+    # k1 leaves the queue through another client; a dead letter of another tool arrives.
+    method, _properties, _body = channel.basic_get(queue, auto_ack=True)
+    assert method is not None
+    channel.basic_publish(
+        "",
+        queue,
+        b'{"key": "foreign"}',
+        pika.BasicProperties(message_id="foreign-1", type=TASK, headers={"origin": "tool"}),
+    )
+    channel.close()
+    wait_until(lambda: depth(connection, queue) == 2, within=10, what="two dead letters")
+    before = [e.letter.idempotency_key for e in store.dead_letters([TASK])]
+    assert before == ["k1", "k2"]  # k1 still; the foreign one not yet
+
+    code, out, err = cli("reindex", *queue_args(broker, app), "--json")
+    assert code == 0, err
+    assert json.loads(out) == [{"task": TASK, "indexed": 2, "dropped": 1}]
+    entries = store.dead_letters([TASK])
+    assert [e.letter.idempotency_key for e in entries] == ["k2", "foreign-1"]
+    assert entries[1].letter.headers == {"origin": "tool"}
+    assert drain_ids(connection, queue)[-1] == "foreign-1"  # the queue kept its order

@@ -1047,7 +1047,8 @@ def test_sqlite_swaps_a_version_1_job_id_index_for_the_partial_one(tmp_path: Pat
         indexes = {
             row[0]: row[1]
             for row in conn.execute(
-                "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND name LIKE '%job_id'"
+                "SELECT name, sql FROM sqlite_master WHERE type = 'index'"
+                " AND name LIKE 'broker_jobs_records%job_id'"
             )
         }
     conn.close()

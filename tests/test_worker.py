@@ -194,6 +194,14 @@ def test_poison_messages_are_dead_lettered_and_the_worker_carries_on(
     )
     assert reasons == sorted(["json", "content-type", "schema", "wrong-queue", "envelope"])
     assert outcomes["succeeded"] == 1
+    # Each is indexed in the ledger too, the one of another task's message included;
+    # the 10 MB body as its size only.
+    indexed = {e.letter.job_id: e for e in store.dead_letters(["counter.add"])}
+    assert sorted(e.letter.reason or "" for e in indexed.values()) == reasons
+    assert set(indexed) == set(poison_ids)
+    assert indexed[poison_ids[1]].letter.body == b"\x80\x03pickle"
+    assert not indexed[poison_ids[3]].body_kept
+    assert indexed[poison_ids[3]].body_size > 10_000_000
 
 
 def test_the_worker_command_runs_an_app_in_burst_mode(

@@ -6,7 +6,9 @@ Fills a store (SQLite by default; PostgreSQL with ``--store postgresql://...``) 
 times and a few executions per record; then serves the dashboard in-process (uvicorn
 on a free port, in a thread) and times every page and JSON endpoint over real HTTP:
 the first page of /jobs, a deep page through its cursor, filtered lists, a job's page,
-the overview. The same runs first for a demo-sized ledger (``--demo-records``).
+the overview, the dead letters (the big ledger's index holds ``--dead-letters``,
+100,000 by default: its dead jobs' and made-up ones). The same runs first for a
+demo-sized ledger (``--demo-records``).
 
 Beside the pages, the store queries behind them are timed on their own and, on
 SQLite, their plans are printed (``EXPLAIN QUERY PLAN``: a ``SCAN`` of the records
@@ -21,6 +23,7 @@ The last line of the output is one JSON object with every figure.
 
 - :mod:`bench.dashboard.rows`: the ledger's records and executions, made up;
 - :mod:`bench.dashboard.fill`: writing them into an SQLite or PostgreSQL store;
+- :mod:`bench.dashboard.letters`: the index of dead letters, filled deep;
 - :mod:`bench.dashboard.timing`: timing the store's queries (and their SQLite plans);
 - :mod:`bench.dashboard.claims`: what the dashboard's indexes cost a worker's claims;
 - :mod:`bench.dashboard.pages`: the dashboard served in-process, its pages timed;

@@ -22,6 +22,7 @@ import bench.dashboard
 from bench.common import bench_parser, broker, from_args, throwaway_postgres
 from bench.dashboard.claims import claim_cost
 from bench.dashboard.fill import fill_postgres, fill_sqlite
+from bench.dashboard.letters import fill_dead_letters
 from bench.dashboard.pages import dashboard_settings, declare_topology, page_timings, serving
 from bench.dashboard.rows import DEMO_TASKS, TASKS, ledger_rows
 from bench.dashboard.timing import print_plans, print_timings, sqlite_plans, store_timings
@@ -31,6 +32,7 @@ from broker_jobs.store import SQLiteStore, Store
 DEFAULT_RECORDS = 1_000_000
 DEFAULT_DEMO_RECORDS = 30
 DEFAULT_REQUESTS = 20
+DEFAULT_DEAD_LETTERS = 100_000
 #: The aims of the issue: p50 of every page, in ms.
 DEMO_AIM_MS = 100.0
 BIG_AIM_MS = 300.0
@@ -46,6 +48,7 @@ class Options:
     depth: int
     days: float
     claims: int
+    dead_letters: int
     keep: Path | None
 
 
@@ -68,6 +71,12 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         type=int,
         default=500,
         help="rounds of the claim-cost comparison (SQLite; 0: skip it)",
+    )
+    parser.add_argument(
+        "--dead-letters",
+        type=int,
+        default=DEFAULT_DEAD_LETTERS,
+        help="dead letters indexed in the big ledger (its dead jobs' and made-up ones)",
     )
     parser.add_argument(
         "--keep", type=Path, default=None, help="a directory to keep the SQLite files in"
@@ -95,6 +104,7 @@ def one_case(
     *,
     records: int,
     tasks: dict[str, int],
+    dead_letters: int,
     url: str,
     dsn: str | None,
     work: Path,
@@ -119,7 +129,11 @@ def one_case(
         store = PostgresStore(dsn, schema=schema)
     fill = time.perf_counter() - started
     print(f"\n== {label}: {written:,} records written in {fill:.1f} s", flush=True)
+    started = time.perf_counter()
+    letters = fill_dead_letters(store, dead_letters, list(tasks), now)
+    print(f"  {letters:,} dead letters indexed in {time.perf_counter() - started:.1f} s")
     figures: dict[str, Any] = {"records": written, "fill_s": round(fill, 1)}
+    figures["dead_letters"] = letters
     namespace = f"bench{uuid.uuid4().hex[:8]}"
     delete = declare_topology(url, namespace, list(tasks))
     try:
@@ -158,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "requests": options.requests,
         "depth": options.depth,
         "days": options.days,
+        "dead_letters": options.dead_letters,
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,
         "starlette": version("starlette"),
@@ -181,13 +196,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             "demo",
             records=options.demo_records,
             tasks=DEMO_TASKS,
+            dead_letters=0,
             url=url,
             dsn=dsn,
             work=work,
         )
         if options.records:
             results["big"] = one_case(
-                options, "big", records=options.records, tasks=TASKS, url=url, dsn=dsn, work=work
+                options,
+                "big",
+                records=options.records,
+                tasks=TASKS,
+                dead_letters=options.dead_letters,
+                url=url,
+                dsn=dsn,
+                work=work,
             )
         if options.claims and dsn is None:
             cost = claim_cost(work, 50_000, options.claims)

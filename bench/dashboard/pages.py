@@ -116,6 +116,8 @@ def page_timings(base: str, store: Store, requests: int, depth: int) -> list[Tim
         "/jobs/{ref} (dead)": f"/jobs/{ref}",
         "/api/jobs/{ref}": f"/api/jobs/{ref}",
         "/dead-letters": "/dead-letters",
+        f"/dead-letters?task={task}&reason=schema": f"/dead-letters?task={task}&reason=schema",
+        "/dead-letters?error=refused": "/dead-letters?error=refused",
         "/api/dead-letters": "/api/dead-letters",
         "/schedules": "/schedules",
         "/api/schedules": "/api/schedules",

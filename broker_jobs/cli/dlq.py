@@ -3,7 +3,11 @@
     broker-jobs dlq list    --app MODULE:APP [--task T] [filters] [--json]
     broker-jobs dlq show    --app MODULE:APP JOB_ID_OR_KEY [--json]
     broker-jobs dlq replay  --app MODULE:APP [filters] [--limit N] --store URL [--json]
-    broker-jobs dlq purge   --app MODULE:APP [filters] [--yes]
+    broker-jobs dlq purge   --app MODULE:APP [filters] [--store URL] [--yes]
+    broker-jobs dlq reindex --app MODULE:APP --store URL [--json]
+
+list and show read the ledger's index of dead letters (never the queue, unless
+--from-queue); replay, purge and reindex act on the queues and keep the index in step.
 
 The work is done by :mod:`broker_jobs.ops.dead_letters`; this module parses options
 and prints. Errors are one line, ``error: ...`` on stderr (passwords masked), exit 1.
@@ -11,6 +15,7 @@ and prints. Errors are one line, ``error: ...`` on stderr (passwords masked), ex
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
@@ -19,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -31,6 +36,7 @@ from broker_jobs.cli.output import console, echo_json, fail, json_option
 from broker_jobs.cli.tasks import chosen_tasks, task_options
 from broker_jobs.clock import utc_now
 from broker_jobs.errors import BrokerJobsError
+from broker_jobs.ops.dead_letter_ledger import IndexedDeadLetters
 from broker_jobs.ops.dead_letters import (
     BROKER_DELIVERY_LIMIT,
     DeadLetter,
@@ -50,6 +56,7 @@ from topology.names import (
     Names,
 )
 
+T = TypeVar("T")
 #: A command's function, as click calls it (every option a keyword).
 Command = Callable[..., None]
 #: How --task's help ends.
@@ -85,10 +92,15 @@ class _Queues:
     names: Names
     tasks: tuple[str, ...]
 
-    def open(self, command: str) -> DeadLetterQueues:
-        """Their :class:`DeadLetterQueues`, connecting as ``broker-jobs dlq <command>``."""
+    def open(self, command: str, *, ledger: Store | None = None) -> DeadLetterQueues:
+        """Their :class:`DeadLetterQueues`, connecting as ``broker-jobs dlq <command>``,
+        keeping ``ledger``'s index of dead letters in step."""
         return DeadLetterQueues(
-            self.url, self.names, self.tasks, connection_name=f"broker-jobs dlq {command}"
+            self.url,
+            self.names,
+            self.tasks,
+            connection_name=f"broker-jobs dlq {command}",
+            ledger=ledger,
         )
 
     @property
@@ -166,13 +178,27 @@ def _filter_options(function: Command) -> Command:
     )(decorated)
 
 
-#: list and show read a ledger only when given one: they never need it.
+#: purge keeps the ledger's index in step when it is given one.
 _optional_store_option = click.option(
     "--store",
     "store_url",
     envvar="BROKER_JOBS_STORE",
-    help="The workers' store, to show each job's ledger status ($BROKER_JOBS_STORE)."
-    " Never created: an SQLite file must exist.",
+    help="The workers' store, whose index of dead letters to keep in step"
+    " ($BROKER_JOBS_STORE). Never created: an SQLite file must exist.",
+)
+
+_from_queue_option = click.option(
+    "--from-queue",
+    is_flag=True,
+    help="Read the queues instead of the ledger's index (for workers without a shared"
+    " store): moves every message of them to the back, in order; needs write permission.",
+)
+
+_offset_option = click.option(
+    "--offset",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Skip this many matching dead letters first (pages of --limit).",
 )
 
 
@@ -182,60 +208,119 @@ _optional_store_option = click.option(
 @dlq_group.command("list")
 @_queue_options
 @_filter_options
-@_optional_store_option
+@_offset_option
+@store_option
+@_from_queue_option
 @json_option
 def list_command(
+    *,
     queues: _Queues,
     where: DeadLetterFilter,
     limit: int | None,
-    store_url: str | None,
+    offset: int,
+    store_url: str,
+    from_queue: bool,
     as_json: bool,
 ) -> None:
-    """List dead letters, oldest first; they stay in their queues, in order."""
-    with _errors():
-        with queues.open("list") as dlq:
-            depths = dlq.depths()
-            letters = dlq.list(where, limit=limit)
-        statuses = _ledger_statuses(store_url, letters)
+    """List dead letters, oldest first, from the ledger's index (read-only)."""
+    with _errors(), open_store(store_url, must_exist=True) as store:
+        if from_queue:
+            with queues.open("list") as dlq:
+                total = sum(dlq.depths().values())
+                letters = dlq.list(where, limit=None if limit is None else offset + limit)
+            matching, letters = len(letters), letters[offset:]
+        else:
+            index = IndexedDeadLetters(store, queues.tasks)
+            total = sum(index.counts().values())
+            matching = total if where.is_empty else sum(index.counts(where).values())
+            letters = index.letters(where, limit=limit or matching or 1, offset=offset)
+        statuses = _ledger_statuses(store, letters)
     if as_json:
         echo_json([_with_ledger(letter, statuses) for letter in letters])
         return
     if letters:
         console().print(_table(letters, statuses, several_tasks=len(queues.tasks) > 1))
-    total = sum(depths.values())
-    click.echo(
-        f"{len(letters)} dead letter(s) shown of {total} in {queues.listed}"
-        + ("" if where.is_empty else " (filtered)")
-    )
+    shown = f"{len(letters)} dead letter(s) shown"
+    if offset:
+        shown += f" (from number {offset + 1})"
+    filtered = "" if where.is_empty else f", {matching} matching"
+    source = "in" if from_queue else "indexed for"
+    click.echo(f"{shown} of {total} {source} {queues.listed}{filtered}")
 
 
 @dlq_group.command("show")
 @_queue_options
-@_optional_store_option
+@store_option
+@_from_queue_option
 @json_option
 @click.argument("ref", metavar="JOB_ID_OR_KEY")
-def show_command(queues: _Queues, store_url: str | None, as_json: bool, ref: str) -> None:
+def show_command(
+    queues: _Queues, store_url: str, from_queue: bool, as_json: bool, ref: str
+) -> None:
     """Show one dead letter in full: headers, error, traceback, payload."""
-    with _errors():
-        with queues.open("show") as dlq:
-            found = dlq.find(ref)
+    with _errors(), open_store(store_url, must_exist=True) as store:
+        if from_queue:
+            with queues.open("show") as dlq:
+                found = dlq.find(ref)
+        else:
+            entries = IndexedDeadLetters(store, queues.tasks).find(ref)
+            found = [entry.letter for entry in entries]
         if not found:
             raise BrokerJobsError(
                 f"no dead letter has job id or idempotency key {ref!r} in"
                 f" {queues.listed}: check the id (`broker-jobs dlq list`) and"
                 " the --app, --namespace or --task"
+                + (
+                    ""
+                    if from_queue
+                    else "; one RabbitMQ dead-lettered itself is indexed by"
+                    " `broker-jobs dlq reindex`"
+                )
             )
-        statuses = _ledger_statuses(store_url, found[:1])
+        statuses = _ledger_statuses(store, found[:1])
     letter = found[0]
     if as_json:
         echo_json(_with_ledger(letter, statuses))
     else:
+        if not from_queue and not entries[0].body_kept:
+            click.echo(
+                f"note: its body ({entries[0].body_size} bytes) is too large for the"
+                " ledger; `--from-queue` reads it from the queue",
+                err=True,
+            )
         _echo_letter(letter, statuses)
     if len(found) > 1:
         click.echo(
             f"note: {len(found)} dead letters have this id or key; this is the first in"
             " its queue (`broker-jobs dlq list --json` shows all)",
             err=True,
+        )
+
+
+@dlq_group.command("reindex")
+@_queue_options
+@store_option
+@json_option
+def reindex_command(queues: _Queues, store_url: str, as_json: bool) -> None:
+    """Index in the ledger every dead letter of the queues, and drop what is gone.
+
+    For dead letters that reached a queue without a worker of this version (RabbitMQ's
+    own delivery limit, an older broker-jobs, another tool): one pass over each queue,
+    every message moved to its back in order (needs write permission there).
+    """
+    with (
+        _errors(),
+        open_store(store_url, must_exist=True) as store,
+        queues.open("reindex", ledger=store) as dlq,
+    ):
+        done = _with_progress("reindexing", dlq.reindex, show=not as_json)
+    if as_json:
+        echo_json([{"task": d.task, "indexed": d.indexed, "dropped": d.dropped} for d in done])
+        return
+    for item in done:
+        click.echo(
+            f"{queues.names.dead_letter_queue(item.task)}: {item.indexed} dead letter(s)"
+            f" indexed, {item.dropped} stale entr{'y' if item.dropped == 1 else 'ies'} dropped"
         )
 
 
@@ -252,7 +337,11 @@ def replay_command(
     --store must be the store the workers use: the reset lets the job run again
     (docs/operations.md explains why an interrupted replay is safe to run again).
     """
-    with _errors(), open_store(store_url, must_exist=True) as store, queues.open("replay") as dlq:
+    with (
+        _errors(),
+        open_store(store_url, must_exist=True) as store,
+        queues.open("replay", ledger=store) as dlq,
+    ):
         summary = _replay_with_progress(dlq, store, where, limit, show=not as_json)
     if as_json:
         echo_json(summary.to_json())
@@ -271,8 +360,15 @@ def replay_command(
 @dlq_group.command("purge")
 @_queue_options
 @_filter_options
+@_optional_store_option
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-def purge_command(queues: _Queues, where: DeadLetterFilter, limit: int | None, yes: bool) -> None:
+def purge_command(
+    queues: _Queues,
+    where: DeadLetterFilter,
+    limit: int | None,
+    store_url: str | None,
+    yes: bool,
+) -> None:
     """Delete dead letters for good: those matching the filters, or all of them.
 
     Asks first unless --yes; without a terminal, --yes is required.
@@ -282,7 +378,11 @@ def purge_command(queues: _Queues, where: DeadLetterFilter, limit: int | None, y
         what = "every dead letter" if every else "the matching dead letters"
         if not yes:
             _confirm(f"delete {what} of {queues.listed} for good?")
-        with queues.open("purge") as dlq:
+        with contextlib.ExitStack() as stack:
+            store = None
+            if store_url is not None:
+                store = stack.enter_context(open_store(store_url, must_exist=True))
+            dlq = stack.enter_context(queues.open("purge", ledger=store))
             deleted = dlq.purge(where, limit=limit)
     click.echo(f"purged {deleted} dead letter(s) from {queues.listed}")
 
@@ -311,17 +411,14 @@ def _moment(text: str | None, option: str) -> datetime | None:
     return moment
 
 
-def _ledger_statuses(store_url: str | None, letters: Sequence[DeadLetter]) -> dict[str, str]:
-    """Each letter's ledger status by key, when a store was given (never created)."""
-    if store_url is None:
-        return {}
+def _ledger_statuses(store: Store, letters: Sequence[DeadLetter]) -> dict[str, str]:
+    """Each letter's ledger status by key."""
     statuses = {}
-    with open_store(store_url, must_exist=True) as store:
-        for letter in letters:
-            key = letter.idempotency_key
-            if key is not None and key not in statuses:
-                record = store.get(key)
-                statuses[key] = record.status.value if record else "unknown"
+    for letter in letters:
+        key = letter.idempotency_key
+        if key is not None and key not in statuses:
+            record = store.get(key)
+            statuses[key] = record.status.value if record else "unknown"
     return statuses
 
 
@@ -427,6 +524,21 @@ def _replay_with_progress(
             )
 
         return dlq.replay(store, where, limit=limit, on_progress=advance)
+
+
+def _with_progress(label: str, run: Callable[[Callable[[int, int], None]], T], *, show: bool) -> T:
+    """``run(advance)`` with a progress bar on a terminal's stderr (``advance(done,
+    total)``)."""
+    bar_console = Console(stderr=True)
+    with Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=bar_console,
+        disable=not (show and bar_console.is_terminal),
+    ) as progress:
+        bar = progress.add_task(label, total=None)
+        return run(lambda done, total: progress.update(bar, completed=done, total=total))
 
 
 def _echo_replay(summary: ReplaySummary, queues: _Queues) -> None:

@@ -12,6 +12,7 @@ from broker_jobs.dashboard import chart
 from broker_jobs.dashboard.filters import JobFilter, LetterFilter
 from broker_jobs.dashboard.settings import DashboardSettings
 from broker_jobs.errors import BrokerJobsError
+from broker_jobs.ops.dead_letter_ledger import IndexedDeadLetters
 from broker_jobs.ops.dead_letters import DeadLetter, DeadLetterQueues
 from broker_jobs.ops.documents import iso, record_document, size_too_large_text, too_large_text
 from broker_jobs.ops.status import StatusReport, TaskStatus, collect
@@ -29,8 +30,7 @@ from broker_jobs.urls import mask_text
 from scheduler.status import status_document
 
 CONNECTION_NAME = "broker-jobs dashboard"
-#: How many dead letters the dead-letter view reads (each read is a pass over the
-#: queue that puts every message back at its end: docs/operations.md).
+#: How many dead letters the dead-letter view shows (read from the ledger's index).
 LETTERS_SHOWN = 200
 #: Upcoming fires shown per schedule.
 NEXT_FIRES = 3
@@ -39,8 +39,13 @@ RECENT_JOBS = 20
 
 
 def dead_letter_queues(settings: DashboardSettings, tasks: tuple[str, ...]) -> DeadLetterQueues:
+    """The queues, for the actions (replay, purge): they keep the index in step."""
     return DeadLetterQueues(
-        settings.urls, settings.names, list(tasks), connection_name=CONNECTION_NAME
+        settings.urls,
+        settings.names,
+        list(tasks),
+        connection_name=CONNECTION_NAME,
+        ledger=settings.store,
     )
 
 
@@ -192,9 +197,10 @@ def job_view(settings: DashboardSettings, ref: str) -> JobView | None:
     letter, problem = None, None
     if record.status is Status.DEAD:
         try:
-            with dead_letter_queues(settings, (record.task,)) as dlq:
-                found = dlq.find(record.idempotency_key)
-            letter = found[0] if found else None
+            found = IndexedDeadLetters(settings.store, (record.task,)).find(
+                record.idempotency_key
+            )
+            letter = found[0].letter if found else None
         except BrokerJobsError as error:
             problem = mask_text(str(error))
     events = timeline(record, executions, letter)
@@ -235,11 +241,13 @@ class LettersView:
     groups: list[LetterGroup]
     shown: int
     limit: int
+    matching: int  #: how many the filters take (the first ``limit`` are shown)
 
     def document(self) -> dict[str, Any]:
         return {
             "depths": self.depths,
             "limit": self.limit,
+            "matching": self.matching,
             "groups": [
                 {
                     "task": group.task,
@@ -254,14 +262,15 @@ class LettersView:
 
 def letters_view(settings: DashboardSettings, chosen: LetterFilter) -> LettersView:
     tasks = chosen.tasks(settings.tasks)
-    with dead_letter_queues(settings, tasks) as dlq:
-        depths = dlq.depths()
-        letters = dlq.list(chosen.dead_letter_filter(), limit=LETTERS_SHOWN)
+    index, where = IndexedDeadLetters(settings.store, tasks), chosen.dead_letter_filter()
+    depths = index.counts()
+    matching = sum(depths.values()) if where.is_empty else sum(index.counts(where).values())
+    letters = index.letters(where, limit=LETTERS_SHOWN)
     grouped: dict[tuple[str, str], list[DeadLetter]] = defaultdict(list)
     for letter in letters:
         grouped[letter.task, letter.reason or "unknown"].append(letter)
     groups = [LetterGroup(task, reason, found) for (task, reason), found in sorted(grouped.items())]
-    return LettersView(depths, groups, len(letters), LETTERS_SHOWN)
+    return LettersView(depths, groups, len(letters), LETTERS_SHOWN, matching)
 
 
 def schedules(settings: DashboardSettings) -> dict[str, Any]:

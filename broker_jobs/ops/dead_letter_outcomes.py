@@ -61,6 +61,15 @@ class PurgeProgress:
     deleted: int
 
 
+@dataclass(frozen=True)
+class Reindexed:
+    """What a pass over one task's queue did to the ledger's index of dead letters."""
+
+    task: str
+    indexed: int  #: dead letters the pass kept, indexed (anew or again)
+    dropped: int  #: entries dropped: of letters it took, or that were no longer there
+
+
 @dataclass
 class ReplaySummary:
     """What a replay did."""

@@ -66,6 +66,7 @@ from broker_jobs.errors import (
     UnroutableError,
 )
 from broker_jobs.ops.dead_letter_filter import DeadLetterFilter
+from broker_jobs.ops.dead_letter_ledger import IndexKeeper
 from broker_jobs.ops.dead_letter_message import (
     BROKER_DELIVERY_LIMIT,
     DeadLetter,
@@ -78,6 +79,7 @@ from broker_jobs.ops.dead_letter_message import (
 from broker_jobs.ops.dead_letter_outcomes import (
     LedgerAction,
     PurgeProgress,
+    Reindexed,
     Replayed,
     ReplayProgress,
     ReplaySummary,
@@ -103,6 +105,7 @@ __all__ = [
     "DeadLetterQueues",
     "LedgerAction",
     "PurgeProgress",
+    "Reindexed",
     "ReplayProgress",
     "ReplaySummary",
     "Replayed",
@@ -142,6 +145,7 @@ class DeadLetterQueues:
         connect_timeout: float = CONNECT_TIMEOUT,
         confirm_timeout: float = CONFIRM_TIMEOUT,
         connection_name: str = "broker-jobs dlq",
+        ledger: Store | None = None,
     ) -> None:
         if not tasks:
             raise BrokerJobsError("no task given: name at least one task's dead-letter queue")
@@ -151,6 +155,9 @@ class DeadLetterQueues:
         self._connect_timeout = connect_timeout
         self._confirm_timeout = confirm_timeout
         self._connection_name = connection_name
+        #: The workers' ledger, whose index of dead letters each pass keeps in step
+        #: (a replay's store, if none is given here).
+        self._ledger = ledger
         self._connection: pika.BlockingConnection | None = None
         self._node: BrokerURL | None = None
 
@@ -175,7 +182,7 @@ class DeadLetterQueues:
                 found.append(letter)
             return False
 
-        self._passes(visit)
+        self._passes(visit, self._ledger)
         return found
 
     def find(self, ref: str) -> builtins.list[DeadLetter]:
@@ -208,7 +215,7 @@ class DeadLetterQueues:
                 on_progress(summary.progress(total))
             return taken
 
-        self._passes(visit)
+        self._passes(visit, self._ledger or store)
         return summary
 
     def purge(
@@ -241,8 +248,29 @@ class DeadLetterQueues:
                 on_progress(PurgeProgress(scanned, max(total, scanned), deleted))
             return taken
 
-        self._passes(visit)
+        self._passes(visit, self._ledger)
         return deleted
+
+    def reindex(
+        self, on_progress: Callable[[int, int], None] | None = None
+    ) -> builtins.list[Reindexed]:
+        """Index every dead letter of the queues in the ledger given as ``ledger``,
+        and drop the entries of those no longer there: one pass over each queue
+        (every message moved to its back, in order). ``on_progress``: (looked at,
+        total) after each message."""
+        if self._ledger is None:
+            raise BrokerJobsError("reindex needs the ledger: give DeadLetterQueues a ledger")
+        total = sum(self.depths().values()) if on_progress is not None else 0
+        scanned = 0
+
+        def visit(_letter: DeadLetter, _link: PikaLink) -> bool:
+            nonlocal scanned
+            scanned += 1
+            if on_progress is not None:
+                on_progress(scanned, max(total, scanned))
+            return False
+
+        return self._passes(visit, self._ledger)
 
     def close(self) -> None:
         connection, self._connection = self._connection, None
@@ -294,15 +322,28 @@ class DeadLetterQueues:
         with self._channel() as channel:
             return depth_of(channel, self.names.dead_letter_queue(task))
 
-    def _passes(self, visit: Visit) -> None:
-        """One pass over each task's dead-letter queue (see :meth:`_pass`)."""
+    def _passes(self, visit: Visit, ledger: Store | None) -> builtins.list[Reindexed]:
+        """One pass over each task's dead-letter queue (see :meth:`_pass`), keeping
+        ``ledger``'s index in step (:class:`IndexKeeper`); what each did to it."""
+        done: builtins.list[Reindexed] = []
         with translated():
             link = self._publishing_link()
             try:
                 for task in self.tasks:
-                    self._pass(task, link, visit)
+                    keeper = self._keeper(task, ledger)
+                    self._pass(task, link, visit if keeper is None else _kept(visit, keeper))
+                    if keeper is not None:
+                        keeper.finish()  # only after a complete pass
+                        done.append(Reindexed(task, keeper.indexed, keeper.dropped))
             finally:
                 link.close()
+        return done
+
+    @staticmethod
+    def _keeper(task: str, ledger: Store | None) -> IndexKeeper | None:
+        if ledger is None or not ledger.indexes_dead_letters:
+            return None
+        return IndexKeeper.start(ledger, task)
 
     def _pass(self, task: str, link: PikaLink, visit: Visit) -> None:
         """One pass over ``task``'s dead-letter queue (:func:`one_pass`)."""
@@ -316,9 +357,14 @@ class DeadLetterQueues:
         )
 
     def _purge_queue(self, task: str) -> int:
+        """Empty ``task``'s queue, and the index of what it held (what is indexed after
+        the mark taken before the purge came after it, and stays)."""
+        keeper = self._keeper(task, self._ledger)
         with self._channel() as channel:
             purged = channel.queue_purge(self.names.dead_letter_queue(task)).method.message_count
-            return purged or 0
+        if keeper is not None:
+            keeper.finish()
+        return purged or 0
 
     def _replay_one(
         self, link: PikaLink, letter: DeadLetter, store: Store, summary: ReplaySummary
@@ -361,6 +407,17 @@ class DeadLetterQueues:
             raise UnroutableError(
                 job.task, self.names.work_exchange, self.names.task_queue(job.task)
             )
+
+
+def _kept(visit: Visit, keeper: IndexKeeper) -> Visit:
+    """``visit``, telling ``keeper`` what it decided."""
+
+    def visit_and_keep(letter: DeadLetter, link: PikaLink) -> bool:
+        taken = visit(letter, link)
+        keeper.saw(letter, taken=taken)
+        return taken
+
+    return visit_and_keep
 
 
 def _reached(count: int, limit: int | None) -> bool:

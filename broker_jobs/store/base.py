@@ -23,7 +23,9 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self, Unpack
 
+from broker_jobs.dead_letter import DeadLetter, DeadLetterFilter
 from broker_jobs.envelope import Job
+from broker_jobs.store.dead_letter_index import IndexedDeadLetter, IndexRow
 from broker_jobs.store.errors import LeaseLostError, StoreError
 from broker_jobs.store.ledger import Filtering, Filters
 from broker_jobs.store.records import (
@@ -293,17 +295,28 @@ class Store(ABC):
         task: str | None = None,
         now: datetime | None = None,
         payload: Mapping[str, Any] | None = None,
+        letter: DeadLetter | None = None,
     ) -> None:
         """-> DEAD (dead-lettered). See :func:`~broker_jobs.store.rules.dead_record` for
         the rules, including poison messages that never got a claim (the record is
-        created). ``payload``: kept with the record it writes, if the key has none yet."""
+        created). ``payload``: kept with the record it writes, if the key has none yet.
+        ``letter``: the dead letter made of it, indexed in the same step
+        (:mod:`~broker_jobs.store.dead_letter_index`)."""
 
         def rule(record: JobRecord | None, moment: datetime) -> JobRecord | None:
             return dead_record(
                 record, key, worker, error, job=job, job_id=job_id, task=task, now=moment
             )
 
-        self._rewrite(key, rule, now, f"mark job key {key!r} dead", payload_text(payload))
+        indexed = letter is not None and self.indexes_dead_letters
+        self._rewrite(
+            key,
+            rule,
+            now,
+            f"mark job key {key!r} dead",
+            payload_text(payload),
+            letter=IndexRow.of(letter) if letter is not None and indexed else None,
+        )
 
     @abstractmethod
     def _rewrite(
@@ -313,11 +326,14 @@ class Store(ABC):
         now: datetime | None,
         action: str,
         payload: PayloadText | None = None,
+        *,
+        letter: IndexRow | None = None,
     ) -> JobRecord | None:
         """Apply ``rule`` to ``key``'s record at ``now`` (else the store's time) as one
         atomic step: write what it returns (creating the record if there was none) and
-        keep ``payload`` with it if the key has none; return it. ``action``: what a
-        :class:`StoreError` says could not be done."""
+        keep ``payload`` with it if the key has none; return it. ``letter``: a dead
+        letter to index in the same step (whatever the rule returns). ``action``: what
+        a :class:`StoreError` says could not be done."""
 
     @abstractmethod
     def release(self, key: str, worker: str, *, now: datetime | None = None) -> None:
@@ -504,6 +520,57 @@ class Store(ABC):
         """Delete SUCCEEDED, FAILED, DEAD and CANCELLED records (:data:`TERMINAL`)
         updated before ``older_than``, with their executions and kept payloads; never
         waiting, RUNNING or RETRYING ones. Returns how many records were deleted."""
+
+    # --- the index of dead letters (broker_jobs.store.dead_letter_index) ---------------
+
+    #: Whether this store keeps the index (a PostgreSQL role that may not write its
+    #: table does not: dead letters are then read from their queues).
+    indexes_dead_letters: bool = True
+
+    def index_dead_letters(
+        self, letters: Sequence[DeadLetter], *, pass_id: str | None = None
+    ) -> None:
+        """Index ``letters`` (an entry already there is rewritten and keeps its place),
+        seen by the pass ``pass_id`` (None: not by a pass). One transaction."""
+        if self.indexes_dead_letters and letters:
+            self._index([IndexRow.of(letter) for letter in letters], pass_id)
+
+    @abstractmethod
+    def _index(self, rows: Sequence[IndexRow], pass_id: str | None) -> None:
+        """Insert or rewrite ``rows`` (by task and letter id), stamped ``pass_id``."""
+
+    @abstractmethod
+    def dead_letters(
+        self,
+        tasks: Sequence[str],
+        where: DeadLetterFilter | None = None,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[IndexedDeadLetter]:
+        """The indexed dead letters of ``tasks`` that ``where`` takes, in the order
+        they were first indexed (their queues' order), ``offset`` of them skipped."""
+
+    @abstractmethod
+    def dead_letter_counts(
+        self, tasks: Sequence[str], where: DeadLetterFilter | None = None
+    ) -> dict[str, int]:
+        """How many indexed dead letters of each of ``tasks`` (0s included) ``where``
+        takes."""
+
+    @abstractmethod
+    def unindex_dead_letters(self, task: str, letter_ids: Sequence[str]) -> int:
+        """Drop the entries of ``task`` with these letter ids; how many were there."""
+
+    @abstractmethod
+    def dead_letter_mark(self, task: str) -> int:
+        """The place of ``task``'s newest entry (0 without one): a pass takes it
+        before it starts, and sweeps up to it when it ends."""
+
+    @abstractmethod
+    def sweep_dead_letters(self, task: str, *, up_to: int, pass_id: str) -> int:
+        """Drop ``task``'s entries placed up to ``up_to`` that the pass ``pass_id``
+        did not see (their dead letters left the queue); how many."""
 
     # --- beat records: two small facts the beat keeps beside the ledger -----------------
 

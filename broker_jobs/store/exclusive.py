@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from broker_jobs.envelope import Job
 from broker_jobs.store.base import Rule, Store
+from broker_jobs.store.dead_letter_index import IndexRow
 from broker_jobs.store.errors import LeaseLostError
 from broker_jobs.store.records import (
     SUCCESS,
@@ -47,6 +48,9 @@ class Records(Protocol):
 
     def keep_output(self, key: str, output: Output, now: datetime) -> None:
         """Keep a success's ``output`` for ``key``, replacing any kept before."""
+
+    def index_letters(self, rows: Sequence[IndexRow], pass_id: str | None, now: datetime) -> None:
+        """Insert or rewrite the dead letters' entries (:meth:`Store._index`)."""
 
 
 class ExclusiveStore(Store):
@@ -123,6 +127,8 @@ class ExclusiveStore(Store):
         now: datetime | None,
         action: str,
         payload: PayloadText | None = None,
+        *,
+        letter: IndexRow | None = None,
     ) -> JobRecord | None:
         moment = utc(now)
         with self._exclusive(action) as records:
@@ -130,7 +136,13 @@ class ExclusiveStore(Store):
             if new is not None:
                 records.save(new)
                 _keep(records, key, payload, moment)
+            if letter is not None:
+                records.index_letters([letter], None, moment)
             return new
+
+    def _index(self, rows: Sequence[IndexRow], pass_id: str | None) -> None:
+        with self._exclusive("index dead letters") as records:
+            records.index_letters(rows, pass_id, utc(None))
 
     def release(self, key: str, worker: str, *, now: datetime | None = None) -> None:
         moment = utc(now)

@@ -12,7 +12,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from broker_jobs.dead_letter import DeadLetterFilter
 from broker_jobs.envelope import Job
+from broker_jobs.store.dead_letter_index import IndexedDeadLetter, IndexRow, read_entry
 from broker_jobs.store.errors import StoreError
 from broker_jobs.store.exclusive import ExclusiveStore, Records
 from broker_jobs.store.ledger import (
@@ -55,6 +57,7 @@ class _DictRecords:
         self._executions = store._executions
         self._payloads = store._payloads
         self._outputs = store._outputs
+        self._letters = store._letters
         self._finished = store._finished
         self._max_finished = store.max_finished
 
@@ -87,6 +90,69 @@ class _DictRecords:
 
     def keep_output(self, key: str, output: Output, now: datetime) -> None:
         self._outputs[key] = _KeptOutputText.of(output, now)
+
+    def index_letters(self, rows: Sequence[IndexRow], pass_id: str | None, now: datetime) -> None:
+        self._letters.index(rows, pass_id, now)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    seq: int
+    row: IndexRow
+    pass_id: str | None
+    indexed_at: datetime
+
+    def read(self) -> IndexedDeadLetter:
+        row = self.row
+        return read_entry(row.document, row.body, row.body_size, self.seq, self.indexed_at)
+
+
+class _LetterIndex:
+    """The index of dead letters in a dict, in the order of first indexing; at most
+    ``limit`` entries (the oldest go first, as the memory store's finished jobs do)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self._seq = 0
+
+    def index(self, rows: Sequence[IndexRow], pass_id: str | None, now: datetime) -> None:
+        for row in rows:
+            key = (row.task, row.letter_id)
+            found = self._entries.get(key)
+            if found is None:
+                self._seq += 1
+            seq = self._seq if found is None else found.seq
+            self._entries[key] = _Entry(seq, row, pass_id, now)
+        while len(self._entries) > self._limit:
+            self._entries.popitem(last=False)
+
+    def matching(self, tasks: Sequence[str], where: DeadLetterFilter | None) -> list[_Entry]:
+        where, chosen = where or DeadLetterFilter(), set(tasks)
+        return [
+            entry
+            for (task, _), entry in self._entries.items()
+            if task in chosen and where.matches(entry.read().letter)
+        ]
+
+    def drop(self, task: str, letter_ids: Sequence[str]) -> int:
+        return sum(self._entries.pop((task, i), None) is not None for i in set(letter_ids))
+
+    def mark(self, task: str) -> int:
+        return max((e.seq for (t, _), e in self._entries.items() if t == task), default=0)
+
+    def sweep(self, task: str, up_to: int, pass_id: str) -> int:
+        doomed = [
+            key
+            for key, e in self._entries.items()
+            if key[0] == task and e.seq <= up_to and e.pass_id != pass_id
+        ]
+        for key in doomed:
+            del self._entries[key]
+        return len(doomed)
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
 @dataclass(frozen=True)
@@ -132,6 +198,7 @@ class MemoryStore(ExclusiveStore):
         #: the one it was given back) cannot change what is kept.
         self._payloads: dict[str, tuple[PayloadText, datetime]] = {}
         self._outputs: dict[str, _KeptOutputText] = {}
+        self._letters = _LetterIndex(max_finished)
         self._fires: dict[str, datetime] = {}
         self._leaders: dict[str, LeaderRecord] = {}
         self._closed = False
@@ -252,6 +319,41 @@ class MemoryStore(ExclusiveStore):
                 self._finished.pop(key, None)
             return len(doomed)
 
+    # --- the index of dead letters ---------------------------------------------------
+
+    def dead_letters(
+        self,
+        tasks: Sequence[str],
+        where: DeadLetterFilter | None = None,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[IndexedDeadLetter]:
+        with self._open():
+            found = self._letters.matching(tasks, where)
+        return [entry.read() for entry in found[offset : offset + limit]]
+
+    def dead_letter_counts(
+        self, tasks: Sequence[str], where: DeadLetterFilter | None = None
+    ) -> dict[str, int]:
+        counts = dict.fromkeys(tasks, 0)
+        with self._open():
+            for entry in self._letters.matching(tasks, where):
+                counts[entry.row.task] += 1
+        return counts
+
+    def unindex_dead_letters(self, task: str, letter_ids: Sequence[str]) -> int:
+        with self._open():
+            return self._letters.drop(task, letter_ids)
+
+    def dead_letter_mark(self, task: str) -> int:
+        with self._open():
+            return self._letters.mark(task)
+
+    def sweep_dead_letters(self, task: str, *, up_to: int, pass_id: str) -> int:
+        with self._open():
+            return self._letters.sweep(task, up_to, pass_id)
+
     # --- beat records -------------------------------------------------------------
 
     def record_fire(self, schedule: str, fire_at: datetime) -> None:
@@ -294,6 +396,7 @@ class MemoryStore(ExclusiveStore):
             self._executions.clear()
             self._payloads.clear()
             self._outputs.clear()
+            self._letters.clear()
             self._finished.clear()
             self._fires.clear()
             self._leaders.clear()

@@ -18,10 +18,15 @@ record in one transaction: exactly-once effects for writes into the same databas
 psycopg is optional (``pip install 'broker-jobs[postgres]'``); this module imports
 without it and the store says what to install.
 
-Why some 630 lines: each method of :class:`~broker_jobs.store.base.Store` is a few
+The ledger's index of dead letters is one more table: an entry is written in the
+transaction of the record that makes its job dead; a role that may not write the
+table keeps none (:attr:`~broker_jobs.store.base.Store.indexes_dead_letters` is False).
+
+Why some 670 lines: each method of :class:`~broker_jobs.store.base.Store` is a few
 lines around one statement, and they stay together so that one reads how this store
-meets the contract; the SQL lives in ``postgres_queries``, the schema and its
-migrations in ``postgres_schema``, the connection pool in ``postgres_pool``.
+meets the contract; the SQL lives in ``postgres_queries``, the schema, its migrations
+and the advice on a missing table or grant in ``postgres_schema``, the connection
+pool in ``postgres_pool``.
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
+from broker_jobs.dead_letter import DeadLetterFilter
 from broker_jobs.envelope import Job
 from broker_jobs.store.base import Rule, Store
+from broker_jobs.store.dead_letter_index import IndexedDeadLetter, IndexRow, read_entry, where_sql
 from broker_jobs.store.errors import LeaseLostError, StoreError
 from broker_jobs.store.ledger import (
     Buckets,
@@ -48,11 +55,13 @@ from broker_jobs.store.postgres_pool import Pool
 from broker_jobs.store.postgres_queries import (
     COLUMNS,
     DIALECT,
+    LETTER_DIALECT,
     Queries,
     as_is,
     aware,
     claim_params,
     finish_params,
+    letter_params,
     maybe_aware,
     one_row,
     opt_utc,
@@ -62,7 +71,7 @@ from broker_jobs.store.postgres_queries import (
     read_record,
     record_params,
 )
-from broker_jobs.store.postgres_schema import SCHEMA_VERSION, STATUS_CHECK, Schema
+from broker_jobs.store.postgres_schema import SCHEMA_VERSION, Schema
 from broker_jobs.store.records import (
     SUCCESS,
     TERMINAL,
@@ -91,7 +100,6 @@ from broker_jobs.store.values import check_lease, leader_schedules_text, mask_ds
 
 try:
     import psycopg
-    from psycopg import errors as pg_errors
     from psycopg import sql
     from psycopg.conninfo import conninfo_to_dict
 except ImportError as _error:  # pragma: no cover - exercised by a test that hides psycopg
@@ -172,6 +180,7 @@ class PostgresStore(Store):
         self._q = Queries(schema)
         self._layout = Schema(self._q, schema, self, f"PostgreSQL store {self.masked_dsn}")
         self._keeps_payloads = False  # until _migrate finds the table writable
+        self.indexes_dead_letters = False  # likewise
         self._pool = Pool(self._connect, max_connections, pool_wait, self)
         try:
             self._migrate()
@@ -211,60 +220,10 @@ class PostgresStore(Store):
     def _raise(self, action: str, error: psycopg.Error) -> NoReturn:
         text = mask_dsn(str(error).strip())
         where = f"PostgreSQL store {self.masked_dsn}"
-        advice = self._advice(error, text)
+        advice = self._layout.advice(error, text)
         if advice is None:
             raise StoreError(f"{where}: cannot {action}: {type(error).__name__}: {text}") from None
         raise StoreError(f"{where}: cannot {action}: {text}. {advice}") from None
-
-    def _advice(self, error: psycopg.Error, text: str) -> str | None:
-        """What to do about ``error`` (its message ``text``), the first case that fits;
-        None when the store knows nothing better than its message."""
-        denied = isinstance(error, pg_errors.InsufficientPrivilege)
-        missing = isinstance(error, pg_errors.UndefinedTable)
-        beat, history = "broker_jobs_beat_" in text, "broker_jobs_executions" in text
-        records, executions = self._q.records.as_string(), self._q.executions.as_string()
-        beat_tables = f"{self._q.fires.as_string()} and {self._q.leaders.as_string()}"
-        cases = (
-            (
-                denied and beat,
-                f"Grant the beat's user SELECT, INSERT and UPDATE on {beat_tables}, see"
-                " docs/store.md",
-            ),
-            (
-                missing and history,
-                "The executions table is missing (the database is from schema version 1 and"
-                " this role may not create tables): open the store once as a role with CREATE"
-                f" on the schema, then grant this one SELECT on {executions}, see docs/store.md",
-            ),
-            (
-                denied and history,
-                f"Grant this user SELECT on {executions} to read job history, see docs/store.md",
-            ),
-            (
-                denied,
-                f"Grant this user SELECT, INSERT, UPDATE and DELETE on {records} (and CREATE on"
-                " the schema for the first start), see docs/store.md",
-            ),
-            (
-                missing and beat,
-                "The beat's tables are missing (the database predates them and this role may"
-                " not create tables): open the store once as a role with CREATE on the schema,"
-                f" then grant this one SELECT, INSERT and UPDATE on {beat_tables}, see"
-                " docs/store.md",
-            ),
-            (
-                isinstance(error, pg_errors.CheckViolation) and STATUS_CHECK in text,
-                "The database is from schema version 2, which knows no queued, scheduled or"
-                f" cancelled job: open the store once as the owner of {records} to migrate it,"
-                " see docs/store.md",
-            ),
-            (
-                isinstance(error, psycopg.OperationalError),
-                "Check that the database is up and reachable from this host and that the DSN"
-                " is right",
-            ),
-        )
-        return next((advice for applies, advice in cases if applies), None)
 
     def _run(self, action: str, statement: sql.Composed, params: Any = None) -> list[Any]:
         """One statement on a connection of the pool; the rows it returns (none: [])."""
@@ -280,6 +239,7 @@ class PostgresStore(Store):
     def _migrate(self) -> None:
         with self._pool.connection() as conn, self._translate("create the tables"):
             self._keeps_payloads = self._layout.open(conn)
+        self.indexes_dead_letters = self._layout.keeps_dead_letters
 
     # --- claims and state changes ---------------------------------------------------
 
@@ -476,19 +436,23 @@ class PostgresStore(Store):
         now: datetime | None,
         action: str,
         payload: PayloadText | None = None,
+        *,
+        letter: IndexRow | None = None,
     ) -> JobRecord | None:
         stored = self._kept(payload)
+        indexed = letter if self.indexes_dead_letters else None
         for _ in range(_CLAIM_ROUNDS):
             with self._locked(key, now, action) as (conn, record, moment):
                 new = rule(record, moment)
-                if new is None:
-                    return None
-                if record is not None:
-                    conn.execute(self._q.overwrite, record_params(new))
-                elif conn.execute(self._q.insert_missing, record_params(new)).rowcount != 1:
-                    continue  # another call created the record meanwhile: decide again
-                if stored is not None:  # in the record's transaction
-                    conn.execute(self._q.keep_payload, payload_params(key, stored, moment))
+                if new is not None:
+                    if record is not None:
+                        conn.execute(self._q.overwrite, record_params(new))
+                    elif conn.execute(self._q.insert_missing, record_params(new)).rowcount != 1:
+                        continue  # another call created the record meanwhile: decide again
+                    if stored is not None:  # in the record's transaction
+                        conn.execute(self._q.keep_payload, payload_params(key, stored, moment))
+                if indexed is not None:  # likewise, whatever the rule decided
+                    conn.execute(self._q.letters.index, letter_params(indexed, None, moment))
                 return new
         raise StoreError(f"PostgreSQL store {self.masked_dsn}: job key {key!r} kept changing")
 
@@ -612,6 +576,63 @@ class PostgresStore(Store):
             return None
         row = self._run_one("read a payload", self._q.kept_payload, {"key": key})
         return kept_payload_of(row, maybe_aware)
+
+    # --- the index of dead letters (none kept by a role that may not write it) ---------
+
+    def _index(self, rows: Sequence[IndexRow], pass_id: str | None) -> None:
+        params = [letter_params(row, pass_id, None) for row in rows]
+        with (
+            self._pool.connection() as conn,
+            self._translate(f"index {len(rows)} dead letters"),
+            conn.transaction(),
+        ):
+            conn.cursor().executemany(self._q.letters.index, params)  # pipelined
+
+    def dead_letters(
+        self,
+        tasks: Sequence[str],
+        where: DeadLetterFilter | None = None,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[IndexedDeadLetter]:
+        if not self.indexes_dead_letters:
+            return []
+        condition, params = where_sql(LETTER_DIALECT, tasks, where)
+        more = {"limit": limit, "offset": offset}
+        rows = self._run("read dead letters", self._q.letters.page(condition), {**params, **more})
+        return [read_entry(doc, body, size, seq, aware(at)) for doc, body, size, seq, at in rows]
+
+    def dead_letter_counts(
+        self, tasks: Sequence[str], where: DeadLetterFilter | None = None
+    ) -> dict[str, int]:
+        counts = dict.fromkeys(tasks, 0)
+        if self.indexes_dead_letters:
+            condition, params = where_sql(LETTER_DIALECT, tasks, where)
+            rows = self._run("count dead letters", self._q.letters.counts(condition), params)
+            counts.update((task, int(count)) for task, count in rows)
+        return counts
+
+    def unindex_dead_letters(self, task: str, letter_ids: Sequence[str]) -> int:
+        params = {"task": task, "ids": list(letter_ids)}
+        return self._change("drop dead letters", self._q.letters.unindex, params)
+
+    def dead_letter_mark(self, task: str) -> int:
+        if not self.indexes_dead_letters:
+            return 0
+        row = self._run_one("read the dead letters' mark", self._q.letters.mark, {"task": task})
+        return int(row[0])
+
+    def sweep_dead_letters(self, task: str, *, up_to: int, pass_id: str) -> int:
+        params = {"task": task, "up_to": up_to, "pass_id": pass_id}
+        return self._change("sweep dead letters", self._q.letters.sweep, params)
+
+    def _change(self, action: str, statement: sql.Composed, params: dict[str, Any]) -> int:
+        """How many entries of the index one statement changed (0: it keeps none)."""
+        if not self.indexes_dead_letters:
+            return 0
+        with self._pool.connection() as conn, self._translate(action):
+            return conn.execute(statement, params).rowcount
 
     # --- beat records -------------------------------------------------------------
 

@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from broker_jobs.envelope import Job
+from broker_jobs.store.dead_letter_index import Dialect as LetterDialect
+from broker_jobs.store.dead_letter_index import IndexRow
 from broker_jobs.store.ledger import BUCKETS_SQL, COUNTS_SQL, FINISHED_COUNTS_SQL, Dialect
 from broker_jobs.store.records import Finish, JobRecord, Output, PayloadText
 from broker_jobs.store.rows import record_of
@@ -71,6 +73,7 @@ class Queries:
         self.executions = name("broker_jobs_executions")
         self.payloads = name("broker_jobs_payloads")
         self.outputs = name("broker_jobs_outputs")
+        self.letters = LetterQueries(name("broker_jobs_dead_letters"))
         self.schema = sql.Identifier(schema) if schema else None
         cols = sql.SQL(", ").join(map(sql.Identifier, COLUMNS))
         self.cols = cols
@@ -285,6 +288,53 @@ class Queries:
         return sql.SQL(text).format(records=self.records, executions=self.executions)
 
 
+class LetterQueries:
+    """The statements of the index of dead letters
+    (:mod:`broker_jobs.store.dead_letter_index`), for its ``table``."""
+
+    def __init__(self, table: sql.Identifier) -> None:
+        self.table = table
+        # A second copy of an entry rewrites it in its place (seq stays), seen anew.
+        self.index = self._q(
+            "INSERT INTO {letters} (task, letter_id, job_id, idempotency_key, reason, error,"
+            " dead_at, document, body, body_size, pass_id, indexed_at) VALUES (%(task)s,"
+            " %(letter_id)s, %(job_id)s, %(idempotency_key)s, %(reason)s, %(error)s,"
+            " %(dead_at)s, %(document)s, %(body)s, %(body_size)s, %(pass_id)s, " + NOW + ")"
+            " ON CONFLICT (task, letter_id) DO UPDATE SET job_id = excluded.job_id,"
+            " idempotency_key = excluded.idempotency_key, reason = excluded.reason,"
+            " error = excluded.error, dead_at = excluded.dead_at, document = excluded.document,"
+            " body = excluded.body, body_size = excluded.body_size, pass_id = excluded.pass_id,"
+            " indexed_at = excluded.indexed_at"
+        )
+        self.unindex = self._q(
+            "DELETE FROM {letters} WHERE task = %(task)s AND letter_id = ANY(%(ids)s)"
+        )
+        self.mark = self._q("SELECT coalesce(max(seq), 0) FROM {letters} WHERE task = %(task)s")
+        self.sweep = self._q(
+            "DELETE FROM {letters} WHERE task = %(task)s AND seq <= %(up_to)s"
+            " AND pass_id IS DISTINCT FROM %(pass_id)s"
+        )
+
+    def page(self, where: str) -> sql.Composed:
+        """The entries ``where`` takes (the condition of
+        :func:`~broker_jobs.store.dead_letter_index.where_sql`), a page in their order."""
+        # The page's places first (the skipped rows' wide columns are never read:
+        # at offset 99,950 of 100,000, 366 ms -> 112 ms), then its rows.
+        return self._q(
+            "SELECT document, body, body_size, seq, indexed_at FROM {letters} WHERE seq IN"
+            " (SELECT seq FROM {letters} WHERE "
+            + where
+            + " ORDER BY seq LIMIT %(limit)s OFFSET %(offset)s) ORDER BY seq"
+        )
+
+    def counts(self, where: str) -> sql.Composed:
+        """How many entries of each task ``where`` takes."""
+        return self._q("SELECT task, count(*) FROM {letters} WHERE " + where + " GROUP BY task")
+
+    def _q(self, template: str) -> sql.Composed:
+        return sql.SQL(template).format(letters=self.table)
+
+
 def as_is(moment: datetime) -> datetime:
     return moment
 
@@ -294,6 +344,15 @@ DIALECT = Dialect(
     key='idempotency_key COLLATE "C"',  # by code point, as the order of find
     starts_with="starts_with(idempotency_key, {prefix})",
     time=as_is,
+)
+
+
+#: The index of dead letters' filter (a time is passed as it is).
+LETTER_DIALECT = LetterDialect(
+    placeholder=lambda name: f"%({name})s",
+    substring="strpos",
+    moment=as_is,
+    table="{letters}",  # LetterQueries fills in the table of the store's schema
 )
 
 
@@ -355,6 +414,11 @@ def claim_params(job: Job, worker: str, lease: float, now: datetime | None) -> d
         "lease": lease,
         "now": opt_utc(now),
     }
+
+
+def letter_params(row: IndexRow, pass_id: str | None, now: datetime | None) -> dict[str, Any]:
+    """The parameters of :attr:`Queries.index_letter` (``now``: None, the server's time)."""
+    return {**row.params(), "pass_id": pass_id, "now": opt_utc(now)}
 
 
 def output_params(output: Output) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""The PostgreSQL store's tables, functions and triggers, and how a database of an
+"""The PostgreSQL store's tables, functions and triggers, how a database of an
 older layout is brought to this code's when a store opens it (one of a newer layout
-is refused rather than misread).
+is refused rather than misread), and what a store's error advises when a table is
+missing or a grant lacking.
 
 Workers of several versions share one database during an upgrade, often under roles
 that may not change the tables, so every step is guarded: it runs under an advisory
@@ -8,7 +9,8 @@ lock (workers starting together do not race), re-reads the version there (anothe
 store may have migrated meanwhile), and a role without the privilege still opens the
 store, which says in the log what goes missing until the tables' owner opens it
 once. Additions that older code can live with (the beat's tables, the dashboard's
-indexes) have no version: they are made when missing.
+indexes, the outputs, the index of dead letters) have no version: they are made when
+missing.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ class Schema:
         self.keeps_outputs = False
         #: Whether the beat leaders' table has the schedules column (set by :meth:`open`).
         self.keeps_leader_schedules = False
+        #: Whether this store keeps the index of dead letters (set by :meth:`open`).
+        self.keeps_dead_letters = False
         self._store = store
         self._where = where
 
@@ -119,6 +123,12 @@ class Schema:
         self.keeps_outputs = _exist(conn, self.q.outputs) and self._may_write(
             conn, self.q.outputs, "results and follow-ups are not kept"
         )
+        letters = self.q.letters.table
+        if not _exist(conn, letters):
+            self._add(conn, self.create_dead_letters())  # without a version: older code ignores it
+        self.keeps_dead_letters = _exist(conn, letters) and self._may_write(
+            conn, letters, "dead letters are not indexed (they are read from their queues)"
+        )
         if not _exist(conn, self.q.fires, self.q.leaders):
             # A role without CREATE on the schema still opens the store (a worker needs
             # no beat tables); the beat's calls then say what to do.
@@ -137,6 +147,57 @@ class Schema:
                 self._store,
             )
         return keeps_payloads
+
+    def advice(self, error: psycopg.Error, text: str) -> str | None:
+        """What to do about ``error`` (its message ``text``, the DSN masked), the
+        first case that fits: most are about these tables (one missing, a grant
+        lacking); None when the store knows nothing better than its message."""
+        denied = isinstance(error, pg_errors.InsufficientPrivilege)
+        missing = isinstance(error, pg_errors.UndefinedTable)
+        beat, history = "broker_jobs_beat_" in text, "broker_jobs_executions" in text
+        records, executions = self.q.records.as_string(), self.q.executions.as_string()
+        beat_tables = f"{self.q.fires.as_string()} and {self.q.leaders.as_string()}"
+        cases = (
+            (
+                denied and beat,
+                f"Grant the beat's user SELECT, INSERT and UPDATE on {beat_tables}, see"
+                " docs/store.md",
+            ),
+            (
+                missing and history,
+                "The executions table is missing (the database is from schema version 1 and"
+                " this role may not create tables): open the store once as a role with CREATE"
+                f" on the schema, then grant this one SELECT on {executions}, see docs/store.md",
+            ),
+            (
+                denied and history,
+                f"Grant this user SELECT on {executions} to read job history, see docs/store.md",
+            ),
+            (
+                denied,
+                f"Grant this user SELECT, INSERT, UPDATE and DELETE on {records} (and CREATE on"
+                " the schema for the first start), see docs/store.md",
+            ),
+            (
+                missing and beat,
+                "The beat's tables are missing (the database predates them and this role may"
+                " not create tables): open the store once as a role with CREATE on the schema,"
+                f" then grant this one SELECT, INSERT and UPDATE on {beat_tables}, see"
+                " docs/store.md",
+            ),
+            (
+                isinstance(error, pg_errors.CheckViolation) and STATUS_CHECK in text,
+                "The database is from schema version 2, which knows no queued, scheduled or"
+                f" cancelled job: open the store once as the owner of {records} to migrate it,"
+                " see docs/store.md",
+            ),
+            (
+                isinstance(error, psycopg.OperationalError),
+                "Check that the database is up and reachable from this host and that the DSN"
+                " is right",
+            ),
+        )
+        return next((advice for applies, advice in cases if applies), None)
 
     @contextmanager
     def _locked(self, conn: Connection) -> Iterator[None]:
@@ -323,6 +384,43 @@ class Schema:
             " sent_at timestamptz,"
             " kept_at timestamptz NOT NULL)"
         ).format(outputs=self.q.outputs)
+
+    def create_dead_letters(self) -> list[sql.Composed]:
+        """The ledger's index of dead letters (:mod:`broker_jobs.store.dead_letter_index`):
+        one row per dead letter of a task's queue, keyed by (task, letter_id); ``seq``
+        (an identity: never reused, and no grant on a sequence needed) is its place,
+        the order listings read it in, and a pass's mark. Added without a version
+        whenever a store opens the database: older code ignores it (its workers index
+        nothing, which the next pass over the queue mends). By (task, seq): a task's
+        page and its count; by job id and by key: a dead job's page finds its letter."""
+
+        def index(name: str, columns: str) -> sql.Composed:
+            template = "CREATE INDEX IF NOT EXISTS {name} ON {letters} (" + columns + ")"
+            return sql.SQL(template).format(name=sql.Identifier(name), letters=letters)
+
+        letters = self.q.letters.table
+        return [
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {letters} ("
+                " seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+                " task text NOT NULL,"
+                " letter_id text NOT NULL,"
+                " job_id text,"
+                " idempotency_key text,"
+                " reason text,"
+                " error text,"
+                " dead_at timestamptz,"
+                " document text NOT NULL,"
+                " body text,"
+                " body_size integer NOT NULL,"
+                " pass_id text,"
+                " indexed_at timestamptz NOT NULL,"
+                " UNIQUE (task, letter_id))"
+            ).format(letters=letters),
+            index("broker_jobs_dead_letters_task", "task, seq"),
+            index("broker_jobs_dead_letters_job_id", "job_id"),
+            index("broker_jobs_dead_letters_key", "idempotency_key"),
+        ]
 
     def status_check(self) -> sql.Composed:
         """Version 2 -> 3: the CHECK of the records' status, with every status."""

@@ -19,10 +19,14 @@ races SQLITE_BUSY at once, without its busy timeout), for up to the busy timeout
 The file must live on a local file system (WAL needs shared memory between the
 processes; network file systems break SQLite's locking).
 
-Why some 610 lines: each method of :class:`~broker_jobs.store.base.Store` is a few
+The ledger's index of dead letters is one more table: an entry is written in the
+transaction of the record that makes its job dead, and read with one query per page.
+
+Why some 640 lines: each method of :class:`~broker_jobs.store.base.Store` is a few
 lines around one statement, kept together so that one reads how this store meets the
-contract; the SQL lives in ``sqlite_statements``, the schema in ``sqlite_schema``, the
-store thread's group commit in ``sqlite_batching``.
+contract; the SQL (and the records of a section, on its connection) lives in
+``sqlite_statements``, the schema in ``sqlite_schema``, the store thread's group
+commit in ``sqlite_batching``.
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
+from broker_jobs.dead_letter import DeadLetterFilter
 from broker_jobs.envelope import Job
+from broker_jobs.store.dead_letter_index import IndexedDeadLetter, read_entry, where_sql
 from broker_jobs.store.errors import LeaseLostError, StoreError
 from broker_jobs.store.exclusive import ExclusiveStore, Records
 from broker_jobs.store.ledger import (
@@ -61,8 +67,6 @@ from broker_jobs.store.records import (
     KeptOutput,
     KeptPayload,
     LeaderRecord,
-    Output,
-    PayloadText,
     Status,
     TaskSummary,
 )
@@ -87,24 +91,27 @@ from broker_jobs.store.sqlite_statements import (
     _EXECUTIONS_OF,
     _FINISHED_COUNTS,
     _FOLLOW_UPS_SENT,
-    _KEEP_PAYLOAD,
     _KEPT_OUTPUT,
     _KEPT_PAYLOAD,
     _LAST_FIRE,
     _LAST_FIRES,
     _LEADER,
+    _LETTER_COUNTS,
+    _LETTER_DIALECT,
+    _LETTER_MARK,
+    _LETTERS,
     _NEWEST_FIRST,
     _PAIRS_PER_UPDATE,
     _RECORD_FIRE,
     _RECORD_LEADER,
-    _SAVE,
+    _SWEEP_LETTERS,
+    _UNINDEX_LETTER,
     _aware_time,
     _claim_rows,
     _finish_row,
     _insert_fresh,
-    _keep_output,
     _record,
-    _row,
+    _SQLiteRecords,
     _succeed_rows,
     _text,
     _time,
@@ -524,16 +531,49 @@ class SQLiteStore(ExclusiveStore):
                 )
             return conn.execute(f"DELETE FROM broker_jobs_records WHERE {doomed}", params).rowcount
 
+    # --- the index of dead letters (written by _SQLiteRecords.index_letters) -----------
+
+    def dead_letters(
+        self,
+        tasks: Sequence[str],
+        where: DeadLetterFilter | None = None,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[IndexedDeadLetter]:
+        condition, params = where_sql(_LETTER_DIALECT, tasks, where)
+        statement, more = _LETTERS.format(where=condition), {"limit": limit, "offset": offset}
+        rows = self._read("read dead letters", statement, {**params, **more})
+        return [
+            read_entry(doc, body, size, seq, _aware_time(at)) for doc, body, size, seq, at in rows
+        ]
+
+    def dead_letter_counts(
+        self, tasks: Sequence[str], where: DeadLetterFilter | None = None
+    ) -> dict[str, int]:
+        condition, params = where_sql(_LETTER_DIALECT, tasks, where)
+        rows = self._read("count dead letters", _LETTER_COUNTS.format(where=condition), params)
+        return {**dict.fromkeys(tasks, 0), **dict(rows)}
+
+    def unindex_dead_letters(self, task: str, letter_ids: Sequence[str]) -> int:
+        with self._transaction("drop dead letters") as conn:
+            params = [(task, letter_id) for letter_id in set(letter_ids)]
+            return conn.executemany(_UNINDEX_LETTER, params).rowcount
+
+    def dead_letter_mark(self, task: str) -> int:
+        return int(self._read_one("read the dead letters' mark", _LETTER_MARK, (task,))[0])
+
+    def sweep_dead_letters(self, task: str, *, up_to: int, pass_id: str) -> int:
+        return self._write(_SWEEP_LETTERS, (task, up_to, pass_id), "FULL", "sweep dead letters")
+
     # --- beat records -------------------------------------------------------------
 
-    def _write(
-        self, statement: str, params: tuple[Any, ...], synchronous: str, action: str
-    ) -> None:
+    def _write(self, statement: str, params: tuple[Any, ...], synchronous: str, action: str) -> int:
         """One statement, atomic on its own: in the store thread's batch when there is
-        one (it commits with the batch), else autocommitted."""
+        one (it commits with the batch), else autocommitted. How many rows it changed."""
         with self._translate(action):
             conn = getattr(self._local, "batch", None) or self._connection(synchronous)
-            conn.execute(statement, params)
+            return conn.execute(statement, params).rowcount
 
     def record_fire(self, schedule: str, fire_at: datetime) -> None:
         # synchronous=FULL, as for outcomes: a fire lost to a power cut would be emitted
@@ -573,28 +613,6 @@ class SQLiteStore(ExclusiveStore):
             connections, self._connections = self._connections, []
         for conn in connections:
             conn.close()
-
-
-class _SQLiteRecords:
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-        #: Inside BEGIN IMMEDIATE: a handler's writes commit with the record.
-        self.connection = conn
-
-    def load(self, key: str) -> JobRecord | None:
-        row = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM broker_jobs_records WHERE idempotency_key = ?", (key,)
-        ).fetchone()
-        return _record(row) if row else None
-
-    def save(self, record: JobRecord) -> None:
-        self._conn.execute(_SAVE, _row(record))
-
-    def keep_payload(self, key: str, payload: PayloadText, now: datetime) -> None:
-        self._conn.execute(_KEEP_PAYLOAD, (key, payload.text, payload.size, _text(now)))
-
-    def keep_output(self, key: str, output: Output, now: datetime) -> None:
-        _keep_output(self._conn, key, output, now)
 
 
 #: SQLite's primary result codes that mean "the database cannot be used now", not "the

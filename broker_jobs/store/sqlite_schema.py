@@ -5,8 +5,9 @@ processes that open one file at once exactly one does it and the others find it
 done (``SQLiteStore`` retries the whole step while another opener holds the lock).
 
 A layout change bumps :data:`SCHEMA_VERSION` and adds a step; additions that older
-code can live with (the beat's tables, the dashboard's indexes) are made whenever a
-store opens the file, without a version, so older workers keep sharing it.
+code can live with (the beat's tables, the dashboard's indexes, the outputs, the
+index of dead letters) are made whenever a store opens the file, without a version,
+so older workers keep sharing it.
 """
 
 from __future__ import annotations
@@ -177,6 +178,39 @@ _CREATE_OUTPUTS = """CREATE TABLE IF NOT EXISTS broker_jobs_outputs (
         kept_at TEXT NOT NULL
     ) WITHOUT ROWID"""
 
+#: The ledger's index of dead letters (:mod:`broker_jobs.store.dead_letter_index`):
+#: one row per dead letter of a task's queue, keyed by (task, letter_id); ``seq`` (the
+#: rowid, AUTOINCREMENT: never reused) is its place, the order listings read it in,
+#: and a pass's mark. Times are the store's fixed-width UTC text (``dead_at`` compares
+#: as time). Added whenever a store opens the file, without a version: older code
+#: ignores it (its workers index nothing, which the next pass over the queue mends).
+#: By (task, seq): a task's page and its count read the index, not the rows; by job id
+#: and by key: a dead job's page finds its letter.
+_CREATE_DEAD_LETTERS = (
+    """CREATE TABLE IF NOT EXISTS broker_jobs_dead_letters (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        task TEXT NOT NULL,
+        letter_id TEXT NOT NULL,
+        job_id TEXT,
+        idempotency_key TEXT,
+        reason TEXT,
+        error TEXT,
+        dead_at TEXT,
+        document TEXT NOT NULL,
+        body TEXT,
+        body_size INTEGER NOT NULL,
+        pass_id TEXT,
+        indexed_at TEXT NOT NULL,
+        UNIQUE (task, letter_id)
+    )""",
+    "CREATE INDEX IF NOT EXISTS broker_jobs_dead_letters_task"
+    " ON broker_jobs_dead_letters (task, seq)",
+    "CREATE INDEX IF NOT EXISTS broker_jobs_dead_letters_job_id"
+    " ON broker_jobs_dead_letters (job_id)",
+    "CREATE INDEX IF NOT EXISTS broker_jobs_dead_letters_key"
+    " ON broker_jobs_dead_letters (idempotency_key)",
+)
+
 #: The beat's tables, added after version 1 without changing the layout of the others
 #: (older code ignores them): created if missing whenever a store opens the file.
 _CREATE_BEAT = (
@@ -238,6 +272,7 @@ def create_tables(conn: sqlite3.Connection, store: object, where: str) -> None:
     for statement in (
         *_CREATE_BEAT,
         _CREATE_OUTPUTS,
+        *_CREATE_DEAD_LETTERS,
         *_CREATE_JOB_ID_INDEX,
         *_CREATE_LEDGER_INDEXES,
     ):

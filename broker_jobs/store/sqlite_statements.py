@@ -2,9 +2,10 @@
 connection: a batch of claims is one ``INSERT`` for the keys never seen and one
 read-decide-write for the rest, a batch of successes one ``UPDATE`` (each statement
 hands the GIL back and forth: under load that cost a job's start up to milliseconds
-per statement). Times are stored as fixed-width UTC text, which SQL compares and
-orders as time; rows read back through :mod:`broker_jobs.store.rows`. The names
-keep their leading underscore: they are the SQLite store's own, not the package's
+per statement); and the records of a section (``_SQLiteRecords``), on its
+connection. Times are stored as fixed-width UTC text, which SQL compares and orders
+as time; rows read back through :mod:`broker_jobs.store.rows`. The names keep their
+leading underscore: they are the SQLite store's own, not the package's
 (``bench/dashboard/`` reads some of them here).
 """
 
@@ -16,6 +17,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from broker_jobs.envelope import Job
+from broker_jobs.store.dead_letter_index import Dialect as LetterDialect
+from broker_jobs.store.dead_letter_index import IndexRow
 from broker_jobs.store.ledger import (
     BUCKETS_SQL,
     COUNTS_SQL,
@@ -23,7 +26,15 @@ from broker_jobs.store.ledger import (
     FINISHED_SQL,
     Dialect,
 )
-from broker_jobs.store.records import Claim, ClaimOutcome, Finish, JobRecord, Output, Status
+from broker_jobs.store.records import (
+    Claim,
+    ClaimOutcome,
+    Finish,
+    JobRecord,
+    Output,
+    PayloadText,
+    Status,
+)
 from broker_jobs.store.rows import record_of
 from broker_jobs.store.rules import claimed_record, decide
 from broker_jobs.store.values import follow_ups_text
@@ -118,6 +129,36 @@ _RECORD_LEADER = (
 )
 
 
+#: The index of dead letters (:mod:`broker_jobs.store.dead_letter_index`). A second
+#: copy of an entry rewrites it in its place (``seq`` stays), seen anew.
+_LETTER_COLUMNS = (
+    "task, letter_id, job_id, idempotency_key, reason, error, dead_at, document, body,"
+    " body_size, pass_id, indexed_at"
+)
+_INDEX_LETTER = (
+    f"INSERT INTO broker_jobs_dead_letters ({_LETTER_COLUMNS}) VALUES (:task, :letter_id,"
+    " :job_id, :idempotency_key, :reason, :error, :dead_at, :document, :body, :body_size,"
+    " :pass_id, :indexed_at) ON CONFLICT (task, letter_id) DO UPDATE SET"
+    " job_id = excluded.job_id, idempotency_key = excluded.idempotency_key,"
+    " reason = excluded.reason, error = excluded.error, dead_at = excluded.dead_at,"
+    " document = excluded.document, body = excluded.body, body_size = excluded.body_size,"
+    " pass_id = excluded.pass_id, indexed_at = excluded.indexed_at"
+)
+#: ``{where}``: :func:`~broker_jobs.store.dead_letter_index.where_sql`'s.
+#: The page's places first, then its rows: the skipped rows' wide columns are never read.
+_LETTERS = (
+    "SELECT document, body, body_size, seq, indexed_at FROM broker_jobs_dead_letters"
+    " WHERE seq IN (SELECT seq FROM broker_jobs_dead_letters WHERE {where}"
+    " ORDER BY seq LIMIT :limit OFFSET :offset) ORDER BY seq"
+)
+_LETTER_COUNTS = "SELECT task, count(*) FROM broker_jobs_dead_letters WHERE {where} GROUP BY task"
+_UNINDEX_LETTER = "DELETE FROM broker_jobs_dead_letters WHERE task = ? AND letter_id = ?"
+_LETTER_MARK = "SELECT coalesce(max(seq), 0) FROM broker_jobs_dead_letters WHERE task = ?"
+_SWEEP_LETTERS = (
+    "DELETE FROM broker_jobs_dead_letters WHERE task = ? AND seq <= ? AND pass_id IS NOT ?"
+)
+
+
 def _text(moment: datetime | None) -> str | None:
     """Fixed-width UTC ISO text: SQL compares and orders it as time."""
     if moment is None:
@@ -141,6 +182,12 @@ _DIALECT = Dialect(
     key="idempotency_key",  # BINARY: UTF-8 bytes, in code point order
     starts_with="substr(idempotency_key, 1, length({prefix})) = {prefix}",
     time=_text,
+)
+_LETTER_DIALECT = LetterDialect(
+    placeholder=lambda name: f":{name}",
+    substring="instr",
+    moment=_text,
+    table="broker_jobs_dead_letters",
 )
 _TABLES = {"records": "broker_jobs_records", "executions": "broker_jobs_executions"}
 _MARKS = {name: f":{name}" for name in ("now", "minute", "hour")}
@@ -312,3 +359,50 @@ def _keep_output(conn: sqlite3.Connection, key: str, output: Output, moment: dat
 
 def _record(row: Sequence[Any]) -> JobRecord:
     return record_of(row, _time)
+
+
+def _index_letters(
+    conn: sqlite3.Connection, rows: Sequence[IndexRow], pass_id: str | None, moment: datetime
+) -> None:
+    """Index ``rows`` inside the caller's transaction, seen by ``pass_id`` at ``moment``."""
+    indexed_at = _text(moment)
+    conn.executemany(
+        _INDEX_LETTER,
+        [
+            {
+                **row.params(),
+                "dead_at": _text(row.dead_at),
+                "pass_id": pass_id,
+                "indexed_at": indexed_at,
+            }
+            for row in rows
+        ],
+    )
+
+
+class _SQLiteRecords:
+    """The records of a section (:class:`~broker_jobs.store.exclusive.Records`) on
+    ``conn``, inside its ``BEGIN IMMEDIATE``."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        #: Inside BEGIN IMMEDIATE: a handler's writes commit with the record.
+        self.connection = conn
+
+    def load(self, key: str) -> JobRecord | None:
+        row = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM broker_jobs_records WHERE idempotency_key = ?", (key,)
+        ).fetchone()
+        return _record(row) if row else None
+
+    def save(self, record: JobRecord) -> None:
+        self._conn.execute(_SAVE, _row(record))
+
+    def keep_payload(self, key: str, payload: PayloadText, now: datetime) -> None:
+        self._conn.execute(_KEEP_PAYLOAD, (key, payload.text, payload.size, _text(now)))
+
+    def keep_output(self, key: str, output: Output, now: datetime) -> None:
+        _keep_output(self._conn, key, output, now)
+
+    def index_letters(self, rows: Sequence[IndexRow], pass_id: str | None, now: datetime) -> None:
+        _index_letters(self._conn, rows, pass_id, now)

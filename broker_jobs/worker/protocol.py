@@ -35,6 +35,7 @@ from pydantic import BaseModel
 
 from broker_jobs.app import App, TaskSpec
 from broker_jobs.clock import utc_now
+from broker_jobs.dead_letter import dead_letter_from
 from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job
 from broker_jobs.errors import (
@@ -511,18 +512,15 @@ class Runner:
         """Publish the delivery to ``task``'s dead-letter queue with ``cause``
         (confirmed), then record the job dead (unless ``record`` is False)."""
         properties = message.properties
+        kept = {
+            "content_type": properties.content_type,
+            "content_encoding": properties.content_encoding,
+            "message_id": properties.message_id,
+            "type": properties.message_type,
+            "timestamp": properties.timestamp,
+        }
         dead = dead_letter_message(
-            message.body,
-            {
-                "headers": message.headers,
-                "content_type": properties.content_type,
-                "content_encoding": properties.content_encoding,
-                "message_id": properties.message_id,
-                "type": properties.message_type,
-                "timestamp": properties.timestamp,
-            },
-            cause,
-            self._settings.worker_id,
+            message.body, {"headers": message.headers, **kept}, cause, self._settings.worker_id
         )
         names, timeout = self._app.names, self._settings.confirm_timeout
         try:
@@ -532,10 +530,15 @@ class Runner:
         except LinkStoppedError:
             await self._abandon(job, holder)
             return None
+        # Indexed in the ledger with the record (docs/operations.md, "dead letters"):
+        # what the operator's commands read instead of the queue.
+        letter = dead_letter_from(
+            task, dead.headers or {}, {**kept, "delivery_mode": 2}, message.body
+        )
         header_key = message.headers.get(n.HEADER_IDEMPOTENCY_KEY)
         key = header_key if isinstance(header_key, str) and header_key else None
         if not record:
-            pass
+            await self.recorded(self._store.index_dead_letters, [letter])
         elif job is not None:
             await self.recorded(
                 self._store.dead,
@@ -544,6 +547,7 @@ class Runner:
                 cause.error,
                 job=job,
                 payload=job.payload,
+                letter=letter,
             )
         elif properties.message_id:
             # A poison message never became a job: the ledger still says it is dead,
@@ -555,7 +559,10 @@ class Runner:
                 f"{cause.reason}: {cause.error}",
                 job_id=properties.message_id,
                 task=task,
+                letter=letter,
             )
+        else:
+            await self.recorded(self._store.index_dead_letters, [letter])
         header_attempt = message.headers.get(n.HEADER_ATTEMPT)
         self.observer.dead(
             task,
