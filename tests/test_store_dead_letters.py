@@ -6,15 +6,19 @@ store on the same data."""
 
 from __future__ import annotations
 
+import sqlite3
+import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from broker_jobs import Job
 from broker_jobs.dead_letter import DeadLetter, DeadLetterFilter, dead_letter_from
-from broker_jobs.store import Status, Store
+from broker_jobs.store import PostgresStore, SQLiteStore, Status, Store
+from broker_jobs.store import sqlite as sqlite_module
 from broker_jobs.store.base import MAX_PAYLOAD_BYTES
-from tests.test_store import LEASE, A, Kit, at
+from tests.test_store import LEASE, A, Kit, _admin, at
 
 TASK = "mail.send"
 DEAD_AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -167,3 +171,62 @@ def test_many_entries_page_and_count(store: Store, count: int) -> None:
     store.index_dead_letters([letter(n) for n in range(count)])
     assert store.dead_letter_counts([TASK]) == {TASK: count}
     assert ids(store, limit=3, offset=count - 2) == [f"job-{count - 2}", f"job-{count - 1}"]
+
+
+def test_an_sqlite_file_without_the_index_gets_it_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with SQLiteStore(path):
+        pass
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("DROP TABLE broker_jobs_dead_letters")  # as an older broker-jobs left it
+    finally:
+        db.close()
+    with SQLiteStore(path) as store:
+        store.index_dead_letters([letter(1)])
+        assert ids(store) == ["job-1"]
+    db = sqlite3.connect(path)
+    try:  # an addition without a version: older workers keep sharing the file
+        assert db.execute("SELECT version FROM broker_jobs_schema").fetchall() == [
+            (sqlite_module.SCHEMA_VERSION,)
+        ]
+    finally:
+        db.close()
+
+
+def test_a_postgres_role_that_may_not_write_the_index_records_dead_jobs_without_it(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    from psycopg.conninfo import make_conninfo  # noqa: PLC0415
+
+    PostgresStore(postgres_dsn, schema=pg_schema).close()
+    with _admin(postgres_dsn) as conn:  # an older database: the owner adds it on open
+        conn.execute(f'DROP TABLE "{pg_schema}".broker_jobs_dead_letters')
+    role = f"r_{uuid.uuid4().hex[:12]}"
+    limited_dsn = make_conninfo(postgres_dsn, options=f"-c role={role}")
+    with _admin(postgres_dsn) as conn:
+        conn.execute(f'CREATE ROLE "{role}"')
+        conn.execute(f'GRANT USAGE ON SCHEMA "{pg_schema}" TO "{role}"')
+        conn.execute(
+            f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{pg_schema}".broker_jobs_records,'
+            f' "{pg_schema}".broker_jobs_executions TO "{role}"'
+        )
+        conn.execute(f'GRANT SELECT ON "{pg_schema}".broker_jobs_schema TO "{role}"')
+    try:
+        with PostgresStore(limited_dsn, schema=pg_schema) as limited:
+            assert limited.indexes_dead_letters is False
+            job = Job(id="job-1", task=TASK, payload={"n": 1}, idempotency_key="key-1")
+            limited.claim(job, A, LEASE, now=at(0))
+            limited.dead("key-1", A, "SMTPError", job=job, now=at(1), letter=letter(1))
+            record = limited.get("key-1")
+            assert record is not None
+            assert record.status is Status.DEAD
+            limited.index_dead_letters([letter(2)])  # nothing to do, no error
+        with PostgresStore(postgres_dsn, schema=pg_schema) as owner:  # adds the table
+            assert owner.indexes_dead_letters is True
+            owner.index_dead_letters([letter(3)])
+            assert ids(owner) == ["job-3"]
+    finally:
+        with _admin(postgres_dsn) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')
