@@ -167,6 +167,7 @@ def test_status_counts_what_the_broker_and_the_ledger_hold(
         "consumers": 0,
     }
     assert mail["dead_letters"]["messages"] == 1
+    assert mail["dead_letters"]["indexed"] == 0  # put there by hand, not by a worker
     assert image["queue"]["consumers"] == 1
     assert image["queue"]["messages"] == 0
     assert image["dead_letters"] == {
@@ -174,6 +175,7 @@ def test_status_counts_what_the_broker_and_the_ledger_hold(
         "exists": True,
         "messages": 0,
         "consumers": 0,
+        "indexed": 0,
     }
     assert document["ladder"] == {"messages": 1, "levels": DELAY_LEVELS, "missing": []}
     assert document["unroutable"]["messages"] == 2
@@ -221,6 +223,9 @@ def test_status_counts_what_the_broker_and_the_ledger_hold(
     )
     assert not any(line.startswith("missing:") for line in lines)
     assert "other.task" not in people.stdout
+    [hint] = [line for line in lines if line.startswith("dead letters not in the ledger's")]
+    assert f"({MAIL}: 1;" in hint
+    assert hint.endswith(f"broker-jobs dlq reindex --namespace {app.namespace} --task {MAIL}")
 
     def consumers() -> int:
         command = ["--url", broker.url, "--app", app_path, "--store", store_url, "--json"]

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.dashboard.fill import sqlite_text
+from bench.dashboard.rows import DEMO_TASKS, TASKS
+from broker_jobs.dead_letter import DeadLetterFilter
 from broker_jobs.store import Store
 from broker_jobs.store.base import Status
 from broker_jobs.store.ledger import Filters
@@ -99,6 +101,45 @@ def store_timings(store: Store, requests: int, depth: int) -> list[Timing]:
         timed("find(key=prefix)", lambda: store.page(key=key[:13], limit=50), requests),
         timed("lookup(ref)", lambda: store.lookup(key), requests),
         timed("executions(key)", lambda: store.executions(key), requests),
+        *letter_timings(store, requests, key),
+    ]
+
+
+def letter_timings(store: Store, requests: int, key: str) -> list[Timing]:
+    """The index of dead letters' queries behind /dead-letters and a dead job's page."""
+    tasks = list(dict.fromkeys([*TASKS, *DEMO_TASKS]))
+    deepest = max(0, sum(store.dead_letter_counts(tasks).values()) - 50)
+    schema = DeadLetterFilter(reasons=frozenset({"schema"}))
+    refused = DeadLetterFilter(error="refused")
+    return [
+        timed("dead_letters(limit=200)", lambda: store.dead_letters(tasks, limit=200), requests),
+        timed(
+            f"dead_letters(offset={deepest})",
+            lambda: store.dead_letters(tasks, limit=50, offset=deepest),
+            requests,
+        ),
+        timed("dead_letter_counts()", lambda: store.dead_letter_counts(tasks), requests),
+        timed(
+            "dead_letters(ref=key)",
+            lambda: store.dead_letters(tasks, DeadLetterFilter(ref=key)),
+            requests,
+        ),
+        timed(
+            "dead_letters(reason=schema)",
+            lambda: store.dead_letters(tasks, schema, limit=200),
+            requests,
+        ),
+        timed(
+            "dead_letter_counts(reason)", lambda: store.dead_letter_counts(tasks, schema), requests
+        ),
+        timed(
+            "dead_letters(error=...)",
+            lambda: store.dead_letters(tasks, refused, limit=200),
+            requests,
+        ),
+        timed(
+            "dead_letter_counts(error)", lambda: store.dead_letter_counts(tasks, refused), requests
+        ),
     ]
 
 

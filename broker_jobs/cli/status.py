@@ -58,8 +58,9 @@ def status_command(  # noqa: PLR0917 - click passes every option positionally
     """Show each task's queues on the broker and its jobs in the ledger. Read-only.
 
     Ready messages, consumers and dead letters come from the broker (passive
-    declares); running and the other states, the last hour's executions, the oldest
-    waiting job and the p50/p99 durations from the ledger. AMQP cannot count
+    declares; a hint names dead letters missing from the ledger's index); running
+    and the other states, the last hour's executions, the oldest waiting job and the
+    p50/p99 durations from the ledger. AMQP cannot count
     delivered but unacknowledged messages: "running" is the ledger's count.
 
     \b
@@ -93,6 +94,15 @@ def _echo(report: StatusReport, store_url: str, app_path: str | None) -> None:
     click.echo("running: the ledger's running jobs (AMQP cannot count unacked deliveries)")
     if report.missing:
         click.echo(f"missing: {_missing(report)}; {missing_hint(app_path)}")
+    unindexed = [(task.task, task.unindexed_dead_letters) for task in report.tasks]
+    if any(count for _, count in unindexed):
+        which = ", ".join(f"{name}: {count}" for name, count in unindexed if count)
+        click.echo(
+            f"dead letters not in the ledger's index ({which}; dead-lettered by RabbitMQ or"
+            " an older broker-jobs): broker-jobs dlq reindex"
+            f" --namespace {report.namespace}"
+            + "".join(f" --task {name}" for name, count in unindexed if count)
+        )
 
 
 def _row(task: TaskStatus, report: StatusReport) -> list[str]:

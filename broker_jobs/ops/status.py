@@ -98,6 +98,16 @@ class TaskStatus:
     queue: QueueState
     dead_letters: QueueState
     ledger: TaskSummary
+    #: Dead letters in the ledger's index (None: the store keeps none).
+    indexed_dead_letters: int | None = None
+
+    @property
+    def unindexed_dead_letters(self) -> int:
+        """How many more dead letters the queue holds than the index: those RabbitMQ
+        dead-lettered itself, or an older broker-jobs (``broker-jobs dlq reindex``)."""
+        if self.indexed_dead_letters is None or not self.dead_letters.messages:
+            return 0
+        return max(0, self.dead_letters.messages - self.indexed_dead_letters)
 
     @property
     def running(self) -> int:
@@ -115,7 +125,10 @@ class TaskStatus:
         return {
             "task": self.task,
             "queue": self.queue.document(),
-            "dead_letters": self.dead_letters.document(),
+            "dead_letters": {
+                **self.dead_letters.document(),
+                "indexed": self.indexed_dead_letters,
+            },
             "ledger": {
                 "counts": {status.value: summary.counts[status] for status in Status},
                 "succeeded_last_minute": summary.succeeded_last_minute,
@@ -220,6 +233,7 @@ def gather(
     moment = utc(now)
     if summaries is None:
         summaries = store.task_summaries(now=moment)
+    indexed = store.dead_letter_counts(tasks) if store.indexes_dead_letters else {}
     probe = _Probe(connection)
     try:
         statuses = tuple(
@@ -228,6 +242,7 @@ def gather(
                 _task_queue_state(probe, names.task_queue(task), (lanes or {}).get(task)),
                 probe.queue(names.dead_letter_queue(task)),
                 summaries.get(task) or empty_summary(task),
+                indexed.get(task),
             )
             for task in tasks
         )
