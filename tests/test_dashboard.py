@@ -307,7 +307,7 @@ def test_a_dead_job_shows_its_executions_escaped_and_replays_until_it_succeeds(
     client = dashboard(allow_actions=True)
     page = client.get("/jobs/bad-1")
     assert page.status_code == 200
-    assert 'id="state">dead<' in page.text
+    assert 'id="state"><span class="badge state-dead">dead<' in page.text
     assert page.text.count('class="outcome">dead<') == 1
     # The payload (from its dead letter) and the error are text, never markup.
     assert "<script>alert" not in page.text
@@ -332,7 +332,7 @@ def test_a_dead_job_shows_its_executions_escaped_and_replays_until_it_succeeds(
     assert count_on(result, "ledger reset") == 1
     run_burst_worker(broker, app, ledger)
     page = client.get("/jobs/bad-1")
-    assert 'id="state">succeeded<' in page.text
+    assert 'id="state"><span class="badge state-succeeded">succeeded<' in page.text
     outcomes = re.findall(r'class="outcome">(\w+)<', page.text)
     assert outcomes == ["dead", "succeeded"]
     assert handlers.runs["bad-1"] == 2
@@ -779,3 +779,11 @@ def test_dead_letters_and_a_dead_job_are_read_from_the_ledger_without_the_broker
     channel = connection.channel()
     assert channel.queue_declare(queue, passive=True).method.message_count == 3
     channel.close()
+
+
+def test_every_state_has_a_badge_colour() -> None:
+    import broker_jobs.dashboard  # noqa: PLC0415
+
+    css = (Path(broker_jobs.dashboard.__file__).parent / "static" / "dashboard.css").read_text()
+    missing = [status.value for status in Status if f".state-{status.value}" not in css]
+    assert missing == [], f"states without a badge colour in dashboard.css: {missing}"
