@@ -787,3 +787,41 @@ def test_every_state_has_a_badge_colour() -> None:
     css = (Path(broker_jobs.dashboard.__file__).parent / "static" / "dashboard.css").read_text()
     missing = [status.value for status in Status if f".state-{status.value}" not in css]
     assert missing == [], f"states without a badge colour in dashboard.css: {missing}"
+
+
+def test_dead_letters_come_in_pages_of_200(app: App, ledger: SQLiteStore) -> None:
+    from broker_jobs.dead_letter import dead_letter_from  # noqa: PLC0415
+
+    ledger.index_dead_letters(
+        [
+            dead_letter_from(
+                TASK,
+                {"bj-dead-reason": "exhausted", "bj-dead-error": f"Boom {n}"},
+                {"message_id": f"job-{n:03d}"},
+                b"{}",
+            )
+            for n in range(450)
+        ]
+    )
+    settings = DashboardSettings(
+        store=ledger,
+        urls=BrokerURLs.parse("amqp://guest:guest@127.0.0.1:1/"),
+        names=app.names,
+        tasks=(TASK, OTHER),
+        app=app,
+        allowed_hosts=("testserver",),
+    )
+    with TestClient(create_app(settings)) as client:
+        third = client.get("/api/dead-letters?page=3").json()
+        assert (third["page"], third["pages"], third["matching"]) == (3, 3, 450)
+        ids = [x["job_id"] for g in third["groups"] for x in g["dead_letters"]]
+        assert ids == [f"job-{n:03d}" for n in range(400, 450)]
+        second = client.get("/dead-letters?reason=exhausted&page=2")
+        assert "numbers 201 to 400" in second.text
+        assert 'href="/dead-letters?reason=exhausted&amp;page=3">Next page' in second.text
+        assert 'href="/dead-letters?reason=exhausted&amp;page=1">Previous page' in second.text
+        assert "Next page" not in client.get("/dead-letters?page=3").text
+        for wrong in ("0", "x", "-1"):
+            answer = client.get(f"/dead-letters?page={wrong}")
+            assert answer.status_code == 400, wrong
+            assert "not a page number" in answer.text

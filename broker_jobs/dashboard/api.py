@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from broker_jobs.dashboard import queries
-from broker_jobs.dashboard.filters import JobFilter, LetterFilter
+from broker_jobs.dashboard.filters import JobFilter, LetterFilter, page_number
 from broker_jobs.dashboard.pages import known_task, settings_of
 from broker_jobs.dashboard.safety import Refused
 from broker_jobs.ops.documents import (
@@ -64,7 +64,9 @@ async def job(request: Request) -> JSONResponse:
 
 async def dead_letters(request: Request) -> JSONResponse:
     chosen = LetterFilter.read(request.query_params)
-    view = await run_in_threadpool(queries.letters_view, settings_of(request), chosen)
+    view = await run_in_threadpool(
+        queries.letters_view, settings_of(request), chosen, page_number(request.query_params)
+    )
     return JSONResponse(view.document())
 
 

@@ -170,3 +170,15 @@ class Selected(DeadLetterFilter):
     def matches(self, letter: DeadLetter) -> bool:
         chosen = letter.job_id in self.refs or letter.idempotency_key in self.refs
         return chosen and super().matches(letter)
+
+
+#: The highest page number taken (a million dead letters at 200 a page).
+MAX_PAGE = 5000
+
+
+def page_number(values: Mapping[str, str]) -> int:
+    """The ``page`` query parameter: a whole number from 1 (1 when absent)."""
+    text = values.get("page", "").strip() or "1"
+    if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE:
+        raise Refused(400, f"page: {text!r} is not a page number (1 to {MAX_PAGE})")
+    return int(text)

@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from broker_jobs.dashboard import queries
-from broker_jobs.dashboard.filters import JobFilter, LetterFilter
+from broker_jobs.dashboard.filters import JobFilter, LetterFilter, page_number
 from broker_jobs.dashboard.safety import Refused
 from broker_jobs.dashboard.settings import DashboardSettings
 from broker_jobs.dashboard.views import render
@@ -81,7 +81,9 @@ async def job_page(request: Request) -> Response:
 async def dead_letters_page(request: Request) -> Response:
     settings = settings_of(request)
     chosen = LetterFilter.read(request.query_params)
-    view = await run_in_threadpool(queries.letters_view, settings, chosen)
+    view = await run_in_threadpool(
+        queries.letters_view, settings, chosen, page_number(request.query_params)
+    )
     return render(request, settings, "dead_letters.html", {"view": view, "filter": chosen})
 
 

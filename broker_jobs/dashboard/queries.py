@@ -241,13 +241,26 @@ class LettersView:
     groups: list[LetterGroup]
     shown: int
     limit: int
-    matching: int  #: how many the filters take (the first ``limit`` are shown)
+    matching: int  #: how many the filters take (``limit`` of them a page)
+    page: int = 1  #: this page's number, from 1
+
+    @property
+    def pages(self) -> int:
+        """How many pages the matching dead letters fill (1 when there are none)."""
+        return max(1, -(-self.matching // self.limit))
+
+    @property
+    def first(self) -> int:
+        """The number of this page's first dead letter (from 1)."""
+        return (self.page - 1) * self.limit + 1
 
     def document(self) -> dict[str, Any]:
         return {
             "depths": self.depths,
             "limit": self.limit,
             "matching": self.matching,
+            "page": self.page,
+            "pages": self.pages,
             "groups": [
                 {
                     "task": group.task,
@@ -260,17 +273,18 @@ class LettersView:
         }
 
 
-def letters_view(settings: DashboardSettings, chosen: LetterFilter) -> LettersView:
+def letters_view(settings: DashboardSettings, chosen: LetterFilter, page: int = 1) -> LettersView:
+    """Page ``page`` (from 1) of the matching dead letters, :data:`LETTERS_SHOWN` each."""
     tasks = chosen.tasks(settings.tasks)
     index, where = IndexedDeadLetters(settings.store, tasks), chosen.dead_letter_filter()
     depths = index.counts()
     matching = sum(depths.values()) if where.is_empty else sum(index.counts(where).values())
-    letters = index.letters(where, limit=LETTERS_SHOWN)
+    letters = index.letters(where, limit=LETTERS_SHOWN, offset=(page - 1) * LETTERS_SHOWN)
     grouped: dict[tuple[str, str], list[DeadLetter]] = defaultdict(list)
     for letter in letters:
         grouped[letter.task, letter.reason or "unknown"].append(letter)
     groups = [LetterGroup(task, reason, found) for (task, reason), found in sorted(grouped.items())]
-    return LettersView(depths, groups, len(letters), LETTERS_SHOWN, matching)
+    return LettersView(depths, groups, len(letters), LETTERS_SHOWN, matching, page)
 
 
 def schedules(settings: DashboardSettings) -> dict[str, Any]:
