@@ -186,7 +186,7 @@ def test_every_command_of_the_docs_parses(page: str) -> None:
 
 def test_the_guides_commands_are_checked() -> None:
     checked = commands("docs/guide.md")
-    assert ["dlq", "list", "--app", "shop.worker:app"] in checked
+    assert ["dlq", "list", "--app", "shop.worker:app", "--store", "sqlite:///ledger.db"] in checked
     assert len(checked) >= 3
 
 
