@@ -230,3 +230,49 @@ def test_a_postgres_role_that_may_not_write_the_index_records_dead_jobs_without_
         with _admin(postgres_dsn) as conn:
             conn.execute(f'DROP OWNED BY "{role}"')
             conn.execute(f'DROP ROLE "{role}"')
+
+
+def test_a_postgres_role_without_grants_on_the_index_reads_it_empty(
+    postgres_dsn: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The table exists (its owner made it) but this role may not write it: the store
+    opens, says so once, records dead jobs, and its calls on the index do nothing."""
+    from psycopg.conninfo import make_conninfo  # noqa: PLC0415
+
+    with PostgresStore(postgres_dsn, schema=pg_schema) as owner:
+        owner.index_dead_letters([letter(1)])
+        mark = owner.dead_letter_mark(TASK)
+    role = f"r_{uuid.uuid4().hex[:12]}"
+    limited_dsn = make_conninfo(postgres_dsn, options=f"-c role={role}")
+    with _admin(postgres_dsn) as conn:
+        conn.execute(f'CREATE ROLE "{role}"')
+        conn.execute(f'GRANT USAGE ON SCHEMA "{pg_schema}" TO "{role}"')
+        conn.execute(
+            f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{pg_schema}".broker_jobs_records,'
+            f' "{pg_schema}".broker_jobs_executions TO "{role}"'
+        )
+        conn.execute(f'GRANT SELECT ON "{pg_schema}".broker_jobs_schema TO "{role}"')
+    try:
+        with PostgresStore(limited_dsn, schema=pg_schema) as limited:
+            assert limited.indexes_dead_letters is False
+            assert any(
+                "broker_jobs_dead_letters" in r.getMessage() and r.levelname == "WARNING"
+                for r in caplog.records
+            )
+            job = Job(id="job-2", task=TASK, payload={"n": 2}, idempotency_key="key-2")
+            limited.claim(job, A, LEASE, now=at(0))
+            limited.dead("key-2", A, "SMTPError", job=job, now=at(1), letter=letter(2))
+            record = limited.get("key-2")
+            assert record is not None
+            assert record.status is Status.DEAD
+            assert limited.dead_letters([TASK]) == []
+            assert limited.dead_letter_counts([TASK]) == {TASK: 0}
+            assert limited.dead_letter_mark(TASK) == 0
+            assert limited.unindex_dead_letters(TASK, ["job-1"]) == 0
+            assert limited.sweep_dead_letters(TASK, up_to=mark, pass_id="p") == 0
+        with PostgresStore(postgres_dsn, schema=pg_schema) as owner:  # untouched
+            assert ids(owner) == ["job-1"]
+    finally:
+        with _admin(postgres_dsn) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')

@@ -158,7 +158,7 @@ def where_sql(
         names = [f"reason{index}" for index in range(len(reasons))]
         params.update(zip(names, reasons, strict=True))
         conditions.append(f"reason IN ({', '.join(p(name) for name in names)})")
-    if where.error is not None:
+    if where.error:  # an empty text is in every error, a missing one included
         params["error"] = where.error
         conditions.append(f"{dialect.substring}(lower(error), lower({p('error')})) > 0")
     if where.ref is not None:
