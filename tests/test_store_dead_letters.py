@@ -6,8 +6,10 @@ store on the same data."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -194,25 +196,36 @@ def test_an_sqlite_file_without_the_index_gets_it_on_open(tmp_path: Path) -> Non
         db.close()
 
 
+@contextlib.contextmanager
+def role_without_the_index(dsn: str, schema: str) -> Iterator[str]:
+    """The DSN of a new role that may write the records and executions of ``schema``,
+    and nothing of the dead letters' table; dropped afterwards."""
+    from psycopg.conninfo import make_conninfo  # noqa: PLC0415
+
+    role = f"r_{uuid.uuid4().hex[:12]}"
+    with _admin(dsn) as conn:
+        conn.execute(f'CREATE ROLE "{role}"')
+        conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        conn.execute(
+            f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{schema}".broker_jobs_records,'
+            f' "{schema}".broker_jobs_executions TO "{role}"'
+        )
+        conn.execute(f'GRANT SELECT ON "{schema}".broker_jobs_schema TO "{role}"')
+    try:
+        yield make_conninfo(dsn, options=f"-c role={role}")
+    finally:
+        with _admin(dsn) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')
+
+
 def test_a_postgres_role_that_may_not_write_the_index_records_dead_jobs_without_it(
     postgres_dsn: str, pg_schema: str
 ) -> None:
-    from psycopg.conninfo import make_conninfo  # noqa: PLC0415
-
     PostgresStore(postgres_dsn, schema=pg_schema).close()
     with _admin(postgres_dsn) as conn:  # an older database: the owner adds it on open
         conn.execute(f'DROP TABLE "{pg_schema}".broker_jobs_dead_letters')
-    role = f"r_{uuid.uuid4().hex[:12]}"
-    limited_dsn = make_conninfo(postgres_dsn, options=f"-c role={role}")
-    with _admin(postgres_dsn) as conn:
-        conn.execute(f'CREATE ROLE "{role}"')
-        conn.execute(f'GRANT USAGE ON SCHEMA "{pg_schema}" TO "{role}"')
-        conn.execute(
-            f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{pg_schema}".broker_jobs_records,'
-            f' "{pg_schema}".broker_jobs_executions TO "{role}"'
-        )
-        conn.execute(f'GRANT SELECT ON "{pg_schema}".broker_jobs_schema TO "{role}"')
-    try:
+    with role_without_the_index(postgres_dsn, pg_schema) as limited_dsn:
         with PostgresStore(limited_dsn, schema=pg_schema) as limited:
             assert limited.indexes_dead_letters is False
             job = Job(id="job-1", task=TASK, payload={"n": 1}, idempotency_key="key-1")
@@ -226,10 +239,6 @@ def test_a_postgres_role_that_may_not_write_the_index_records_dead_jobs_without_
             assert owner.indexes_dead_letters is True
             owner.index_dead_letters([letter(3)])
             assert ids(owner) == ["job-3"]
-    finally:
-        with _admin(postgres_dsn) as conn:
-            conn.execute(f'DROP OWNED BY "{role}"')
-            conn.execute(f'DROP ROLE "{role}"')
 
 
 def test_a_postgres_role_without_grants_on_the_index_reads_it_empty(
@@ -237,22 +246,10 @@ def test_a_postgres_role_without_grants_on_the_index_reads_it_empty(
 ) -> None:
     """The table exists (its owner made it) but this role may not write it: the store
     opens, says so once, records dead jobs, and its calls on the index do nothing."""
-    from psycopg.conninfo import make_conninfo  # noqa: PLC0415
-
     with PostgresStore(postgres_dsn, schema=pg_schema) as owner:
         owner.index_dead_letters([letter(1)])
         mark = owner.dead_letter_mark(TASK)
-    role = f"r_{uuid.uuid4().hex[:12]}"
-    limited_dsn = make_conninfo(postgres_dsn, options=f"-c role={role}")
-    with _admin(postgres_dsn) as conn:
-        conn.execute(f'CREATE ROLE "{role}"')
-        conn.execute(f'GRANT USAGE ON SCHEMA "{pg_schema}" TO "{role}"')
-        conn.execute(
-            f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{pg_schema}".broker_jobs_records,'
-            f' "{pg_schema}".broker_jobs_executions TO "{role}"'
-        )
-        conn.execute(f'GRANT SELECT ON "{pg_schema}".broker_jobs_schema TO "{role}"')
-    try:
+    with role_without_the_index(postgres_dsn, pg_schema) as limited_dsn:
         with PostgresStore(limited_dsn, schema=pg_schema) as limited:
             assert limited.indexes_dead_letters is False
             assert any(
@@ -272,7 +269,3 @@ def test_a_postgres_role_without_grants_on_the_index_reads_it_empty(
             assert limited.sweep_dead_letters(TASK, up_to=mark, pass_id="p") == 0
         with PostgresStore(postgres_dsn, schema=pg_schema) as owner:  # untouched
             assert ids(owner) == ["job-1"]
-    finally:
-        with _admin(postgres_dsn) as conn:
-            conn.execute(f'DROP OWNED BY "{role}"')
-            conn.execute(f'DROP ROLE "{role}"')

@@ -308,14 +308,9 @@ class Store(ABC):
                 record, key, worker, error, job=job, job_id=job_id, task=task, now=moment
             )
 
-        indexed = letter is not None and self.indexes_dead_letters
+        row = IndexRow.of(letter) if letter is not None and self.indexes_dead_letters else None
         self._rewrite(
-            key,
-            rule,
-            now,
-            f"mark job key {key!r} dead",
-            payload_text(payload),
-            letter=IndexRow.of(letter) if letter is not None and indexed else None,
+            key, rule, now, f"mark job key {key!r} dead", payload_text(payload), letter=row
         )
 
     @abstractmethod
