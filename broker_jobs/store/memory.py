@@ -97,14 +97,24 @@ class _DictRecords:
 
 @dataclass(frozen=True)
 class _Entry:
-    seq: int
-    row: IndexRow
+    """An entry as the SQL stores read it back, read once when it is indexed (each
+    query filters every entry)."""
+
+    task: str
+    entry: IndexedDeadLetter
     pass_id: str | None
-    indexed_at: datetime
+
+    @classmethod
+    def of(cls, seq: int, row: IndexRow, pass_id: str | None, now: datetime) -> _Entry:
+        entry = read_entry(row.document, row.body, row.body_size, seq, now)
+        return cls(row.task, entry, pass_id)
+
+    @property
+    def seq(self) -> int:
+        return self.entry.seq
 
     def read(self) -> IndexedDeadLetter:
-        row = self.row
-        return read_entry(row.document, row.body, row.body_size, self.seq, self.indexed_at)
+        return self.entry
 
 
 class _LetterIndex:
@@ -123,7 +133,7 @@ class _LetterIndex:
             if found is None:
                 self._seq += 1
             seq = self._seq if found is None else found.seq
-            self._entries[key] = _Entry(seq, row, pass_id, now)
+            self._entries[key] = _Entry.of(seq, row, pass_id, now)
         while len(self._entries) > self._limit:
             self._entries.popitem(last=False)
 
@@ -339,7 +349,7 @@ class MemoryStore(ExclusiveStore):
         counts = dict.fromkeys(tasks, 0)
         with self._open():
             for entry in self._letters.matching(tasks, where):
-                counts[entry.row.task] += 1
+                counts[entry.task] += 1
         return counts
 
     def unindex_dead_letters(self, task: str, letter_ids: Sequence[str]) -> int:
