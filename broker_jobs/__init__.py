@@ -33,10 +33,9 @@ from broker_jobs.publish.publisher import Publisher
 from broker_jobs.retry import PermanentError, RetryableError, RetryPolicy
 from broker_jobs.store.errors import LeaseLostError, StoreError
 from broker_jobs.urls import mask_url
+from broker_jobs.version import __version__
 from broker_jobs.worker import Worker, WorkerSettings
 from topology import QueueOptions, QueueType
-
-__version__ = "0.1.0"
 
 __all__ = [
     # declaring tasks

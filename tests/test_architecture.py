@@ -37,6 +37,7 @@ CORE = frozenset(
         "async_publisher",
         "dead_letter_queue",
         "dead_letter",
+        "version",
     }
 )
 

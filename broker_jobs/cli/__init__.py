@@ -25,6 +25,7 @@ COMMANDS = {
     "status": "broker_jobs.cli.status:status_command",
     "topology": "broker_jobs.cli.topology:topology_group",
     "worker": "broker_jobs.cli.worker:worker_command",
+    "workers": "broker_jobs.cli.workers:workers_command",
 }
 
 

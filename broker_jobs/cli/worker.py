@@ -173,6 +173,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
         consumer_timeout=consumer_timeout,
         reconnect_timeout=reconnect_timeout,
         retention=timedelta(days=retention),
+        processes=processes,
     )
     run = WorkerRun(
         url=url,

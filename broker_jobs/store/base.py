@@ -28,6 +28,7 @@ from broker_jobs.envelope import Job
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, IndexRow
 from broker_jobs.store.errors import LeaseLostError, StoreError
 from broker_jobs.store.ledger import Filtering, Filters
+from broker_jobs.store.processes import ProcessRecord
 from broker_jobs.store.records import (
     CANCELLABLE,
     REPLAYABLE,
@@ -603,6 +604,22 @@ class Store(ABC):
     @abstractmethod
     def leader(self, group: str) -> LeaderRecord | None:
         """The last leader recorded for ``group``, None if none was."""
+
+    # --- heartbeats: one record per daemon process (broker_jobs.store.processes) -------
+
+    @abstractmethod
+    def record_process(self, record: ProcessRecord) -> None:
+        """Write ``record`` as the heartbeat of its process (one per id: the last
+        write wins). Not durable at once (a lost heartbeat is rewritten seconds later)."""
+
+    @abstractmethod
+    def processes(self, namespace: str | None = None) -> list[ProcessRecord]:
+        """The heartbeat records of ``namespace``'s processes (all when None), the
+        most recently seen first."""
+
+    @abstractmethod
+    def forget_processes(self, seen_before: datetime) -> int:
+        """Delete the records last seen before ``seen_before``; how many went."""
 
     @abstractmethod
     def close(self) -> None:

@@ -25,6 +25,7 @@ from broker_jobs.store.ledger import (
     summaries,
     waiting_since,
 )
+from broker_jobs.store.processes import ProcessRecord
 from broker_jobs.store.records import (
     TERMINAL,
     Claim,
@@ -211,6 +212,7 @@ class MemoryStore(ExclusiveStore):
         self._letters = _LetterIndex(max_finished)
         self._fires: dict[str, datetime] = {}
         self._leaders: dict[str, LeaderRecord] = {}
+        self._processes: dict[str, ProcessRecord] = {}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -399,6 +401,22 @@ class MemoryStore(ExclusiveStore):
         with self._open():
             return self._leaders.get(group)
 
+    def record_process(self, record: ProcessRecord) -> None:
+        with self._open():
+            self._processes[record.id] = record
+
+    def processes(self, namespace: str | None = None) -> list[ProcessRecord]:
+        with self._open():
+            kept = [p for p in self._processes.values() if namespace in (None, p.namespace)]
+        return sorted(kept, key=lambda p: p.seen_at, reverse=True)
+
+    def forget_processes(self, seen_before: datetime) -> int:
+        with self._open():
+            gone = [id for id, p in self._processes.items() if p.seen_at < seen_before]
+            for id in gone:
+                del self._processes[id]
+        return len(gone)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -410,3 +428,4 @@ class MemoryStore(ExclusiveStore):
             self._finished.clear()
             self._fires.clear()
             self._leaders.clear()
+            self._processes.clear()

@@ -72,6 +72,7 @@ from broker_jobs.store.postgres_queries import (
     record_params,
 )
 from broker_jobs.store.postgres_schema import SCHEMA_VERSION, Schema
+from broker_jobs.store.processes import ProcessRecord, process_document, process_of
 from broker_jobs.store.records import (
     SUCCESS,
     TERMINAL,
@@ -673,6 +674,30 @@ class PostgresStore(Store):
         query = self._q.leader if self._layout.keeps_leader_schedules else self._q.leader_alone
         row = self._run_one("read the beat leader", query, {"group": group})
         return leader_of(row, maybe_aware)
+
+    def record_process(self, record: ProcessRecord) -> None:
+        if not self._layout.keeps_processes:
+            return  # said once at open: this role may not write the table
+        params = {
+            "id": record.id,
+            "namespace": record.namespace,
+            "seen_at": utc(record.seen_at),
+            "document": process_document(record),
+        }
+        self._run("record a heartbeat", self._q.processes.record, params)
+
+    def processes(self, namespace: str | None = None) -> list[ProcessRecord]:
+        if not self._layout.keeps_processes:
+            return []
+        query, params = self._q.processes.of_namespace, {"namespace": namespace}
+        rows = self._run("read the heartbeats", query, params)
+        return [process_of(text) for (text,) in rows]
+
+    def forget_processes(self, seen_before: datetime) -> int:
+        if not self._layout.keeps_processes:
+            return 0
+        cutoff = {"cutoff": utc(seen_before)}
+        return len(self._run("forget old heartbeats", self._q.processes.forget, cutoff))
 
     def close(self) -> None:
         self._pool.close()

@@ -73,7 +73,11 @@ class Queries:
         self.executions = name("broker_jobs_executions")
         self.payloads = name("broker_jobs_payloads")
         self.outputs = name("broker_jobs_outputs")
-        self.letters = LetterQueries(name("broker_jobs_dead_letters"))
+        # The dead letters' index and the heartbeats: statements of their own.
+        self.letters, self.processes = (
+            LetterQueries(name("broker_jobs_dead_letters")),
+            ProcessQueries(name("broker_jobs_processes")),
+        )
         self.schema = sql.Identifier(schema) if schema else None
         cols = sql.SQL(", ").join(map(sql.Identifier, COLUMNS))
         self.cols = cols
@@ -286,6 +290,29 @@ class Queries:
         marks = {name: f"%({name})s" for name in ("now", "minute", "hour")}
         text = template.format(records="{records}", executions="{executions}", **marks, **more)
         return sql.SQL(text).format(records=self.records, executions=self.executions)
+
+
+class ProcessQueries:
+    """The statements of the heartbeat records (:mod:`broker_jobs.store.processes`),
+    for its ``table``."""
+
+    def __init__(self, table: sql.Identifier) -> None:
+        def q(template: str) -> sql.Composed:
+            return sql.SQL(template).format(processes=table)
+
+        self.table = table
+        self.record = q(
+            "INSERT INTO {processes} (id, namespace, seen_at, document)"
+            " VALUES (%(id)s, %(namespace)s, %(seen_at)s, %(document)s)"
+            " ON CONFLICT (id) DO UPDATE SET namespace = excluded.namespace,"
+            "  seen_at = excluded.seen_at, document = excluded.document"
+        )
+        self.of_namespace = q(
+            "SELECT document FROM {processes}"
+            " WHERE %(namespace)s::text IS NULL OR namespace = %(namespace)s"
+            " ORDER BY seen_at DESC"
+        )
+        self.forget = q("DELETE FROM {processes} WHERE seen_at < %(cutoff)s RETURNING 1")
 
 
 class LetterQueries:

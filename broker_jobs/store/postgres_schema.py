@@ -89,6 +89,8 @@ class Schema:
         self.keeps_leader_schedules = False
         #: Whether this store keeps the index of dead letters (set by :meth:`open`).
         self.keeps_dead_letters = False
+        #: Whether this store keeps heartbeat records (set by :meth:`open`).
+        self.keeps_processes = False
         self._store = store
         self._where = where
 
@@ -128,6 +130,11 @@ class Schema:
             self._add(conn, self.create_dead_letters())  # without a version: older code ignores it
         self.keeps_dead_letters = _exist(conn, letters) and self._may_write(
             conn, letters, "dead letters are not indexed (they are read from their queues)"
+        )
+        if not _exist(conn, self.q.processes.table):
+            self._add(conn, [self.create_processes()])  # without a version: older code ignores it
+        self.keeps_processes = _exist(conn, self.q.processes.table) and self._may_write(
+            conn, self.q.processes.table, "this ledger lists no heartbeats of workers"
         )
         if not _exist(conn, self.q.fires, self.q.leaders):
             # A role without CREATE on the schema still opens the store (a worker needs
@@ -384,6 +391,18 @@ class Schema:
             " sent_at timestamptz,"
             " kept_at timestamptz NOT NULL)"
         ).format(outputs=self.q.outputs)
+
+    def create_processes(self) -> sql.Composed:
+        """The daemons' heartbeat records (:mod:`broker_jobs.store.processes`): one JSON
+        document per process id, rewritten every few seconds. Added without a version
+        whenever a store opens the database: older code ignores it."""
+        return sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {processes} ("
+            " id text PRIMARY KEY,"
+            " namespace text NOT NULL,"
+            " seen_at timestamptz NOT NULL,"
+            " document text NOT NULL)"
+        ).format(processes=self.q.processes.table)
 
     def create_dead_letters(self) -> list[sql.Composed]:
         """The ledger's index of dead letters (:mod:`broker_jobs.store.dead_letter_index`):

@@ -57,6 +57,7 @@ from broker_jobs.store.ledger import (
     tally_records,
     window_params,
 )
+from broker_jobs.store.processes import ProcessRecord, process_document, process_of
 from broker_jobs.store.records import (
     TERMINAL,
     Claim,
@@ -91,6 +92,7 @@ from broker_jobs.store.sqlite_statements import (
     _EXECUTIONS_OF,
     _FINISHED_COUNTS,
     _FOLLOW_UPS_SENT,
+    _FORGET_PROCESSES,
     _KEPT_OUTPUT,
     _KEPT_PAYLOAD,
     _LAST_FIRE,
@@ -102,8 +104,10 @@ from broker_jobs.store.sqlite_statements import (
     _LETTERS,
     _NEWEST_FIRST,
     _PAIRS_PER_UPDATE,
+    _PROCESSES,
     _RECORD_FIRE,
     _RECORD_LEADER,
+    _RECORD_PROCESS,
     _SWEEP_LETTERS,
     _UNINDEX_LETTER,
     _aware_time,
@@ -605,6 +609,19 @@ class SQLiteStore(ExclusiveStore):
 
     def leader(self, group: str) -> LeaderRecord | None:
         return leader_of(self._read_one("read the beat leader", _LEADER, (group,)), _time)
+
+    def record_process(self, record: ProcessRecord) -> None:
+        # synchronous=NORMAL: rewritten every few seconds; a power cut loses one beat.
+        params = (record.id, record.namespace, _text(utc(record.seen_at)), process_document(record))
+        self._write(_RECORD_PROCESS, params, "NORMAL", "record a heartbeat")
+
+    def processes(self, namespace: str | None = None) -> list[ProcessRecord]:
+        rows = self._read("read the heartbeats", _PROCESSES, (namespace,))
+        return [process_of(text) for (text,) in rows]
+
+    def forget_processes(self, seen_before: datetime) -> int:
+        cutoff = (_text(utc(seen_before)),)
+        return self._write(_FORGET_PROCESSES, cutoff, "NORMAL", "forget old heartbeats")
 
     def close(self) -> None:
         self._calls.stop()

@@ -211,6 +211,17 @@ _CREATE_DEAD_LETTERS = (
     " ON broker_jobs_dead_letters (idempotency_key)",
 )
 
+#: The daemons' heartbeat records (:mod:`broker_jobs.store.processes`): one JSON
+#: document per process id, rewritten every few seconds. Added whenever a store
+#: opens the file, without a version: older code ignores it (its daemons are not
+#: listed). ``seen_at`` is the store's fixed-width UTC text (``forget_processes``).
+_CREATE_PROCESSES = """CREATE TABLE IF NOT EXISTS broker_jobs_processes (
+        id TEXT PRIMARY KEY,
+        namespace TEXT NOT NULL,
+        seen_at TEXT NOT NULL,
+        document TEXT NOT NULL
+    ) WITHOUT ROWID"""
+
 #: The beat's tables, added after version 1 without changing the layout of the others
 #: (older code ignores them): created if missing whenever a store opens the file.
 _CREATE_BEAT = (
@@ -272,6 +283,7 @@ def create_tables(conn: sqlite3.Connection, store: object, where: str) -> None:
     for statement in (
         *_CREATE_BEAT,
         _CREATE_OUTPUTS,
+        _CREATE_PROCESSES,
         *_CREATE_DEAD_LETTERS,
         *_CREATE_JOB_ID_INDEX,
         *_CREATE_LEDGER_INDEXES,

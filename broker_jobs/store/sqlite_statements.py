@@ -123,6 +123,15 @@ _LEADER = (
     "SELECT group_name, identity, since, seen_at, schedules FROM broker_jobs_beat_leaders"
     " WHERE group_name = ?"
 )
+_RECORD_PROCESS = (
+    "INSERT OR REPLACE INTO broker_jobs_processes (id, namespace, seen_at, document)"
+    " VALUES (?, ?, ?, ?)"
+)
+_PROCESSES = (
+    "SELECT document FROM broker_jobs_processes WHERE ?1 IS NULL OR namespace = ?1"
+    " ORDER BY seen_at DESC"
+)
+_FORGET_PROCESSES = "DELETE FROM broker_jobs_processes WHERE seen_at < ?"
 _RECORD_LEADER = (
     "INSERT OR REPLACE INTO broker_jobs_beat_leaders"
     " (group_name, identity, since, seen_at, schedules) VALUES (?, ?, ?, ?, ?)"

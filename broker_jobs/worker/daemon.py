@@ -38,9 +38,11 @@ from broker_jobs.errors import (
     HandlerStuckError,
     ReconnectTimeoutError,
 )
+from broker_jobs.observe.heartbeat import Heartbeat, Pulse, process_record
 from broker_jobs.observe.worker_metrics import WorkerMetrics
 from broker_jobs.publish.async_publisher import AsyncPublisher
 from broker_jobs.store.base import Store, StoreError
+from broker_jobs.store.processes import ProcessKind, ProcessState
 from broker_jobs.urls import BrokerURL, BrokerURLs
 from broker_jobs.worker.execution import Executor
 from broker_jobs.worker.fast_path import FastPath
@@ -224,6 +226,8 @@ class Worker:
         fast_path = self._fast_path = FastPath(runner)
         fast_path.start()
         pruner = asyncio.create_task(self._prune_forever())
+        heartbeat = self._heartbeat(runner, fast_path)
+        beating = asyncio.create_task(heartbeat.run())
         session: Session | None = None
         try:
             try:
@@ -246,11 +250,36 @@ class Worker:
             return runner.outcomes.counts
         finally:
             pruner.cancel()
+            beating.cancel()
+            await heartbeat.stopped()
             runner.close()
             executor.shutdown()
             await publisher.close()
             if session is not None:
                 await session.close()
+
+    def _heartbeat(self, runner: Runner, fast_path: FastPath) -> Heartbeat:
+        """This process's heartbeat in the ledger: what it runs, its jobs in hand."""
+        settings = self._settings
+        record = process_record(
+            ProcessKind.WORKER,
+            self._worker_id,
+            self._app.namespace,
+            tasks=self._tasks,
+            concurrency=settings.concurrency,
+            processes=settings.processes,
+            every=settings.heartbeat_every,
+        )
+
+        def pulse() -> Pulse:
+            stopping = self._stopping.is_set() or runner.stopping
+            return Pulse(
+                state=ProcessState.STOPPING if stopping else ProcessState.RUNNING,
+                in_flight=fast_path.in_hand + runner.in_hand,
+                running=runner.observer.running_jobs(),
+            )
+
+        return Heartbeat(self._store, record, pulse=pulse)
 
     async def _consume_until_ended(
         self, link: BrokerLink, runner: Runner, fast_path: FastPath

@@ -24,15 +24,17 @@ import logging
 import time
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
+from broker_jobs.clock import utc_now
 from broker_jobs.envelope import Job
 from broker_jobs.observe.link_metrics import LinkMetrics
 from broker_jobs.observe.tracing import execution_span
 from broker_jobs.observe.worker_metrics import OUTCOMES, TaskMetrics, WorkerMetrics
 from broker_jobs.store.base import JobRecord, mask_dsn
+from broker_jobs.store.processes import MAX_LISTED_RUNNING, RunningJob
 from broker_jobs.urls import mask_text
 
 log = logging.getLogger(__name__)
@@ -46,11 +48,12 @@ class Run:
     :attr:`duration` is the run's length once it ended (so far, while it runs; None
     if it never started)."""
 
-    __slots__ = ("_metrics", "_span", "ended", "job", "started")
+    __slots__ = ("_metrics", "_running", "_span", "ended", "job", "started")
 
-    def __init__(self, job: Job, metrics: TaskMetrics | None) -> None:
+    def __init__(self, job: Job, metrics: TaskMetrics | None, running: set[Run]) -> None:
         self.job = job
         self._metrics = metrics
+        self._running = running
         self._span: AbstractContextManager[None] | None = None
         self.started: float | None = None
         self.ended: float | None = None
@@ -64,6 +67,7 @@ class Run:
             metrics.lag.observe(max(0.0, time.time() - due.timestamp()))
             metrics.in_flight.inc()
         self.started = time.perf_counter()
+        self._running.add(self)  # atomic under the GIL, as is the heartbeat's copy
         return self
 
     def __exit__(
@@ -73,6 +77,7 @@ class Run:
         tb: TracebackType | None,
     ) -> bool | None:
         self.ended = ended = time.perf_counter()
+        self._running.discard(self)
         metrics = self._metrics
         if metrics is not None:
             assert self.started is not None  # entered
@@ -102,6 +107,8 @@ class JobObserver:
         self._namespace = namespace
         self._worker_id = worker_id
         self._metrics = metrics
+        #: The runs in progress (for the heartbeat: :meth:`running_jobs`).
+        self._running: set[Run] = set()
         for task in tasks:  # their series exist from the start, at 0
             self._task(task)
         if metrics is not None:
@@ -121,7 +128,23 @@ class JobObserver:
 
     def run(self, job: Job) -> Run:
         """The context manager to call ``job``'s handler in."""
-        return Run(job, self._task(job.task))
+        return Run(job, self._task(job.task), self._running)
+
+    def running_jobs(self) -> tuple[RunningJob, ...]:
+        """The jobs whose handlers run now, the longest-running first (at most
+        :data:`MAX_LISTED_RUNNING`)."""
+        runs = sorted(self._running.copy(), key=lambda run: run.started or 0.0)
+        now, clock = utc_now(), time.perf_counter()
+        return tuple(
+            RunningJob(
+                job_id=run.job.id,
+                task=run.job.task,
+                key=run.job.idempotency_key,
+                attempt=run.job.attempt,
+                started_at=now - timedelta(seconds=clock - (run.started or clock)),
+            )
+            for run in runs[:MAX_LISTED_RUNNING]
+        )
 
     def settled(self, task: str, outcome: str, count: int = 1) -> None:
         """``count`` deliveries of ``task`` settled with the runner's ``outcome``

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from broker_jobs.errors import ConfigurationError
+from broker_jobs.observe.heartbeat import HEARTBEAT_EVERY
 from broker_jobs.store.base import DEFAULT_RETENTION
 
 
@@ -40,6 +41,10 @@ class WorkerSettings:
     #: still running then is stuck, and the worker is replaced (exit code 70:
     #: docs/worker.md, *Time limits*).
     overrun_grace: float = 30.0
+    #: Seconds between two heartbeats in the ledger (``broker-jobs workers``).
+    heartbeat_every: float = HEARTBEAT_EVERY
+    #: Worker processes of the command that started this one (its heartbeat says).
+    processes: int = 1
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -52,6 +57,8 @@ class WorkerSettings:
             )
         if self.reconnect_max_delay <= 0:
             raise ConfigurationError("reconnect_max_delay must be a positive number of seconds")
+        if self.heartbeat_every <= 0:
+            raise ConfigurationError("heartbeat_every must be a positive number of seconds")
         if self.overrun_grace <= 0:
             raise ConfigurationError("overrun_grace must be a positive number of seconds")
 

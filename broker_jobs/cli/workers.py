@@ -1,0 +1,176 @@
+"""``broker-jobs workers``: the worker processes, beats and exporters that keep a
+heartbeat in the ledger, alive or lost, with what each runs. Read-only."""
+
+from __future__ import annotations
+
+import click
+from rich.text import Text
+
+from broker_jobs.cli.options import store_option
+from broker_jobs.cli.output import console, echo_json, fail, json_option, table
+from broker_jobs.cli.tasks import chosen_tasks, task_options
+from broker_jobs.clock import utc_now
+from broker_jobs.errors import BrokerJobsError
+from broker_jobs.ops.processes import Liveness, ProcessView, liveness_counts, process_views
+from broker_jobs.ops.readable import span, when
+from broker_jobs.store.base import mask_dsn
+from broker_jobs.store.urls import open_store
+from topology.names import InvalidNameError, Names
+
+_COLUMNS = (
+    "state",
+    "kind",
+    "id",
+    "host",
+    "pid",
+    "version",
+    "tasks",
+    "concurrency",
+    "in flight",
+    "started",
+    "last seen",
+)
+_STYLES = {
+    Liveness.ALIVE: "green",
+    Liveness.STOPPING: "yellow",
+    Liveness.LOST: "bold red",
+    Liveness.STOPPED: "dim",
+}
+
+
+@click.command("workers")
+@task_options("whose workers to show")
+@store_option
+@click.option(
+    "--lost-after",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Call a process lost after this long without a heartbeat (default: three of"
+    " its heartbeat periods, at least 15 s).",
+)
+@click.option("--running", "show_running", is_flag=True, help="List each worker's running jobs.")
+@json_option
+def workers_command(  # noqa: PLR0917 - click passes every option positionally
+    app_option: str | None,
+    namespace: str | None,
+    tasks: tuple[str, ...],
+    store_url: str,
+    lost_after: float | None,
+    show_running: bool,
+    as_json: bool,
+) -> None:
+    """Show the worker processes, beats and exporters and what each runs. Read-only.
+
+    Every daemon with a ledger rewrites its heartbeat record there every few
+    seconds (docs/operations.md, "Workers"); one silent past the threshold without
+    having said it stopped is shown as lost (killed, its host gone, or cut off from
+    the ledger). Stopped ones stay listed for a day.
+
+    \b
+    Examples:
+      broker-jobs workers --store postgresql://ops@db/jobs
+      broker-jobs workers --app myproject.tasks:app --running
+      broker-jobs workers --namespace jobs --task image.resize --json
+    """
+    try:
+        chosen_namespace, chosen = _scope(app_option, namespace, tasks)
+        with open_store(store_url, must_exist=True) as store:
+            now = utc_now()
+            views = process_views(
+                store, chosen_namespace, tasks=chosen, lost_after=lost_after, now=now
+            )
+    except (BrokerJobsError, InvalidNameError) as error:
+        fail(str(error))
+    if as_json:
+        echo_json(
+            {
+                "namespace": chosen_namespace,
+                "taken_at": when(now),
+                "counts": _counts(views),
+                "processes": [view.document() for view in views],
+            }
+        )
+        return
+    scope = f"namespace {chosen_namespace!r}" if chosen_namespace else "every namespace"
+    click.echo(f"{scope}, ledger {mask_dsn(store_url)}, at {when(now)}")
+    if not views:
+        click.echo(
+            "no heartbeats in this ledger: start a worker with --store pointing here"
+            " (workers with the memory store keep theirs to themselves)"
+        )
+        return
+    grid = table(*_COLUMNS, right=("pid", "concurrency", "in flight"))
+    for view in views:
+        grid.add_row(*_row(view))
+    console().print(grid)
+    click.echo(", ".join(f"{count} {kind} {state}" for (kind, state), count in _counted(views)))
+    if show_running:
+        _echo_running(views)
+
+
+def _scope(
+    app_option: str | None, namespace: str | None, tasks: tuple[str, ...]
+) -> tuple[str | None, tuple[str, ...]]:
+    """The namespace to show (None: all) and the tasks to filter by."""
+    if namespace is None and app_option is None:
+        if tasks:
+            raise click.UsageError("--task needs --app or --namespace")
+        return None, ()
+    if namespace is not None and not tasks:
+        try:
+            return Names(namespace).namespace, ()
+        except InvalidNameError as error:
+            raise click.BadParameter(str(error), param_hint="--namespace") from None
+    picked = chosen_tasks(app_option, namespace, tasks, "whose workers to show")
+    return picked.names.namespace, tuple(tasks)
+
+
+def _row(view: ProcessView) -> list[str | Text]:
+    r = view.record
+    state = view.liveness.value
+    if view.liveness is Liveness.LOST:
+        state = f"lost ({span(view.silent_for)})"
+    kind = r.kind.value if r.role is None else f"{r.kind.value} ({r.role})"
+    concurrency = "-" if r.concurrency is None else str(r.concurrency)
+    if r.processes and r.processes > 1:
+        concurrency += f" x{r.processes}"
+    return [
+        Text(state, style=_STYLES[view.liveness]),
+        kind,
+        r.id,
+        r.host,
+        str(r.pid),
+        r.version,
+        ", ".join(r.tasks) or "-",
+        concurrency,
+        str(r.in_flight),
+        when(r.started_at),
+        f"{span(view.silent_for)} ago",
+    ]
+
+
+def _echo_running(views: list[ProcessView]) -> None:
+    grid = table("worker", "job", "task", "key", "attempt", "running for", right=("attempt",))
+    now = utc_now()
+    for view in views:
+        for job in view.record.running:
+            grid.add_row(
+                view.record.id,
+                job.job_id,
+                job.task,
+                job.key,
+                str(job.attempt),
+                span(now - job.started_at),
+            )
+    console().print(grid)
+
+
+def _counted(views: list[ProcessView]) -> list[tuple[tuple[str, str], int]]:
+    return sorted(liveness_counts(views).items())
+
+
+def _counts(views: list[ProcessView]) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = {}
+    for (kind, state), count in _counted(views):
+        counts.setdefault(kind, {})[state] = count
+    return counts

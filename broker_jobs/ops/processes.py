@@ -1,0 +1,127 @@
+"""The daemons as an operator sees them, from their heartbeats in the ledger
+(:mod:`broker_jobs.store.processes`): ``broker-jobs workers``, the dashboard's
+workers page and the exporter's ``broker_jobs_processes`` metric read them here.
+
+A process is *lost* when its record is older than :func:`lost_after` (three of its
+own heartbeat periods, at least :data:`MIN_LOST_AFTER` seconds) without saying it
+stopped: killed, its host gone, or cut off from the ledger. The judgement uses the
+reader's clock against the writer's, so hosts' clocks must agree to well within it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from broker_jobs.clock import utc_now
+from broker_jobs.ops.readable import when
+from broker_jobs.store.base import Store
+from broker_jobs.store.processes import ProcessKind, ProcessRecord, ProcessState
+
+#: Heartbeat periods of silence after which a process is lost.
+LOST_AFTER_BEATS = 3
+#: Seconds of silence that never make a process lost, whatever its period.
+MIN_LOST_AFTER = 15.0
+_ZERO = timedelta(0)
+
+
+class Liveness(StrEnum):
+    ALIVE = "alive"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+
+def lost_after(record: ProcessRecord, override: float | None = None) -> float:
+    """Seconds of silence after which ``record``'s process is lost (``override``:
+    the operator's own threshold)."""
+    if override is not None:
+        return override
+    return max(LOST_AFTER_BEATS * record.every, MIN_LOST_AFTER)
+
+
+def liveness(record: ProcessRecord, now: datetime, override: float | None = None) -> Liveness:
+    """Whether ``record``'s process is alive, stopping, stopped or lost at ``now``."""
+    if record.state is ProcessState.STOPPED:
+        return Liveness.STOPPED
+    if (now - record.seen_at).total_seconds() > lost_after(record, override):
+        return Liveness.LOST
+    return Liveness.STOPPING if record.state is ProcessState.STOPPING else Liveness.ALIVE
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    """One process: its last record and what the reader makes of it."""
+
+    record: ProcessRecord
+    liveness: Liveness
+    silent_for: timedelta
+
+    def document(self) -> dict[str, Any]:
+        """As ``--json`` and ``/api/workers`` give it."""
+        r = self.record
+        return {
+            "id": r.id,
+            "kind": r.kind.value,
+            "namespace": r.namespace,
+            "state": self.liveness.value,
+            "host": r.host,
+            "pid": r.pid,
+            "version": r.version,
+            "tasks": list(r.tasks),
+            "concurrency": r.concurrency,
+            "processes": r.processes,
+            "role": r.role,
+            "started_at": when(r.started_at),
+            "last_seen": when(r.seen_at),
+            "silent_s": round(self.silent_for.total_seconds(), 1),
+            "heartbeat_every_s": r.every,
+            "in_flight": r.in_flight,
+            "running": [
+                {
+                    "job_id": job.job_id,
+                    "task": job.task,
+                    "key": job.key,
+                    "attempt": job.attempt,
+                    "started_at": when(job.started_at),
+                }
+                for job in r.running
+            ],
+        }
+
+
+_ORDER = {Liveness.ALIVE: 0, Liveness.STOPPING: 1, Liveness.LOST: 2, Liveness.STOPPED: 3}
+
+
+def process_views(
+    store: Store,
+    namespace: str | None = None,
+    *,
+    tasks: Iterable[str] = (),
+    lost_after: float | None = None,
+    now: datetime | None = None,
+) -> list[ProcessView]:
+    """The processes of ``namespace`` (all when None) that the ledger knows, those
+    that run any of ``tasks`` only when given (beats and exporters always): the live
+    first, then by kind, host and id."""
+    now = now or utc_now()
+    wanted = frozenset(tasks)
+    views = [
+        ProcessView(record, liveness(record, now, lost_after), max(now - record.seen_at, _ZERO))
+        for record in store.processes(namespace)
+        if not wanted or record.kind is not ProcessKind.WORKER or wanted & set(record.tasks)
+    ]
+    return sorted(
+        views,
+        key=lambda v: (_ORDER[v.liveness], v.record.kind.value, v.record.host, v.record.id),
+    )
+
+
+
+def liveness_counts(views: Iterable[ProcessView]) -> Counter[tuple[str, str]]:
+    """How many processes of each (kind, liveness)."""
+    return Counter((view.record.kind.value, view.liveness.value) for view in views)
