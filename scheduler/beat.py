@@ -38,8 +38,10 @@ from broker_jobs.clock import utc_now
 from broker_jobs.envelope import Job
 from broker_jobs.errors import BrokerConnectionError, ConfigurationError, PublishError
 from broker_jobs.observe.beat_metrics import BeatMetrics
+from broker_jobs.observe.heartbeat import Heartbeat, Pulse, process_record
 from broker_jobs.publish.prepare import JobFactory
 from broker_jobs.store.base import Store, StoreError
+from broker_jobs.store.processes import ProcessKind, ProcessState
 from broker_jobs.urls import AnyBrokerURLs, BrokerURLs
 from scheduler.agreement import ScheduleAgreement
 from scheduler.digests import schedule_digests
@@ -186,6 +188,15 @@ class Beat:
             self._identity,
             len(self._schedules),
         )
+        heartbeat = Heartbeat(
+            self._store,
+            process_record(
+                ProcessKind.BEAT, self._identity, self._app.namespace, every=settings.announce_every
+            ),
+            pulse=self._pulse,
+            call=self._in_store,
+        )
+        beating = asyncio.create_task(heartbeat.run())
         try:
             while await self._until_leader(leadership):
                 try:
@@ -205,8 +216,16 @@ class Beat:
                 # failed, would otherwise spin.
                 await self._nap(RETRY_AFTER)
         finally:
+            beating.cancel()
             await leadership.stop()
+            await heartbeat.stopped()
             self._store_thread.shutdown(wait=True)
+
+    def _pulse(self) -> Pulse:
+        """The beat's heartbeat: its role in the election."""
+        role = ("leading" if self._leading else "following") if self._connected else "connecting"
+        stopping = self._stopping.is_set()
+        return Pulse(state=ProcessState.STOPPING if stopping else ProcessState.RUNNING, role=role)
 
     def _on_leadership(self, leader: bool) -> None:
         self._leading = leader

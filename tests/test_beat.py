@@ -23,6 +23,7 @@ import pytest
 from broker_jobs.envelope import Job
 from broker_jobs.publish.prepare import JobFactory
 from broker_jobs.store import MemoryStore, SQLiteStore, Status, Store, StoreError
+from broker_jobs.store.processes import ProcessKind, ProcessState
 from broker_jobs.worker import Worker, WorkerSettings
 from scheduler import Beat, BeatSettings, Schedule, load_schedules
 from scheduler.beat import fire_key
@@ -462,13 +463,21 @@ def test_a_beat_given_several_urls_leads_through_the_first_that_answers(
         probe.bind(("127.0.0.1", 0))
         down = f"amqp://guest:guest@127.0.0.1:{probe.getsockname()[1]}/"
     emitted: list[datetime] = []
+    store = MemoryStore()
     beat = Beat(
         [down, broker.url],
         app,
         load_schedules(app),
-        MemoryStore(),
+        store,
         BeatSettings(heartbeat=2),
         on_emitted=lambda schedule, fire, job: emitted.append(fire),
     )
     run_beat_until(beat, lambda: len(emitted) >= 2)
     assert len(emitted) >= 2
+    # Its heartbeat (broker-jobs workers): a beat, stopped when it returned.
+    [last] = store.processes(namespace)
+    assert (last.id, last.kind, last.state) == (
+        beat.identity,
+        ProcessKind.BEAT,
+        ProcessState.STOPPED,
+    )

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,7 +19,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker_jobs import App, Job, Publisher
+from broker_jobs.observe.heartbeat import process_record
 from broker_jobs.store import SQLiteStore, Status
+from broker_jobs.store.processes import ProcessKind, ProcessState
 from broker_jobs.testing.tcp_proxy import TcpProxy
 from tests.beat_app import TASK, Tick, build_app
 from tests.support import Broker, wait_until
@@ -129,8 +132,9 @@ def job(key: str, task: str = TASK) -> Job:
     return Job(id=f"id-{key}", task=task, idempotency_key=key)
 
 
-def fill_ledger(path: Path) -> None:
-    """TASK: 2 queued (the older 2 min ago), 1 running, 1 succeeded, 1 dead."""
+def fill_ledger(path: Path, namespace: str) -> None:
+    """TASK: 2 queued (the older 2 min ago), 1 running, 1 succeeded, 1 dead; a worker
+    of ``namespace`` silent for 10 minutes (lost)."""
     now = datetime.now(UTC)
     with SQLiteStore(path) as store:
         store.record_published([job("q1")], now=now - timedelta(seconds=120))
@@ -140,6 +144,8 @@ def fill_ledger(path: Path) -> None:
         store.succeed("ok1", "w1")
         store.claim(job("de1"), "w1", LEASE)
         store.dead("de1", "w1", "exhausted")
+        silent = process_record(ProcessKind.WORKER, "w1", namespace, tasks=[TASK])
+        store.record_process(replace(silent, seen_at=now - timedelta(minutes=10)))
 
 
 def closed_port_url() -> str:
@@ -165,7 +171,7 @@ def test_the_exporter_serves_the_depths_and_the_ledger_it_polled(
 ) -> None:
     consumer = filled
     ledger = tmp_path / "ledger.db"
-    fill_ledger(ledger)
+    fill_ledger(ledger, namespace)
     port = exporters.start(
         "exporter",
         "--url", broker.url, "--namespace", namespace, "--task", TASK, "--task", OTHER,
@@ -207,6 +213,19 @@ def test_the_exporter_serves_the_depths_and_the_ledger_it_polled(
     assert oldest is not None
     assert 120 <= oldest < 180
     assert by_task(figures, "broker_jobs_oldest_waiting_seconds", namespace, OTHER) == 0
+    processes = {
+        (kind, state): sample(
+            figures, "broker_jobs_processes", namespace=namespace, kind=kind, state=state
+        )
+        for kind in ("worker", "exporter")
+        for state in ("alive", "lost")
+    }
+    assert processes == {
+        ("worker", "alive"): 0,
+        ("worker", "lost"): 1,
+        ("exporter", "alive"): 1,  # its own heartbeat
+        ("exporter", "lost"): 0,
+    }
 
     # The next polls follow the broker: one more job is counted.
     with Publisher(broker.url, app) as publisher:
@@ -223,6 +242,12 @@ def test_the_exporter_serves_the_depths_and_the_ledger_it_polled(
         what="the consumer gone",
     )
     exporters.stop("exporter")
+    with SQLiteStore(ledger) as store:
+        states = {p.kind: p.state for p in store.processes(namespace)}
+    assert states == {
+        ProcessKind.WORKER: ProcessState.RUNNING,
+        ProcessKind.EXPORTER: ProcessState.STOPPED,
+    }
 
 
 @pytest.mark.usefixtures("filled")

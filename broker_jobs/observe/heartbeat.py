@@ -108,13 +108,17 @@ class Heartbeat:
         """Beat every ``record.every`` seconds, until cancelled."""
         while True:
             await self.beat()
-            await self._forget_old()
+            await self._call(self.forget_old, asyncio.get_running_loop().time())
             await asyncio.sleep(self._record.every)
 
     async def beat(self, pulse: Pulse | None = None) -> bool:
-        """Write one heartbeat now (``pulse``, else the process's own); whether the
-        ledger took it."""
-        pulse = pulse or self._pulse()
+        """Write one heartbeat now (``pulse``, else the process's own, read here on
+        the loop); whether the ledger took it."""
+        return bool(await self._call(self.write, pulse or self._pulse()))
+
+    def write(self, pulse: Pulse) -> bool:
+        """:meth:`beat` on the caller's thread (a daemon without a loop of its own
+        for the store, as the exporter's poll thread)."""
         self._record = record = replace(
             self._record,
             seen_at=utc_now(),
@@ -124,7 +128,7 @@ class Heartbeat:
             role=pulse.role,
         )
         try:
-            await self._call(self._store.record_process, record)
+            self._store.record_process(record)
         except Exception as error:  # the heartbeat never costs the daemon anything
             if not self._failing:
                 log.warning(
@@ -138,6 +142,15 @@ class Heartbeat:
         self._failing = False
         return True
 
+    def forget_old(self, now: float) -> None:
+        """Once an hour (``now``: a monotonic clock), delete the records silent for
+        :data:`FORGET_AFTER`; a failure here is the heartbeat's own to say."""
+        if self._forgot_at is not None and now - self._forgot_at < FORGET_EVERY:
+            return
+        self._forgot_at = now
+        with contextlib.suppress(Exception):
+            self._store.forget_processes(utc_now() - FORGET_AFTER)
+
     async def stopped(self, *, within: float = STOPPED_WITHIN) -> None:
         """The last heartbeat of a graceful exit: ``stopped``, nothing running. Waits
         ``within`` seconds at most (a ledger that hangs does not hold up the exit;
@@ -145,11 +158,3 @@ class Heartbeat:
         last = replace(self._pulse(), state=ProcessState.STOPPED, in_flight=0, running=())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.beat(last), within)
-
-    async def _forget_old(self) -> None:
-        now = asyncio.get_running_loop().time()
-        if self._forgot_at is not None and now - self._forgot_at < FORGET_EVERY:
-            return
-        self._forgot_at = now
-        with contextlib.suppress(Exception):  # said by the heartbeat itself, if it fails
-            await self._call(self._store.forget_processes, utc_now() - FORGET_AFTER)

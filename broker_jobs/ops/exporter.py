@@ -17,7 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -28,9 +31,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from broker_jobs.amqp.connecting import connect_first_blocking
 from broker_jobs.errors import BrokerConnectionError
+from broker_jobs.observe.heartbeat import Heartbeat, Pulse, process_record
+from broker_jobs.ops.processes import Liveness, liveness_counts, process_views
 from broker_jobs.ops.status import CONNECT_TIMEOUT, QueueState, StatusReport, gather
-from broker_jobs.store.base import Status, Store, mask_dsn
+from broker_jobs.store.base import Status, Store, StoreError, mask_dsn
 from broker_jobs.store.memory import MemoryStore
+from broker_jobs.store.processes import ProcessKind, ProcessState
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, mask_text
 from topology.names import Names
@@ -83,6 +89,19 @@ class Exporter:
         self._failure: str | None = None
         self._failures = 0
         self._polled_at: float | None = None
+        #: This exporter's heartbeat (remade with each ledger it opens) and what the
+        #: last poll read of every process's.
+        self._heartbeat = Heartbeat(
+            self._no_ledger,
+            process_record(
+                ProcessKind.EXPORTER,
+                f"{socket.gethostname()}:{os.getpid()}:exporter",
+                names.namespace,
+                tasks=self._tasks,
+                every=interval,
+            ),
+        )
+        self._processes: Counter[tuple[str, str]] = Counter()
         registry.register(self)
 
     # -- polling (the poll thread) --------------------------------------------------
@@ -97,6 +116,8 @@ class Exporter:
         finally:
             self._polled_at = self._clock()
         self._report, self._up, self._failure = report, True, None
+        if self._store_url is not None:
+            self._processes = self._beat_and_read_processes()
         if self._failures:
             log.info("exporter: polling works again after %d failed poll(s)", self._failures)
         self._failures = 0
@@ -122,6 +143,8 @@ class Exporter:
                 await loop.run_in_executor(thread, self.close)
 
     def close(self) -> None:
+        if self._store is not None:  # its last heartbeat: stopped
+            self._heartbeat.write(Pulse(state=ProcessState.STOPPED))
         self._drop_connection()
         self._drop_store()
 
@@ -143,16 +166,27 @@ class Exporter:
 
     def _gather_on(self, connection: pika.BlockingConnection, store: Store) -> StatusReport:
         node = "" if self._node is None else self._node.masked
-        return gather(
-            connection, self._names, self._tasks, store, node=node, lanes=self._lanes
-        )
+        return gather(connection, self._names, self._tasks, store, node=node, lanes=self._lanes)
 
     def _ledger(self) -> Store:
         if self._store_url is None:
             return self._no_ledger
         if self._store is None:
-            self._store = open_store(self._store_url, must_exist=True)
+            self._store = store = open_store(self._store_url, must_exist=True)
+            self._heartbeat = Heartbeat(store, self._heartbeat.record)
         return self._store
+
+    def _beat_and_read_processes(self) -> Counter[tuple[str, str]]:
+        """The exporter's own heartbeat (a ledger it may only read says so once, and
+        the poll goes on), then every process's liveness, for ``broker_jobs_processes``."""
+        store = self._ledger()
+        self._heartbeat.write(Pulse())
+        self._heartbeat.forget_old(self._clock())
+        try:
+            return liveness_counts(process_views(store, self._names.namespace))
+        except StoreError as error:
+            log.debug("exporter: the heartbeats cannot be read: %s", error)
+            return Counter()
 
     def _failed(self, error: Exception) -> None:
         why = mask_dsn(mask_text(f"{type(error).__name__}: {error}"))
@@ -208,6 +242,7 @@ class Exporter:
             yield from _broker_figures(report)
             if self._store_url is not None:
                 yield from _ledger_figures(report)
+                yield _process_figures(report.namespace, self._processes)
 
 
 def _broker_figures(report: StatusReport) -> Iterator[Metric]:
@@ -259,6 +294,23 @@ def _ledger_figures(report: StatusReport) -> Iterator[Metric]:
         age = task.oldest_waiting_age(report.taken_at)
         oldest.add_metric([report.namespace, task.task], 0 if age is None else age.total_seconds())
     yield from (jobs, oldest)
+
+
+def _process_figures(namespace: str, counts: Counter[tuple[str, str]]) -> Metric:
+    """Every kind and liveness, at 0 where none is (an alert on lost workers needs
+    the series)."""
+    processes = GaugeMetricFamily(
+        "broker_jobs_processes",
+        "Workers, beats and exporters by their heartbeats in the ledger (lost: silent"
+        " past the threshold without having said it stopped)",
+        labels=["namespace", "kind", "state"],
+    )
+    for kind in ProcessKind:
+        for state in Liveness:
+            processes.add_metric(
+                [namespace, kind.value, state.value], counts[kind.value, state.value]
+            )
+    return processes
 
 
 def _add(
