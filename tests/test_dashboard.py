@@ -700,6 +700,7 @@ def test_every_api_endpoint_answers_json(
         "/api/jobs/api-1",
         "/api/dead-letters",
         "/api/schedules",
+        "/api/workers",
     ]:
         answer = client.get(path)
         assert answer.status_code == 200, path
@@ -711,7 +712,7 @@ def test_every_api_endpoint_answers_json(
     assert (schedule["name"], schedule["catch_up"]) == ("nightly", "all")
     assert "Europe/Paris" in schedule["when"]
     assert len(schedule["next_fires"]) == 3
-    for path in ["/schedules", f"/tasks/{TASK}", "/dead-letters", "/jobs/api-1"]:
+    for path in ["/schedules", f"/tasks/{TASK}", "/dead-letters", "/jobs/api-1", "/workers"]:
         assert client.get(path).status_code == 200, path
     assert client.get("/tasks/not.shown").status_code == 404
 
@@ -825,3 +826,60 @@ def test_dead_letters_come_in_pages_of_200(app: App, ledger: SQLiteStore) -> Non
             answer = client.get(f"/dead-letters?page={wrong}")
             assert answer.status_code == 400, wrong
             assert "not a page number" in answer.text
+
+
+def test_the_workers_page_shows_every_heartbeat_escaped_without_the_broker(
+    app: App, ledger: SQLiteStore
+) -> None:
+    from dataclasses import replace  # noqa: PLC0415
+    from datetime import UTC, datetime, timedelta  # noqa: PLC0415
+
+    from broker_jobs.observe.heartbeat import process_record  # noqa: PLC0415
+    from broker_jobs.store.processes import ProcessKind, RunningJob  # noqa: PLC0415
+
+    now = datetime.now(UTC)
+    alive = replace(
+        process_record(ProcessKind.WORKER, "<b>w1</b>", app.namespace, tasks=[TASK], concurrency=4),
+        host="<script>alert(1)</script>",
+        in_flight=1,
+        running=(RunningJob("job-1", TASK, "tenant/../../dead-letters", 2, now),),
+    )
+    lost = replace(alive, id="w2", seen_at=now - timedelta(minutes=3), running=())
+    ledger.record_process(alive)
+    ledger.record_process(lost)
+    ledger.record_process(replace(alive, id="elsewhere", namespace="other-namespace"))
+    settings = DashboardSettings(
+        store=ledger,
+        urls=BrokerURLs.parse("amqp://guest:guest@127.0.0.1:1/"),  # nothing answers there
+        names=app.names,
+        tasks=(TASK, OTHER),
+        app=app,
+        allowed_hosts=("testserver",),
+    )
+    with TestClient(create_app(settings)) as client:
+        page = client.get("/workers")
+        assert page.status_code == 200
+        assert "<script>alert(1)</script>" not in page.text
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
+        assert 'data-state="alive"' in page.text
+        assert 'data-state="lost"' in page.text
+        assert "elsewhere" not in page.text
+        assert 'href="/jobs/tenant%2F..%2F..%2Fdead-letters"' in page.text
+        document = client.get("/api/workers").json()
+        assert [(p["id"], p["state"]) for p in document["processes"]] == [
+            ("<b>w1</b>", "alive"),
+            ("w2", "lost"),
+        ]
+        assert document["processes"][0]["running"][0]["key"] == "tenant/../../dead-letters"
+        fragment = client.get("/workers?fragment=1")
+        assert "<html" not in fragment.text
+        assert 'id="workers"' in fragment.text
+
+
+def test_every_liveness_has_a_badge_colour() -> None:
+    import broker_jobs.dashboard  # noqa: PLC0415
+    from broker_jobs.ops.processes import Liveness  # noqa: PLC0415
+
+    css = (Path(broker_jobs.dashboard.__file__).parent / "static" / "dashboard.css").read_text()
+    missing = [state.value for state in Liveness if f".process-{state.value}" not in css]
+    assert missing == [], f"liveness states without a badge colour in dashboard.css: {missing}"

@@ -72,3 +72,8 @@ async def dead_letters(request: Request) -> JSONResponse:
 
 async def schedules(request: Request) -> JSONResponse:
     return JSONResponse(await run_in_threadpool(queries.schedules, settings_of(request)))
+
+
+async def workers(request: Request) -> JSONResponse:
+    view = await run_in_threadpool(queries.workers, settings_of(request))
+    return JSONResponse(view.document())

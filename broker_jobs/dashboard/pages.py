@@ -91,3 +91,10 @@ async def schedules_page(request: Request) -> Response:
     settings = settings_of(request)
     document = await run_in_threadpool(queries.schedules, settings)
     return render(request, settings, "schedules.html", {"document": document})
+
+
+async def workers_page(request: Request) -> Response:
+    settings = settings_of(request)
+    view = await run_in_threadpool(queries.workers, settings)
+    template = "_workers.html" if request.query_params.get("fragment") else "workers.html"
+    return render(request, settings, template, {"view": view})

@@ -15,6 +15,7 @@ from broker_jobs.errors import BrokerJobsError
 from broker_jobs.ops.dead_letter_ledger import IndexedDeadLetters
 from broker_jobs.ops.dead_letters import DeadLetter, DeadLetterQueues
 from broker_jobs.ops.documents import iso, record_document, size_too_large_text, too_large_text
+from broker_jobs.ops.processes import Liveness, ProcessView, liveness_counts, process_views
 from broker_jobs.ops.status import StatusReport, TaskStatus, collect
 from broker_jobs.store.base import (
     Execution,
@@ -26,6 +27,7 @@ from broker_jobs.store.base import (
     Status,
     utc,
 )
+from broker_jobs.store.processes import RunningJob
 from broker_jobs.urls import mask_text
 from scheduler.status import status_document
 
@@ -285,6 +287,46 @@ def letters_view(settings: DashboardSettings, chosen: LetterFilter, page: int = 
         grouped[letter.task, letter.reason or "unknown"].append(letter)
     groups = [LetterGroup(task, reason, found) for (task, reason), found in sorted(grouped.items())]
     return LettersView(depths, groups, len(letters), LETTERS_SHOWN, matching, page)
+
+
+@dataclass(frozen=True)
+class WorkersView:
+    """The workers page: every process of the namespace with a heartbeat."""
+
+    processes: list[ProcessView]
+    taken_at: datetime
+
+    @property
+    def counts(self) -> list[tuple[tuple[str, str], int]]:
+        return sorted(liveness_counts(self.processes).items())
+
+    @property
+    def running(self) -> list[tuple[str, RunningJob]]:
+        """The jobs the live workers run, by worker id, the longest-running first."""
+        found = [
+            (view.record.id, job)
+            for view in self.processes
+            if view.liveness in {Liveness.ALIVE, Liveness.STOPPING}
+            for job in view.record.running
+        ]
+        return sorted(found, key=lambda pair: pair[1].started_at)
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "taken_at": iso(self.taken_at),
+            "counts": [
+                {"kind": kind, "state": state, "count": count}
+                for (kind, state), count in self.counts
+            ],
+            "processes": [view.document() for view in self.processes],
+        }
+
+
+def workers(settings: DashboardSettings) -> WorkersView:
+    """The namespace's workers, beats and exporters from their heartbeats."""
+    now = utc(None)
+    found = process_views(settings.store, settings.names.namespace, now=now)
+    return WorkersView(found, now)
 
 
 def schedules(settings: DashboardSettings) -> dict[str, Any]:
