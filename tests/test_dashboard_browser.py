@@ -428,3 +428,49 @@ def test_markup_in_a_payload_and_an_error_is_shown_as_text(
             assert "<script>window.__xss" in browser.find_element("css selector", "main").text
             assert browser.execute_script("return window.__xss === undefined"), path
             assert browser.find_elements("css selector", "main script, main img") == [], path
+
+
+def test_the_workers_page_follows_a_worker_from_running_a_job_to_stopped(
+    browser: Any,
+    broker: Broker,
+    make_app: Callable[[], App],
+    ledger: SQLiteStore,
+    dashboard: Dashboard,
+) -> None:
+    import asyncio  # noqa: PLC0415
+
+    from broker_jobs import Worker, WorkerSettings  # noqa: PLC0415
+
+    app = make_app()
+    started, release = threading.Event(), threading.Event()
+
+    @app.task(TASK)
+    def hold(payload: Item) -> None:
+        started.set()
+        release.wait(WAIT * 4)
+
+    publish(broker, app, ledger, Item(key="held-job"))
+    settings = WorkerSettings(
+        tasks=(TASK,), concurrency=2, heartbeat_every=0.2, worker_id="w-browser"
+    )
+    worker = Worker(broker.url, app, ledger, settings)
+    outcome: list[object] = []
+    thread = threading.Thread(target=lambda: outcome.append(asyncio.run(worker.run())))
+    thread.start()
+    try:
+        assert started.wait(WAIT * 2), "the worker started the job"
+        with dashboard(refresh_seconds=1) as base:
+            browser.get(f"{base}/workers")
+            row = "tr[data-id='w-browser']"
+            wait_for(browser, shows(f"{row} td.state", "alive"), "the worker alive")
+            wait_for(browser, shows("tr[data-job-id] td a", "held-job"), "its running job listed")
+            worker.stop()
+            release.set()
+            # The page's live refresh follows the worker to its last heartbeat.
+            wait_for(browser, shows(f"{row} td.state", "stopped"), "the worker stopped")
+            wait_for(browser, shows("#running-jobs td.muted", "none"), "no job running")
+    finally:
+        worker.stop()
+        release.set()
+        thread.join(WAIT * 2)
+    assert outcome, "the worker returned"
