@@ -22,6 +22,8 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,10 @@ from pydantic import BaseModel  # noqa: E402
 from bench.dashboard import serving  # noqa: E402
 from broker_jobs import App, JobRequest, Publisher, mask_url  # noqa: E402
 from broker_jobs.dashboard import DashboardSettings, create_app  # noqa: E402
+from broker_jobs.observe.heartbeat import process_record  # noqa: E402
 from broker_jobs.retry import PermanentError, RetryPolicy  # noqa: E402
 from broker_jobs.store.base import Status  # noqa: E402
+from broker_jobs.store.processes import ProcessKind, ProcessRecord, RunningJob  # noqa: E402
 from broker_jobs.store.sqlite import SQLiteStore  # noqa: E402
 from broker_jobs.testing.rabbit_node import RabbitNode  # noqa: E402
 from broker_jobs.urls import BrokerURLs  # noqa: E402
@@ -114,6 +118,30 @@ def fill(url: str, app: App, store: SQLiteStore) -> None:
     ]  # fmt: skip
     with Publisher(url, app, ledger=store) as publisher:
         publisher.publish_many(waiting)
+    demo_heartbeats(app, store)
+
+
+def demo_heartbeats(app: App, store: SQLiteStore) -> None:
+    """Beside the burst worker's own (stopped): two live workers, one running a job,
+    a lost one, a leading beat and an exporter, as their heartbeats would say."""
+    now = datetime.now(UTC)
+    ns = app.namespace
+
+    def worker(id: str, host: str, task: str) -> ProcessRecord:
+        made = process_record(ProcessKind.WORKER, id, ns, tasks=[task], concurrency=8, processes=2)
+        return replace(made, host=host, started_at=now - timedelta(hours=3, minutes=12))
+
+    running = RunningJob("4f1c9a", "image.resize", "resize-p-7", 1, now - timedelta(seconds=42))
+    records = [
+        replace(worker("web-1:2211:a3f9", "web-1", "email.send"), in_flight=0),
+        replace(worker("gpu-1:771:9bd2", "gpu-1", "image.resize"), in_flight=1, running=(running,)),
+        replace(worker("gpu-2:802:11ce", "gpu-2", "image.resize"),
+                seen_at=now - timedelta(minutes=4)),
+        replace(process_record(ProcessKind.BEAT, "ops-1:90:beat", ns), role="leading"),
+        process_record(ProcessKind.EXPORTER, "ops-1:91:exporter", ns, every=15.0),
+    ]  # fmt: skip
+    for record in records:
+        store.record_process(record)
 
 
 @contextlib.contextmanager
@@ -201,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "jobs": "/jobs",
                 "job": f"/jobs/{ref}",
                 "dead-letters": "/dead-letters",
+                "workers": "/workers",
             }
             driver = chromium()
             try:
