@@ -1,4 +1,5 @@
-"""The daemons' heartbeat records (broker_jobs.store.processes) on every store: one
+"""The daemons' heartbeat records (broker_jobs.store.processes) and the paused tasks
+(broker_jobs.store.pauses) on every store. Heartbeats: one
 per process id, the last write wins, listed by namespace with the most recently
 seen first, forgotten by age, seen by a second store on the same data; and what a
 reader makes of them (broker_jobs.ops.processes: alive, stopping, stopped, lost)."""
@@ -132,3 +133,22 @@ def test_views_put_the_live_first_and_filter_workers_by_task(store: Store) -> No
     picked = process_views(store, "jobs", tasks=["mail.send"], now=T0)
     assert [v.record.id for v in picked] == ["beat", "alive", "lost", "gone"]
     assert views[3].document()["silent_s"] == 101.0
+
+
+# --- paused tasks -------------------------------------------------------------------------
+
+
+def test_a_pause_holds_until_resumed_and_a_second_pause_keeps_the_first(kit: Kit) -> None:
+    store = kit.store
+    first = store.pause("jobs", "mail.send", "ops@host-a", now=T0)
+    assert (first.task, first.since, first.by) == ("mail.send", T0, "ops@host-a")
+    again = store.pause("jobs", "mail.send", "someone-else", now=T0 + timedelta(minutes=5))
+    assert again == first
+    store.pause("billing", "mail.send", "ops", now=T0)  # another namespace's own
+    assert list(store.pauses("jobs")) == ["mail.send"]
+    assert kit.reopen().pauses("jobs") == {"mail.send": first}  # every worker reads it
+
+    assert store.resume("jobs", "mail.send") is True
+    assert store.resume("jobs", "mail.send") is False
+    assert store.pauses("jobs") == {}
+    assert list(store.pauses("billing")) == ["mail.send"]

@@ -28,6 +28,7 @@ from broker_jobs.envelope import Job
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, IndexRow
 from broker_jobs.store.errors import LeaseLostError, StoreError
 from broker_jobs.store.ledger import Filtering, Filters
+from broker_jobs.store.pauses import TaskPause
 from broker_jobs.store.processes import ProcessRecord
 from broker_jobs.store.records import (
     CANCELLABLE,
@@ -620,6 +621,23 @@ class Store(ABC):
     @abstractmethod
     def forget_processes(self, seen_before: datetime) -> int:
         """Delete the records last seen before ``seen_before``; how many went."""
+
+    # --- paused tasks (broker_jobs.store.pauses) ---------------------------------------
+
+    @abstractmethod
+    def pause(
+        self, namespace: str, task: str, by: str, *, now: datetime | None = None
+    ) -> TaskPause:
+        """Pause ``task`` of ``namespace`` (durable when it returns); a task paused
+        already stays paused since its first pause. The pause in force."""
+
+    @abstractmethod
+    def resume(self, namespace: str, task: str) -> bool:
+        """Lift the pause of ``task``; whether it was paused."""
+
+    @abstractmethod
+    def pauses(self, namespace: str) -> dict[str, TaskPause]:
+        """The paused tasks of ``namespace``, by task."""
 
     @abstractmethod
     def close(self) -> None:

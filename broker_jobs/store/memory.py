@@ -25,6 +25,7 @@ from broker_jobs.store.ledger import (
     summaries,
     waiting_since,
 )
+from broker_jobs.store.pauses import TaskPause
 from broker_jobs.store.processes import ProcessRecord
 from broker_jobs.store.records import (
     TERMINAL,
@@ -213,6 +214,7 @@ class MemoryStore(ExclusiveStore):
         self._fires: dict[str, datetime] = {}
         self._leaders: dict[str, LeaderRecord] = {}
         self._processes: dict[str, ProcessRecord] = {}
+        self._pauses: dict[tuple[str, str], TaskPause] = {}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -417,6 +419,22 @@ class MemoryStore(ExclusiveStore):
                 del self._processes[id]
         return len(gone)
 
+    def pause(
+        self, namespace: str, task: str, by: str, *, now: datetime | None = None
+    ) -> TaskPause:
+        with self._open():
+            return self._pauses.setdefault(
+                (namespace, task), TaskPause(namespace, task, utc(now), by)
+            )
+
+    def resume(self, namespace: str, task: str) -> bool:
+        with self._open():
+            return self._pauses.pop((namespace, task), None) is not None
+
+    def pauses(self, namespace: str) -> dict[str, TaskPause]:
+        with self._open():
+            return {t: p for (ns, t), p in sorted(self._pauses.items()) if ns == namespace}
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -429,3 +447,4 @@ class MemoryStore(ExclusiveStore):
             self._fires.clear()
             self._leaders.clear()
             self._processes.clear()
+            self._pauses.clear()

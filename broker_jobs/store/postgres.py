@@ -51,6 +51,7 @@ from broker_jobs.store.ledger import (
     tally_records,
     window_params,
 )
+from broker_jobs.store.pauses import TaskPause
 from broker_jobs.store.postgres_pool import Pool
 from broker_jobs.store.postgres_queries import (
     COLUMNS,
@@ -698,6 +699,25 @@ class PostgresStore(Store):
             return 0
         cutoff = {"cutoff": utc(seen_before)}
         return len(self._run("forget old heartbeats", self._q.processes.forget, cutoff))
+
+    def pause(
+        self, namespace: str, task: str, by: str, *, now: datetime | None = None
+    ) -> TaskPause:
+        params = {"namespace": namespace, "task": task, "by": by, "now": opt_utc(now)}
+        self._run("pause a task", self._q.processes.pause, params)
+        return self._pauses(namespace, task)[task]
+
+    def resume(self, namespace: str, task: str) -> bool:
+        params = {"namespace": namespace, "task": task}
+        return bool(self._run("resume a task", self._q.processes.resume, params))
+
+    def pauses(self, namespace: str) -> dict[str, TaskPause]:
+        return self._pauses(namespace, None)
+
+    def _pauses(self, namespace: str, task: str | None) -> dict[str, TaskPause]:
+        params = {"namespace": namespace, "task": task}
+        rows = self._run("read the paused tasks", self._q.processes.pauses_of, params)
+        return {t: TaskPause(ns, t, aware(at), by) for ns, t, at, by in rows}
 
     def close(self) -> None:
         self._pool.close()

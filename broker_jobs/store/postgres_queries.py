@@ -76,7 +76,7 @@ class Queries:
         # The dead letters' index and the heartbeats: statements of their own.
         self.letters, self.processes = (
             LetterQueries(name("broker_jobs_dead_letters")),
-            ProcessQueries(name("broker_jobs_processes")),
+            ProcessQueries(name("broker_jobs_processes"), name("broker_jobs_pauses")),
         )
         self.schema = sql.Identifier(schema) if schema else None
         cols = sql.SQL(", ").join(map(sql.Identifier, COLUMNS))
@@ -293,14 +293,28 @@ class Queries:
 
 
 class ProcessQueries:
-    """The statements of the heartbeat records (:mod:`broker_jobs.store.processes`),
-    for its ``table``."""
+    """The statements of the heartbeat records (:mod:`broker_jobs.store.processes`,
+    in ``table``) and of the paused tasks (:mod:`broker_jobs.store.pauses`, in
+    ``pauses``): what the operator sees of the daemons and tells them."""
 
-    def __init__(self, table: sql.Identifier) -> None:
+    def __init__(self, table: sql.Identifier, pauses: sql.Identifier) -> None:
         def q(template: str) -> sql.Composed:
-            return sql.SQL(template).format(processes=table)
+            return sql.SQL(template).format(processes=table, pauses=pauses)
 
-        self.table = table
+        self.table, self.pauses = table, pauses
+        self.pause = q(
+            "INSERT INTO {pauses} (namespace, task, paused_at, paused_by)"
+            f" VALUES (%(namespace)s, %(task)s, {NOW}, %(by)s)"
+            " ON CONFLICT (namespace, task) DO NOTHING"
+        )
+        self.pauses_of = q(
+            "SELECT namespace, task, paused_at, paused_by FROM {pauses}"
+            " WHERE namespace = %(namespace)s AND (%(task)s::text IS NULL OR task = %(task)s)"
+            ' ORDER BY task COLLATE "C"'
+        )
+        self.resume = q(
+            "DELETE FROM {pauses} WHERE namespace = %(namespace)s AND task = %(task)s RETURNING 1"
+        )
         self.record = q(
             "INSERT INTO {processes} (id, namespace, seen_at, document)"
             " VALUES (%(id)s, %(namespace)s, %(seen_at)s, %(document)s)"

@@ -131,8 +131,8 @@ class Schema:
         self.keeps_dead_letters = _exist(conn, letters) and self._may_write(
             conn, letters, "dead letters are not indexed (they are read from their queues)"
         )
-        if not _exist(conn, self.q.processes.table):
-            self._add(conn, [self.create_processes()])  # without a version: older code ignores it
+        if not _exist(conn, self.q.processes.table, self.q.processes.pauses):
+            self._add(conn, self.create_processes())  # without a version: older code ignores it
         self.keeps_processes = _exist(conn, self.q.processes.table) and self._may_write(
             conn, self.q.processes.table, "this ledger lists no heartbeats of workers"
         )
@@ -392,17 +392,28 @@ class Schema:
             " kept_at timestamptz NOT NULL)"
         ).format(outputs=self.q.outputs)
 
-    def create_processes(self) -> sql.Composed:
+    def create_processes(self) -> list[sql.Composed]:
         """The daemons' heartbeat records (:mod:`broker_jobs.store.processes`): one JSON
-        document per process id, rewritten every few seconds. Added without a version
-        whenever a store opens the database: older code ignores it."""
-        return sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {processes} ("
-            " id text PRIMARY KEY,"
-            " namespace text NOT NULL,"
-            " seen_at timestamptz NOT NULL,"
-            " document text NOT NULL)"
-        ).format(processes=self.q.processes.table)
+        document per process id, rewritten every few seconds; and the paused tasks
+        (:mod:`broker_jobs.store.pauses`). Added without a version whenever a store
+        opens the database: older code ignores them."""
+        return [
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {processes} ("
+                " id text PRIMARY KEY,"
+                " namespace text NOT NULL,"
+                " seen_at timestamptz NOT NULL,"
+                " document text NOT NULL)"
+            ).format(processes=self.q.processes.table),
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {pauses} ("
+                " namespace text NOT NULL,"
+                " task text NOT NULL,"
+                " paused_at timestamptz NOT NULL,"
+                " paused_by text NOT NULL,"
+                " PRIMARY KEY (namespace, task))"
+            ).format(pauses=self.q.processes.pauses),
+        ]
 
     def create_dead_letters(self) -> list[sql.Composed]:
         """The ledger's index of dead letters (:mod:`broker_jobs.store.dead_letter_index`):

@@ -57,6 +57,7 @@ from broker_jobs.store.ledger import (
     tally_records,
     window_params,
 )
+from broker_jobs.store.pauses import TaskPause
 from broker_jobs.store.processes import ProcessRecord, process_document, process_of
 from broker_jobs.store.records import (
     TERMINAL,
@@ -104,10 +105,13 @@ from broker_jobs.store.sqlite_statements import (
     _LETTERS,
     _NEWEST_FIRST,
     _PAIRS_PER_UPDATE,
+    _PAUSE,
+    _PAUSE_OF,
     _PROCESSES,
     _RECORD_FIRE,
     _RECORD_LEADER,
     _RECORD_PROCESS,
+    _RESUME,
     _SWEEP_LETTERS,
     _UNINDEX_LETTER,
     _aware_time,
@@ -622,6 +626,23 @@ class SQLiteStore(ExclusiveStore):
     def forget_processes(self, seen_before: datetime) -> int:
         cutoff = (_text(utc(seen_before)),)
         return self._write(_FORGET_PROCESSES, cutoff, "NORMAL", "forget old heartbeats")
+
+    def pause(
+        self, namespace: str, task: str, by: str, *, now: datetime | None = None
+    ) -> TaskPause:
+        params = (namespace, task, _text(utc(now)), by)
+        self._write(_PAUSE, params, "FULL", "pause a task")
+        return self._pauses(namespace, task)[task]
+
+    def resume(self, namespace: str, task: str) -> bool:
+        return self._write(_RESUME, (namespace, task), "FULL", "resume a task") > 0
+
+    def pauses(self, namespace: str) -> dict[str, TaskPause]:
+        return self._pauses(namespace, None)
+
+    def _pauses(self, namespace: str, task: str | None) -> dict[str, TaskPause]:
+        rows = self._read("read the paused tasks", _PAUSE_OF, (namespace, task))
+        return {t: TaskPause(ns, t, _aware_time(at), by) for ns, t, at, by in rows}
 
     def close(self) -> None:
         self._calls.stop()

@@ -222,6 +222,16 @@ _CREATE_PROCESSES = """CREATE TABLE IF NOT EXISTS broker_jobs_processes (
         document TEXT NOT NULL
     ) WITHOUT ROWID"""
 
+#: Paused tasks (:mod:`broker_jobs.store.pauses`): a row per paused task, added
+#: whenever a store opens the file, without a version (older workers ignore pauses).
+_CREATE_PAUSES = """CREATE TABLE IF NOT EXISTS broker_jobs_pauses (
+        namespace TEXT NOT NULL,
+        task TEXT NOT NULL,
+        paused_at TEXT NOT NULL,
+        paused_by TEXT NOT NULL,
+        PRIMARY KEY (namespace, task)
+    ) WITHOUT ROWID"""
+
 #: The beat's tables, added after version 1 without changing the layout of the others
 #: (older code ignores them): created if missing whenever a store opens the file.
 _CREATE_BEAT = (
@@ -284,6 +294,7 @@ def create_tables(conn: sqlite3.Connection, store: object, where: str) -> None:
         *_CREATE_BEAT,
         _CREATE_OUTPUTS,
         _CREATE_PROCESSES,
+        _CREATE_PAUSES,
         *_CREATE_DEAD_LETTERS,
         *_CREATE_JOB_ID_INDEX,
         *_CREATE_LEDGER_INDEXES,

@@ -123,6 +123,15 @@ _LEADER = (
     "SELECT group_name, identity, since, seen_at, schedules FROM broker_jobs_beat_leaders"
     " WHERE group_name = ?"
 )
+_PAUSE = (
+    "INSERT INTO broker_jobs_pauses (namespace, task, paused_at, paused_by) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (namespace, task) DO NOTHING"
+)
+_PAUSE_OF = (
+    "SELECT namespace, task, paused_at, paused_by FROM broker_jobs_pauses"
+    " WHERE namespace = ? AND (?2 IS NULL OR task = ?2) ORDER BY task"
+)
+_RESUME = "DELETE FROM broker_jobs_pauses WHERE namespace = ? AND task = ?"
 _RECORD_PROCESS = (
     "INSERT OR REPLACE INTO broker_jobs_processes (id, namespace, seen_at, document)"
     " VALUES (?, ?, ?, ?)"
