@@ -49,6 +49,7 @@ class Pulse:
     in_flight: int = 0
     running: tuple[RunningJob, ...] = ()
     role: str | None = None
+    paused: tuple[str, ...] = ()
 
 
 def process_record(
@@ -126,6 +127,7 @@ class Heartbeat:
             in_flight=pulse.in_flight,
             running=pulse.running,
             role=pulse.role,
+            paused=pulse.paused,
         )
         try:
             self._store.record_process(record)

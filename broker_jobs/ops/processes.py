@@ -76,6 +76,7 @@ class ProcessView:
             "concurrency": r.concurrency,
             "processes": r.processes,
             "role": r.role,
+            "paused": list(r.paused),
             "started_at": when(r.started_at),
             "last_seen": when(r.seen_at),
             "silent_s": round(self.silent_for.total_seconds(), 1),

@@ -74,6 +74,8 @@ class ProcessRecord:
     running: tuple[RunningJob, ...] = ()
     #: A word on its role, where it has one: a beat's ``leading`` or ``following``.
     role: str | None = None
+    #: Its tasks that it holds paused (it starts none of their jobs).
+    paused: tuple[str, ...] = ()
 
 
 def process_document(record: ProcessRecord) -> str:
@@ -104,6 +106,7 @@ def process_document(record: ProcessRecord) -> str:
             for job in record.running[:MAX_LISTED_RUNNING]
         ],
         "role": record.role,
+        "paused": list(record.paused),
     }
     return json.dumps(document, separators=(",", ":"))
 
@@ -138,6 +141,7 @@ def process_of(text: str) -> ProcessRecord:
                 for job in document.get("running") or ()
             ),
             role=document.get("role"),
+            paused=tuple(map(str, document.get("paused") or ())),
         )
     except (ValueError, KeyError, TypeError) as error:
         raise StoreError(f"a heartbeat record that is not one ({error}): {text[:200]!r}") from None

@@ -48,6 +48,7 @@ from broker_jobs.worker.execution import Executor
 from broker_jobs.worker.fast_path import FastPath
 from broker_jobs.worker.link import BrokerLink, ExpectedDisconnects
 from broker_jobs.worker.observer import JobObserver
+from broker_jobs.worker.pausing import PauseWatch
 from broker_jobs.worker.protocol import Runner
 from broker_jobs.worker.session import Cancelled, Lost, Session, SessionEnded, describe_loss
 from broker_jobs.worker.settings import ProtocolSettings, WorkerSettings
@@ -226,12 +227,22 @@ class Worker:
         fast_path = self._fast_path = FastPath(runner)
         fast_path.start()
         pruner = asyncio.create_task(self._prune_forever())
+        pauses = PauseWatch(
+            self._store,
+            self._app.namespace,
+            task_queues(self._app, self._tasks),
+            runner,
+            worker_id=self._worker_id,
+            every=settings.heartbeat_every,
+        )
+        await pauses.read()  # a new worker starts paused
+        pausing = asyncio.create_task(pauses.run())
         heartbeat = self._heartbeat(runner, fast_path)
         beating = asyncio.create_task(heartbeat.run())
         session: Session | None = None
         try:
             try:
-                ended = await self._consume_until_ended(link, runner, fast_path)
+                ended = await self._consume_until_ended(link, runner, fast_path, pauses)
             except ReconnectTimeoutError:  # handlers still running get their grace
                 runner.stopping = True
                 await self._finish(runner, fast_path, settings.grace)
@@ -250,6 +261,7 @@ class Worker:
             return runner.outcomes.counts
         finally:
             pruner.cancel()
+            pausing.cancel()
             beating.cancel()
             await heartbeat.stopped()
             runner.close()
@@ -277,12 +289,13 @@ class Worker:
                 state=ProcessState.STOPPING if stopping else ProcessState.RUNNING,
                 in_flight=fast_path.in_hand + runner.in_hand,
                 running=runner.observer.running_jobs(),
+                paused=tuple(sorted(runner.paused)),
             )
 
         return Heartbeat(self._store, record, pulse=pulse)
 
     async def _consume_until_ended(
-        self, link: BrokerLink, runner: Runner, fast_path: FastPath
+        self, link: BrokerLink, runner: Runner, fast_path: FastPath, pauses: PauseWatch
     ) -> tuple[Session, SessionEnded] | None:
         """Connect, consume, and on a loss connect again; the last session and why it
         ended (stopped, drained, a consumer cancelled), or None if the worker was
@@ -299,8 +312,9 @@ class Worker:
                         link.url, self._app.topology(), f"broker-jobs worker {self._worker_id}"
                     )
                     declared = True
-                queues = task_queues(self._app, self._tasks)
+                queues = pauses.consumed()
                 await session.open(queues, self._settings.prefetch_count, fast_path.deliver)
+                await pauses.attach(session, queues)
             except LINK_DOWN as error:
                 link.could_not_consume(describe_loss(error))
                 await session.close()
@@ -318,6 +332,7 @@ class Worker:
                 why = await self._until_ended(session, connection)
             finally:
                 self._consuming = False
+            await pauses.attach(None, {})
             if not isinstance(why, Lost):
                 return session, why
             assert session.acks is not None  # opened
@@ -390,13 +405,19 @@ class Worker:
 
     async def _until_drained(self, connection: aio_pika.abc.AbstractConnection) -> SessionEnded:
         """Burst mode: return once nothing runs and the task queues and the delay
-        ladder (where retries wait) are empty, twice in a row.
+        ladder (where retries wait) are empty, twice in a row (a paused task's queue
+        is not waited for: its jobs wait for its resume).
 
         Which queues exist is found once, on a blocking connection of its own (a
         passive declare of a missing queue, say a ladder never declared, closes its
         channel: reopening aio-pika channels at that pace made the broker see one
         opened twice); depths are then read on one channel."""
-        queues = list(task_queues(self._app, self._tasks))
+        task_of = task_queues(self._app, self._tasks)
+        queues = list(task_of)
+
+        def paused() -> frozenset[str]:
+            return self._runner.paused if self._runner is not None else frozenset()
+
         queues += [queue.name for queue in self._app.topology().queues if ".delay." in queue.name]
         queues = await asyncio.to_thread(
             existing_queues,
@@ -414,6 +435,8 @@ class Worker:
             await asyncio.sleep(BURST_POLL)
             depth = 0
             for name in queues:
+                if task_of.get(name) in paused():  # a paused task's jobs wait for its resume
+                    continue
                 declared = await probe.declare_queue(name, passive=True)
                 depth += declared.declaration_result.message_count or 0
             quiet = quiet + 1 if depth == 0 and not self.busy else 0

@@ -73,11 +73,13 @@ class Delivery(aio_pika.IncomingMessage):
     """aio-pika's message for a delivery, with the acks of the channel it came from
     (which outlive the channel: a lost channel's deliveries are never acked)."""
 
-    __slots__ = ("acks",)
+    __slots__ = ("acks", "task")
 
-    def __init__(self, delivered: DeliveredMessage, acks: ChannelAcks) -> None:
+    def __init__(self, delivered: DeliveredMessage, acks: ChannelAcks, task: str = "") -> None:
         super().__init__(delivered, no_ack=False)
         self.acks = acks
+        #: The task of the queue it came from ("": not known, as in the memory worker).
+        self.task = task
 
     @property
     def tag(self) -> int:

@@ -91,7 +91,7 @@ class _Item:
         """aio-pika's view of the delivery, made only when the runner's per-delivery
         protocol takes the job over (a retry, a duplicate, a job busy elsewhere):
         making one costs ~40 us of the loop, per delivery, before the job starts."""
-        return Delivery(self.delivered, self.acks)
+        return Delivery(self.delivered, self.acks, self.task)
 
     @property
     def tag(self) -> int:
@@ -99,8 +99,9 @@ class _Item:
 
     def must_not_start(self, runner: Runner) -> bool:
         """Not started yet, and the worker stops or the delivery's channel is lost:
-        left unsettled (its claim given back), the broker redelivers it."""
-        return runner.stopping or self.acks.lost
+        left unsettled (its claim given back), the broker redelivers it; or its task
+        is paused: returned to its queue (:meth:`Runner.not_started`)."""
+        return runner.stopping or self.acks.lost or self.task in runner.paused
 
 
 class FastPath:
@@ -156,8 +157,8 @@ class FastPath:
         others of this loop iteration in one store call."""
         runner = self._runner
         self.received += 1
-        if runner.stopping:  # arrived after the consumer was cancelled: it goes back
-            runner.settling.leave(acks, delivered.delivery_tag or 0)
+        if runner.stopping or task in runner.paused:  # after its consumer was cancelled
+            runner.spawn(Delivery(delivered, acks, task), task, _not_started())
             return
         item = self._fast(delivered, task, acks)
         if item is None:
@@ -187,7 +188,7 @@ class FastPath:
             spec = runner.app.get(job.task)
             payload = spec.validate(job.payload)
         except Exception:  # BrokerJobsError, or anything odd: the runner's path decides
-            message = Delivery(delivered, acks)
+            message = Delivery(delivered, acks, task)
             runner.spawn(message, task, runner.process(message, task))  # dead-letters it
             return None
         handler = spec.handler
@@ -197,7 +198,7 @@ class FastPath:
             or seconds_until_due(job, utc_now()) > 0
             or at_delivery_limit(spec.queue, _delivery_count(delivered))
         ):
-            message = Delivery(delivered, acks)
+            message = Delivery(delivered, acks, task)
             runner.spawn(message, task, runner.process_decoded(message, job, spec, payload))
             return None
         return _Item(delivered, acks, task, job, spec, payload)
@@ -211,8 +212,8 @@ class FastPath:
         runner = self._runner
         items = []
         for item in arrived:
-            if item.must_not_start(runner):  # not claimed: left, the broker gives it back
-                runner.settling.leave(item.acks, item.tag)
+            if item.must_not_start(runner):  # not claimed: left, or returned if paused
+                runner.spawn(item.message, item.task, _not_started())
                 self._release(item)
             else:
                 items.append(item)
@@ -537,6 +538,12 @@ class FastPath:
         self._in_hand -= 1
         if self._in_hand == 0:
             self._idle.set()
+
+
+async def _not_started() -> str | None:
+    """The outcome of a delivery whose job does not start: none (the runner leaves it
+    unsettled, or returns it to its queue if its task is paused)."""
+    return None
 
 
 #: What a skipped job's thread returns instead of running the handler.

@@ -135,6 +135,8 @@ class Runner:
         # turns at the GIL and at SQLite's write lock (measured: slower, not faster).
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="broker-jobs-store")
         self._stopping = False
+        #: Tasks whose jobs must not start (paused: :mod:`broker_jobs.worker.pausing`).
+        self.paused: frozenset[str] = frozenset()
         self._deliveries = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -179,8 +181,20 @@ class Runner:
 
     def must_not_start(self, message: Delivery) -> bool:
         """A job not started yet is left unsettled when the worker stops or the
-        delivery's channel is lost (the broker redelivers it; its copy runs)."""
-        return self._stopping or message.acks.lost
+        delivery's channel is lost (the broker redelivers it; its copy runs), and
+        returned to its queue when its task is paused (:meth:`not_started`)."""
+        return self._stopping or message.acks.lost or message.task in self.paused
+
+    async def not_started(self, message: Delivery, task: str) -> None:
+        """A delivery whose job did not start. A paused task's goes back to its queue
+        now (a nack with requeue: on a quorum queue that counts as a delivery, and a
+        job it brings to the delivery limit is rescued there, not dead-lettered, as it
+        was not running); any other is left unsettled (the worker stops, or the channel
+        is gone: the broker returns it when the channel closes)."""
+        if task in self.paused and not self._stopping and not message.acks.lost:
+            await self.settling.give_back(message.acks, message.tag, task, outcome="paused")
+        else:
+            self.settling.leave(message.acks, message.tag)
 
     async def finish(self, grace: float) -> int:
         """After ``stopping`` was set: let the per-delivery path's jobs settle within
@@ -225,8 +239,8 @@ class Runner:
             log.exception("processing a %s delivery failed; returning it to the queue", task)
             await self.settling.give_back(message.acks, message.tag, task)
             return
-        if outcome is None:  # stopping, or the channel lost, before the job started
-            self.settling.leave(message.acks, message.tag)
+        if outcome is None:  # stopping, paused, or the channel lost, before the job started
+            await self.not_started(message, task)
             return
         await self.settling.ack(message.acks, [Settled(message.tag, task, outcome)])
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 import aio_pika
@@ -58,6 +58,7 @@ class Session:
         self.channel: aio_pika.abc.AbstractChannel | None = None
         self.acks: ChannelAcks | None = None
         self._consumers: dict[str, str] = {}  # consumer tag -> queue
+        self._on_delivery: OnDelivery | None = None
         self._ended: asyncio.Future[SessionEnded] = asyncio.get_running_loop().create_future()
 
     async def open(self, queues: dict[str, str], prefetch: int, on_delivery: OnDelivery) -> None:
@@ -67,9 +68,18 @@ class Session:
         self.channel = channel
         await channel.set_qos(prefetch_count=prefetch)
         underlay = await channel.get_underlay_channel()
-        acks = self.acks = ChannelAcks(underlay)
+        self.acks = ChannelAcks(underlay)
         underlay.closing.add_done_callback(self._on_closed)
         underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
+        self._on_delivery = on_delivery
+        await self.consume(queues)
+
+    async def consume(self, queues: dict[str, str]) -> None:
+        """Consume ``queues`` (queue name -> task) on the open channel: at the start,
+        and when a paused task is resumed."""
+        assert self.acks is not None  # opened
+        assert self._on_delivery is not None
+        acks, on_delivery, underlay = self.acks, self._on_delivery, self.acks.channel
         for queue, task in queues.items():
 
             def take(delivered: DeliveredMessage, task: str = task) -> Coroutine[Any, Any, None]:
@@ -89,6 +99,17 @@ class Session:
                 ) from None
             assert ok.consumer_tag is not None  # the broker always names the consumer
             self._consumers[ok.consumer_tag] = queue
+
+    async def stop_consuming(self, queues: Iterable[str]) -> None:
+        """Cancel the consumers of ``queues`` (a paused task's): no more deliveries
+        from them once the broker confirmed (those in hand stay in hand)."""
+        underlay = self.acks.channel if self.acks is not None else None
+        names = set(queues)
+        for tag, queue in list(self._consumers.items()):
+            if queue in names:
+                del self._consumers[tag]  # before the cancel: not the broker's cancel
+                if underlay is not None and not underlay.is_closed:
+                    await underlay.basic_cancel(tag)
 
     async def ended(self) -> SessionEnded:
         """Wait until the session ends: :class:`Lost` or :class:`Cancelled`."""

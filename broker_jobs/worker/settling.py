@@ -159,14 +159,16 @@ class Settling:
         if not acked:
             self.outcomes.add("ack-lost", len(settled))
 
-    async def give_back(self, acks: ChannelAcks, tag: int, task: str) -> None:
-        """Our own failure (the store unreachable): return the delivery to the queue;
-        its redelivery meets the store's record again."""
+    async def give_back(
+        self, acks: ChannelAcks, tag: int, task: str, *, outcome: str = "returned"
+    ) -> None:
+        """Return the delivery to the queue (our own failure, or its task paused); its
+        redelivery meets the store's record again. Counted as ``outcome``."""
         try:
             await acks.nack(tag)
         except Exception:  # the channel went meanwhile: the broker returns it anyway
             log.warning("returning a %s delivery failed; it will be redelivered", task)
-        self.outcomes.add("returned")
+        self.outcomes.add(outcome)
 
     def leave(self, acks: ChannelAcks, tag: int) -> None:
         """Leave a delivery unsettled (not started: the worker stops, or its channel

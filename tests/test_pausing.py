@@ -1,0 +1,180 @@
+"""Workers you can steer: ``broker-jobs pause TASK`` stops every worker from starting
+the task's jobs (running ones finish, those in hand go back to the queue), a worker
+started meanwhile starts paused, ``resume`` consumes again; the pause is a row in the
+ledger, followed by each worker and said in its heartbeat."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pika
+from click.testing import CliRunner
+
+from broker_jobs import App, JobRequest, Publisher, Worker, WorkerSettings
+from broker_jobs.cli import main
+from broker_jobs.store import SQLiteStore, Status
+from tests.support import Broker, wait_until
+from tests.test_worker import Add
+
+TASK = "slow.job"
+
+
+def depth(connection: pika.BlockingConnection, queue: str) -> tuple[int, int]:
+    """The queue's ready messages and consumers."""
+    channel = connection.channel()
+    try:
+        method = channel.queue_declare(queue, passive=True).method
+        return method.message_count, method.consumer_count
+    finally:
+        channel.close()
+
+
+@contextmanager
+def running(worker: Worker) -> Iterator[list[Counter[str]]]:
+    """``worker`` running on a thread of its own; stopped (and joined) afterwards."""
+    outcome: list[Counter[str]] = []
+    thread = threading.Thread(target=lambda: outcome.append(asyncio.run(worker.run())))
+    thread.start()
+    try:
+        yield outcome
+    finally:
+        worker.stop()
+        thread.join(60)
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def test_a_pause_lets_the_running_job_finish_starts_no_other_and_resume_runs_them(
+    broker: Broker,
+    make_app: Callable[[], App],
+    connection: pika.BlockingConnection,
+    tmp_path: Path,
+) -> None:
+    app = make_app()
+    started: list[str] = []
+    first_started, release = threading.Event(), threading.Event()
+
+    @app.task(TASK)
+    def slow(payload: Add) -> None:
+        started.append(payload.key)
+        first_started.set()
+        release.wait(60)
+
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish_many([JobRequest(TASK, {"key": f"k{n}"}) for n in range(5)])
+    path = tmp_path / "ledger.db"
+    store = SQLiteStore(path)
+    url = f"sqlite:///{path}"
+    settings = WorkerSettings(concurrency=1, heartbeat_every=0.1, worker_id="w-paused")
+    worker = Worker(broker.url, app, store, settings)
+    queue = app.names.task_queue(TASK)
+    with running(worker):
+        assert first_started.wait(30)
+        code, output = cli(
+            "pause", TASK, "--namespace", app.namespace, "--store", url, "--wait", "30"
+        )
+        assert code == 0, output
+        assert f"paused {TASK} in namespace" in output
+        release.set()  # the running job finishes...
+        wait_until(
+            lambda: store.counts().get(Status.SUCCEEDED) == 1 or None, within=30, what="its success"
+        )
+        # ...and the four it held go back to the queue, none started.
+        wait_until(
+            lambda: depth(connection, queue) == (4, 0) or None,
+            within=30,
+            what="4 back, no consumer",
+        )
+        [beat] = store.processes(app.namespace)
+        assert beat.paused == (TASK,)
+        wait_until(
+            lambda: store.processes(app.namespace)[0].in_flight == 0 or None,
+            within=30,
+            what="none in hand",
+        )
+        assert started == ["k0"]
+        listed = json.loads(
+            cli("workers", "--namespace", app.namespace, "--store", url, "--json")[1]
+        )
+        assert listed["processes"][0]["paused"] == [TASK]
+
+        code, output = cli(
+            "resume", TASK, "--namespace", app.namespace, "--store", url, "--wait", "30"
+        )
+        assert code == 0, output
+        wait_until(
+            lambda: store.counts().get(Status.SUCCEEDED) == 5 or None,
+            within=60,
+            what="all five run",
+        )
+    assert sorted(started) == [f"k{n}" for n in range(5)]
+    assert store.pauses(app.namespace) == {}
+    store.close()
+
+
+def test_a_worker_started_while_its_task_is_paused_starts_paused(
+    broker: Broker,
+    make_app: Callable[[], App],
+    connection: pika.BlockingConnection,
+    tmp_path: Path,
+) -> None:
+    app = make_app()
+    ran: list[str] = []
+
+    @app.task(TASK)
+    def quick(payload: Add) -> None:
+        ran.append(payload.key)
+
+    @app.task("other.job")
+    def other(payload: Add) -> None:
+        ran.append(payload.key)
+
+    store = SQLiteStore(tmp_path / "ledger.db")
+    store.pause(app.namespace, TASK, "ops@test")
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish_many([JobRequest(TASK, {"key": f"k{n}"}) for n in range(3)])
+        publisher.publish("other.job", {"key": "other"})
+    settings = WorkerSettings(concurrency=2, heartbeat_every=0.1)
+    with running(Worker(broker.url, app, store, settings)):
+        # The other task runs: the worker consumes, but not the paused one.
+        wait_until(lambda: ran == ["other"] or None, within=30, what="the other task's job")
+        beat = wait_until(
+            lambda: next(iter(store.processes(app.namespace)), None), within=30, what="a heartbeat"
+        )
+        assert beat.paused == (TASK,)
+        assert depth(connection, app.names.task_queue(TASK)) == (3, 0)
+        assert depth(connection, app.names.task_queue("other.job"))[1] == 1
+        store.resume(app.namespace, TASK)
+        wait_until(lambda: len(ran) == 4 or None, within=30, what="the paused jobs after resume")
+    assert sorted(ran) == ["k0", "k1", "k2", "other"]
+    store.close()
+
+
+def test_pause_names_only_tasks_it_knows_and_says_when_nothing_was_paused(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    SQLiteStore(tmp_path / "ledger.db").close()
+    code, output = cli("pause", "Bad Name!", "--namespace", "jobs", "--store", url)
+    assert code == 2
+    assert "TASK" in output or "task" in output
+    code, output = cli("pause", "mail.send", "--store", url)
+    assert code == 2
+    assert "--namespace" in output
+    code, output = cli("resume", "mail.send", "--namespace", "jobs", "--store", url)
+    assert code == 0
+    assert "was not paused: nothing to do" in output
+    code, output = cli("pause", "mail.send", "--namespace", "jobs", "--store", url, "--json")
+    assert code == 0, output
+    document = json.loads(output)
+    assert [p["task"] for p in document["paused"]] == ["mail.send"]
+    assert document["not_following"] == []
