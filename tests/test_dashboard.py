@@ -883,3 +883,33 @@ def test_every_liveness_has_a_badge_colour() -> None:
     css = (Path(broker_jobs.dashboard.__file__).parent / "static" / "dashboard.css").read_text()
     missing = [state.value for state in Liveness if f".process-{state.value}" not in css]
     assert missing == [], f"liveness states without a badge colour in dashboard.css: {missing}"
+
+
+def test_a_task_is_paused_and_resumed_from_its_page_only_when_actions_are_allowed(
+    app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    read_only = dashboard()
+    assert "Pause this task" not in read_only.get(f"/tasks/{TASK}").text
+    refused = read_only.post(
+        "/actions/pause", data={"csrf_token": csrf_of(read_only), "task": TASK}
+    )
+    assert refused.status_code == 403
+    assert ledger.pauses(app.namespace) == {}
+
+    client = dashboard(allow_actions=True)
+    assert 'id="task-pause"' in client.get(f"/tasks/{TASK}").text
+    unknown = client.post("/actions/pause", data={"csrf_token": csrf_of(client), "task": "nope"})
+    assert unknown.status_code == 404
+    done = act(client, "/actions/pause", {"task": TASK})
+    assert f"pause: {TASK} paused" in done
+    [pause] = ledger.pauses(app.namespace).values()
+    assert (pause.task, pause.by.startswith("dashboard: ")) == (TASK, True)
+    assert 'data-field="paused"' in client.get("/").text
+    assert client.get(f"/api/tasks/{TASK}").json()["paused"]["by"] == pause.by
+    page = client.get(f"/tasks/{TASK}").text
+    assert 'id="task-resume"' in page
+    assert "workers start none of its jobs" in page
+
+    assert "resume: " in act(client, "/actions/resume", {"task": TASK})
+    assert ledger.pauses(app.namespace) == {}
+    assert 'data-field="paused"' not in client.get("/").text

@@ -134,7 +134,7 @@ def job(key: str, task: str = TASK) -> Job:
 
 def fill_ledger(path: Path, namespace: str) -> None:
     """TASK: 2 queued (the older 2 min ago), 1 running, 1 succeeded, 1 dead; a worker
-    of ``namespace`` silent for 10 minutes (lost)."""
+    of ``namespace`` silent for 10 minutes (lost); TASK paused."""
     now = datetime.now(UTC)
     with SQLiteStore(path) as store:
         store.record_published([job("q1")], now=now - timedelta(seconds=120))
@@ -146,6 +146,7 @@ def fill_ledger(path: Path, namespace: str) -> None:
         store.dead("de1", "w1", "exhausted")
         silent = process_record(ProcessKind.WORKER, "w1", namespace, tasks=[TASK])
         store.record_process(replace(silent, seen_at=now - timedelta(minutes=10)))
+        store.pause(namespace, TASK, "ops@test")
 
 
 def closed_port_url() -> str:
@@ -213,6 +214,8 @@ def test_the_exporter_serves_the_depths_and_the_ledger_it_polled(
     assert oldest is not None
     assert 120 <= oldest < 180
     assert by_task(figures, "broker_jobs_oldest_waiting_seconds", namespace, OTHER) == 0
+    assert by_task(figures, "broker_jobs_task_paused", namespace, TASK) == 1
+    assert by_task(figures, "broker_jobs_task_paused", namespace, OTHER) == 0
     processes = {
         (kind, state): sample(
             figures, "broker_jobs_processes", namespace=namespace, kind=kind, state=state

@@ -102,6 +102,13 @@ def test_a_pause_lets_the_running_job_finish_starts_no_other_and_resume_runs_the
             what="none in hand",
         )
         assert started == ["k0"]
+        code, shown = cli(
+            "status", "--url", broker.url, "--namespace", app.namespace, "--task", TASK,
+            "--store", url,
+        )  # fmt: skip
+        assert code == 0, shown
+        assert f"{TASK} (paused)" in shown
+        assert f"paused: {TASK} since" in shown
         listed = json.loads(
             cli("workers", "--namespace", app.namespace, "--store", url, "--json")[1]
         )

@@ -94,6 +94,13 @@ def _echo(report: StatusReport, store_url: str, app_path: str | None) -> None:
     click.echo("running: the ledger's running jobs (AMQP cannot count unacked deliveries)")
     if report.missing:
         click.echo(f"missing: {_missing(report)}; {missing_hint(app_path)}")
+    for task in report.tasks:
+        if task.paused is not None:
+            click.echo(
+                f"paused: {task.task} since {task.paused.since.isoformat(timespec='seconds')}"
+                f" by {task.paused.by}: workers start none of its jobs; broker-jobs resume"
+                f" {task.task} --namespace {report.namespace}"
+            )
     unindexed = [(task.task, task.unindexed_dead_letters) for task in report.tasks]
     if any(count for _, count in unindexed):
         which = ", ".join(f"{name}: {count}" for name, count in unindexed if count)
@@ -108,7 +115,7 @@ def _echo(report: StatusReport, store_url: str, app_path: str | None) -> None:
 def _row(task: TaskStatus, report: StatusReport) -> list[str]:
     counts, summary = task.ledger.counts, task.ledger
     return [
-        task.task,
+        task.task if task.paused is None else f"{task.task} (paused)",
         _count(task.queue, task.queue.messages),
         str(task.running),
         _count(task.queue, task.queue.consumers),

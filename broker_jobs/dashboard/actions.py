@@ -56,6 +56,36 @@ def cancel(settings: DashboardSettings, ref: str, who: str) -> Result:
     )
 
 
+def pause(settings: DashboardSettings, task: str, who: str) -> Result:
+    """Pause ``task`` (``broker-jobs pause``): every worker stops starting its jobs."""
+    held = settings.store.pause(settings.names.namespace, task, f"dashboard: {who}")
+    audit.record(who, "pause", f"task {task!r}", 1, "paused")
+    return Result(
+        "pause",
+        f"pause: {task} paused",
+        {"paused": 1},
+        [
+            f"paused since {held.since.isoformat(timespec='seconds')} by {held.by}: every"
+            " worker stops starting its jobs within a few seconds; running jobs finish,"
+            " jobs in hand go back to the queue, new jobs wait there"
+        ],
+    )
+
+
+def resume(settings: DashboardSettings, task: str, who: str) -> Result:
+    """Lift the pause of ``task`` (``broker-jobs resume``)."""
+    lifted = settings.store.resume(settings.names.namespace, task)
+    audit.record(
+        who, "resume", f"task {task!r}", int(lifted), "resumed" if lifted else "not-paused"
+    )
+    note = (
+        "every worker consumes it again within a few seconds"
+        if lifted
+        else "it was not paused; nothing changed"
+    )
+    return Result("resume", f"resume: {task}", {"resumed": int(lifted)}, [note])
+
+
 @dataclass(frozen=True)
 class Selection:
     """The dead letters a bulk action (replay, purge) takes: those of ``refs``, or

@@ -47,6 +47,8 @@ def create_app(settings: DashboardSettings) -> Starlette:
         Route("/actions/cancel", posts.cancel, methods=["POST"]),
         Route("/actions/replay", posts.replay, methods=["POST"]),
         Route("/actions/purge", posts.purge, methods=["POST"]),
+        Route("/actions/pause", posts.pause, methods=["POST"]),
+        Route("/actions/resume", posts.resume, methods=["POST"]),
         Mount(
             "/static", StaticFiles(packages=[("broker_jobs.dashboard", "static")]), name="static"
         ),

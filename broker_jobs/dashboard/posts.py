@@ -15,7 +15,7 @@ from starlette.responses import RedirectResponse, Response
 from broker_jobs.dashboard import actions
 from broker_jobs.dashboard.filters import LetterFilter
 from broker_jobs.dashboard.operations import operations_of
-from broker_jobs.dashboard.pages import settings_of
+from broker_jobs.dashboard.pages import known_task, settings_of
 from broker_jobs.dashboard.queries import dead_letter_queues
 from broker_jobs.dashboard.safety import (
     CSRF_FIELD,
@@ -54,6 +54,35 @@ async def cancel(request: Request) -> Response:
         )
     check_token(request, form, settings)
     result = await run_in_threadpool(actions.cancel, settings, ref, who(request, settings))
+    return render(request, settings, "result.html", {"result": result})
+
+
+async def pause(request: Request) -> Response:
+    return await _task_control(request, "pause")
+
+
+async def resume(request: Request) -> Response:
+    return await _task_control(request, "resume")
+
+
+async def _task_control(request: Request, action: str) -> Response:
+    """Pause or resume one task of the dashboard's."""
+    settings = settings_of(request)
+    form = await _checked_form(request, settings)
+    task = known_task(settings, field(form, "task").strip())
+    if field(form, "confirm") != "yes":
+        question = (
+            f"Pause task {task!r}? Every worker stops starting its jobs within a few"
+            " seconds; running jobs finish; new jobs wait in its queue until it is resumed."
+            if action == "pause"
+            else f"Resume task {task!r}? Every worker consumes it again within a few seconds."
+        )
+        return _confirm(
+            request, settings, f"/actions/{action}", action=action, question=question, form=form
+        )
+    check_token(request, form, settings)
+    act = actions.pause if action == "pause" else actions.resume
+    result = await run_in_threadpool(act, settings, task, who(request, settings))
     return render(request, settings, "result.html", {"result": result})
 
 

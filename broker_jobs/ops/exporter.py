@@ -288,12 +288,18 @@ def _ledger_figures(report: StatusReport) -> Iterator[Metric]:
         "Age of the oldest job waiting to start (0: none waits)",
         labels=["namespace", "task"],
     )
+    paused = GaugeMetricFamily(
+        "broker_jobs_task_paused",
+        "1 while the task is paused (broker-jobs pause): workers start none of its jobs",
+        labels=["namespace", "task"],
+    )
     for task in report.tasks:
+        paused.add_metric([report.namespace, task.task], 0 if task.paused is None else 1)
         for status in Status:
             jobs.add_metric([report.namespace, task.task, status.value], task.ledger.counts[status])
         age = task.oldest_waiting_age(report.taken_at)
         oldest.add_metric([report.namespace, task.task], 0 if age is None else age.total_seconds())
-    yield from (jobs, oldest)
+    yield from (jobs, oldest, paused)
 
 
 def _process_figures(namespace: str, counts: Counter[tuple[str, str]]) -> Metric:

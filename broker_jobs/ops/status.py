@@ -34,6 +34,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from broker_jobs.amqp.connecting import connect_first_blocking
 from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
 from broker_jobs.store.base import Status, Store, TaskSummary, utc
+from broker_jobs.store.pauses import TaskPause
 from broker_jobs.urls import AnyBrokerURLs, mask_text
 from topology.delay import DELAY_LEVELS
 from topology.names import Names
@@ -100,6 +101,8 @@ class TaskStatus:
     ledger: TaskSummary
     #: Dead letters in the ledger's index (None: the store keeps none).
     indexed_dead_letters: int | None = None
+    #: Its pause, when an operator paused it (``broker-jobs pause``).
+    paused: TaskPause | None = None
 
     @property
     def unindexed_dead_letters(self) -> int:
@@ -124,6 +127,9 @@ class TaskStatus:
         age = self.oldest_waiting_age(now)
         return {
             "task": self.task,
+            "paused": None
+            if self.paused is None
+            else {"since": _iso(self.paused.since), "by": self.paused.by},
             "queue": self.queue.document(),
             "dead_letters": {
                 **self.dead_letters.document(),
@@ -234,6 +240,7 @@ def gather(
     if summaries is None:
         summaries = store.task_summaries(now=moment)
     indexed = store.dead_letter_counts(tasks) if store.indexes_dead_letters else {}
+    pauses = store.pauses(names.namespace)
     probe = _Probe(connection)
     try:
         statuses = tuple(
@@ -243,6 +250,7 @@ def gather(
                 probe.queue(names.dead_letter_queue(task)),
                 summaries.get(task) or empty_summary(task),
                 indexed.get(task),
+                pauses.get(task),
             )
             for task in tasks
         )
