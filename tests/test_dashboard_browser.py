@@ -474,3 +474,26 @@ def test_the_workers_page_follows_a_worker_from_running_a_job_to_stopped(
         release.set()
         thread.join(WAIT * 2)
     assert outcome, "the worker returned"
+
+
+def test_a_task_is_paused_and_resumed_from_its_page(
+    browser: Any, broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    with dashboard(allow_actions=True) as base:
+        browser.get(f"{base}/tasks/{TASK}")
+        wait_for(browser, shows("#paused", "no"), "the task not paused")
+        click(browser, "#task-pause")
+        wait_for(browser, shows("h1", "Confirm: pause"), "the confirmation page")
+        click(browser, "button[name=confirm]")
+        assert list(ledger.pauses(app.namespace)) == [TASK]
+        browser.get(f"{base}/")
+        row = f"tr[data-task='{TASK}']"
+        wait_for(browser, shows(f"{row} [data-field=paused]", "paused"), "the overview's badge")
+        browser.get(f"{base}/tasks/{TASK}")
+        wait_for(browser, lambda d: text_of(d, "#paused").startswith("paused since"), "paused")
+        click(browser, "#task-resume")
+        wait_for(browser, shows("h1", "Confirm: resume"), "the confirmation page")
+        click(browser, "button[name=confirm]")
+        assert ledger.pauses(app.namespace) == {}
+        browser.get(f"{base}/tasks/{TASK}")
+        wait_for(browser, shows("#paused", "no"), "the task resumed")
