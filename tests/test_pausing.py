@@ -185,3 +185,79 @@ def test_pause_names_only_tasks_it_knows_and_says_when_nothing_was_paused(
     document = json.loads(output)
     assert [p["task"] for p in document["paused"]] == ["mail.send"]
     assert document["not_following"] == []
+
+
+def test_workers_stop_asks_a_worker_through_the_ledger_and_it_stops_gracefully(
+    broker: Broker, make_app: Callable[[], App], tmp_path: Path
+) -> None:
+    app = make_app()
+    started, release = threading.Event(), threading.Event()
+
+    @app.task(TASK)
+    def slow(payload: Add) -> None:
+        started.set()
+        release.wait(60)
+
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish(TASK, {"key": "k1"})
+    path = tmp_path / "ledger.db"
+    store = SQLiteStore(path)
+    url = f"sqlite:///{path}"
+    settings = WorkerSettings(heartbeat_every=0.1, worker_id="w-stop", grace=30)
+    worker = Worker(broker.url, app, store, settings)
+    with running(worker) as outcome:
+        assert started.wait(30)
+        code, output = cli(
+            "workers", "stop", "nobody", "--namespace", app.namespace, "--store", url
+        )
+        assert code == 2
+        assert "no worker 'nobody'" in output
+        code, output = cli(
+            "workers", "stop", "w-stop", "--namespace", app.namespace, "--store", url
+        )
+        assert code == 0, output
+        assert "asked w-stop to stop" in output
+        wait_until(
+            lambda: store.processes(app.namespace)[0].state.value == "stopping" or None,
+            within=30,
+            what="the worker stopping",
+        )
+        release.set()  # its running job finishes within the grace period
+        code, output = cli(
+            "workers", "stop", "w-stop", "--namespace", app.namespace, "--store", url,
+            "--wait", "30", "--json",
+        )  # fmt: skip
+        assert code == 0, output
+        assert json.loads(output)["not_stopped"] == []
+    assert outcome == [Counter({"succeeded": 1})]
+    assert store.stop_requests(app.namespace) == {}  # done: deleted as it exited
+    store.close()
+
+
+def test_a_stop_request_older_than_the_worker_is_deleted_unheeded(
+    broker: Broker, make_app: Callable[[], App], tmp_path: Path
+) -> None:
+    from datetime import timedelta  # noqa: PLC0415
+
+    from broker_jobs.clock import utc_now  # noqa: PLC0415
+
+    app = make_app()
+
+    @app.task(TASK)
+    def quick(payload: Add) -> None:
+        pass
+
+    store = SQLiteStore(tmp_path / "ledger.db")
+    store.request_stop(app.namespace, "w-again", "ops", now=utc_now() - timedelta(minutes=5))
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish(TASK, {"key": "k1"})
+    settings = WorkerSettings(heartbeat_every=0.1, worker_id="w-again")
+    with running(Worker(broker.url, app, store, settings)):
+        wait_until(
+            lambda: store.counts().get(Status.SUCCEEDED) == 1 or None, within=30, what="the job run"
+        )
+        wait_until(
+            lambda: store.stop_requests(app.namespace) == {} or None, within=30, what="deleted"
+        )
+        assert store.processes(app.namespace)[0].state.value == "running"
+    store.close()

@@ -1,5 +1,5 @@
 """The daemons' heartbeat records (broker_jobs.store.processes) and the paused tasks
-(broker_jobs.store.pauses) on every store. Heartbeats: one
+(broker_jobs.store.controls) on every store. Heartbeats: one
 per process id, the last write wins, listed by namespace with the most recently
 seen first, forgotten by age, seen by a second store on the same data; and what a
 reader makes of them (broker_jobs.ops.processes: alive, stopping, stopped, lost)."""
@@ -86,7 +86,7 @@ def test_a_second_store_on_the_same_data_reads_the_heartbeats(kit: Kit) -> None:
 
 def test_a_document_of_a_newer_version_reads_and_a_broken_one_is_a_store_error() -> None:
     text = process_document(record("w1"))
-    newer = text[:-1] + ',"paused":["mail.send"]}'  # a field this version does not know
+    newer = text[:-1] + ',"controls":{"x":1}}'  # a field this version does not know
     assert process_of(newer) == record("w1")
     with pytest.raises(StoreError, match="heartbeat record"):
         process_of('{"id": "w1"}')
@@ -152,3 +152,16 @@ def test_a_pause_holds_until_resumed_and_a_second_pause_keeps_the_first(kit: Kit
     assert store.resume("jobs", "mail.send") is False
     assert store.pauses("jobs") == {}
     assert list(store.pauses("billing")) == ["mail.send"]
+
+
+def test_a_stop_request_holds_until_cleared_and_a_second_keeps_the_first(kit: Kit) -> None:
+    store = kit.store
+    first = store.request_stop("jobs", "w1", "ops@host-a", now=T0)
+    assert (first.worker_id, first.at, first.by) == ("w1", T0, "ops@host-a")
+    assert store.request_stop("jobs", "w1", "again", now=T0 + timedelta(seconds=9)) == first
+    store.request_stop("billing", "b1", "ops", now=T0)
+    assert kit.reopen().stop_requests("jobs") == {"w1": first}
+    assert store.clear_stop("w1") is True
+    assert store.clear_stop("w1") is False
+    assert store.stop_requests("jobs") == {}
+    assert list(store.stop_requests("billing")) == ["b1"]

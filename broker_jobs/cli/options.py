@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import getpass
+import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -134,3 +136,12 @@ def daemon_options(function: F) -> F:
     ):
         function = option(function)
     return function
+
+
+def who_asks() -> str:
+    """Who gives an operator's command, as the ledger records it: user@host."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no user name in this container
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"

@@ -5,14 +5,12 @@ heartbeat, that it follows."""
 
 from __future__ import annotations
 
-import getpass
-import socket
 import time
 from collections.abc import Callable
 
 import click
 
-from broker_jobs.cli.options import app_option, store_option
+from broker_jobs.cli.options import app_option, store_option, who_asks
 from broker_jobs.cli.output import echo_json, fail, json_option
 from broker_jobs.cli.tasks import TaskSelection, chosen_tasks
 from broker_jobs.errors import BrokerJobsError
@@ -37,14 +35,6 @@ _wait_option = click.option(
     help="Wait up to SECONDS until every live worker of the tasks follows (its"
     " heartbeat says so); exit 1 if one does not by then.",
 )
-
-
-def _by() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no user name in this container
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
 
 
 @click.command("pause")
@@ -77,7 +67,7 @@ def pause_command(  # noqa: PLR0917 - click passes every option positionally
     namespace_name = chosen.names.namespace
     try:
         with open_store(store_url, must_exist=True) as store:
-            pauses = [store.pause(namespace_name, task, _by()) for task in chosen.tasks]
+            pauses = [store.pause(namespace_name, task, who_asks()) for task in chosen.tasks]
             late = _wait(store, namespace_name, chosen.tasks, wait, paused=True)
     except BrokerJobsError as error:
         fail(str(error))

@@ -1,19 +1,22 @@
 """``broker-jobs workers``: the worker processes, beats and exporters that keep a
-heartbeat in the ledger, alive or lost, with what each runs. Read-only."""
+heartbeat in the ledger, alive or lost, with what each runs (read-only); ``workers
+stop ID...`` asks workers to stop gracefully, through the ledger."""
 
 from __future__ import annotations
+
+import time
 
 import click
 from rich.text import Text
 
-from broker_jobs.cli.options import store_option
+from broker_jobs.cli.options import app_option, store_option, who_asks
 from broker_jobs.cli.output import console, echo_json, fail, json_option, table
 from broker_jobs.cli.tasks import chosen_tasks, task_options
 from broker_jobs.clock import utc_now
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.ops.processes import Liveness, ProcessView, liveness_counts, process_views
 from broker_jobs.ops.readable import span, when
-from broker_jobs.store.base import mask_dsn
+from broker_jobs.store.base import Store, mask_dsn
 from broker_jobs.store.urls import open_store
 from topology.names import InvalidNameError, Names
 
@@ -30,6 +33,8 @@ _COLUMNS = (
     "started",
     "last seen",
 )
+#: Seconds between two looks at the heartbeats while waiting.
+WAIT_POLL = 0.5
 _STYLES = {
     Liveness.ALIVE: "green",
     Liveness.STOPPING: "yellow",
@@ -38,7 +43,7 @@ _STYLES = {
 }
 
 
-@click.command("workers")
+@click.group("workers", invoke_without_command=True)
 @task_options("whose workers to show")
 @store_option
 @click.option(
@@ -50,7 +55,9 @@ _STYLES = {
 )
 @click.option("--running", "show_running", is_flag=True, help="List each worker's running jobs.")
 @json_option
+@click.pass_context
 def workers_command(  # noqa: PLR0917 - click passes every option positionally
+    ctx: click.Context,
     app_option: str | None,
     namespace: str | None,
     tasks: tuple[str, ...],
@@ -71,7 +78,10 @@ def workers_command(  # noqa: PLR0917 - click passes every option positionally
       broker-jobs workers --store postgresql://ops@db/jobs
       broker-jobs workers --app myproject.tasks:app --running
       broker-jobs workers --namespace jobs --task image.resize --json
+      broker-jobs workers stop web-1:2211:a3f9 --namespace jobs --wait 60
     """
+    if ctx.invoked_subcommand is not None:
+        return
     try:
         chosen_namespace, chosen = _scope(app_option, namespace, tasks)
         with open_store(store_url, must_exist=True) as store:
@@ -174,3 +184,90 @@ def _counts(views: list[ProcessView]) -> dict[str, dict[str, int]]:
     for (kind, state), count in _counted(views):
         counts.setdefault(kind, {})[state] = count
     return counts
+
+
+@workers_command.command("stop")
+@click.argument("worker_ids", metavar="WORKER_ID...", nargs=-1, required=True)
+@app_option
+@click.option("--namespace", help="The workers' namespace, without --app.")
+@store_option
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="Wait up to SECONDS until each worker's last heartbeat says it stopped; exit 1"
+    " if one has not by then.",
+)
+@json_option
+def stop_command(  # noqa: PLR0917 - click passes every option positionally
+    worker_ids: tuple[str, ...],
+    app_option: str | None,
+    namespace: str | None,
+    store_url: str,
+    wait: float | None,
+    as_json: bool,
+) -> None:
+    """Ask workers to stop gracefully, from anywhere the ledger is reachable.
+
+    Each worker reads the request within a heartbeat period (5 s) and stops as on
+    SIGTERM: it starts no job, lets the running ones finish within its grace period,
+    and exits 0. Under a supervisor (systemd, Kubernetes) that restarts it, this is
+    how to restart a worker, say with another --concurrency. A child of --processes
+    exits for good (its supervisor restarts only unexpected exits). WORKER_ID as
+    `broker-jobs workers` lists it.
+
+    \b
+    Examples:
+      broker-jobs workers stop web-1:2211:a3f9 --app myproject.tasks:app --wait 60
+    """
+    chosen_namespace, _ = _scope(app_option, namespace, ())
+    if chosen_namespace is None:
+        raise click.UsageError("give --app or --namespace: the workers' namespace")
+    try:
+        with open_store(store_url, must_exist=True) as store:
+            known = {v.record.id: v for v in process_views(store, chosen_namespace)}
+            unknown = [w for w in worker_ids if w not in known]
+            if unknown:
+                raise click.UsageError(
+                    f"no worker {unknown[0]!r} among the heartbeats of namespace"
+                    f" {chosen_namespace!r}: `broker-jobs workers --namespace"
+                    f" {chosen_namespace}` lists them"
+                )
+            asked = [store.request_stop(chosen_namespace, w, who_asks()) for w in worker_ids]
+            running = _until_stopped(store, chosen_namespace, worker_ids, wait)
+    except BrokerJobsError as error:
+        fail(str(error))
+    if as_json:
+        echo_json(
+            {
+                "namespace": chosen_namespace,
+                "asked": [{"worker": a.worker_id, "at": when(a.at), "by": a.by} for a in asked],
+                "not_stopped": running,
+            }
+        )
+    else:
+        for request in asked:
+            click.echo(
+                f"asked {request.worker_id} to stop (at {when(request.at)}, by {request.by}):"
+                " it stops within a heartbeat period, letting its running jobs finish"
+            )
+        if running:
+            click.echo(f"not stopped yet: {', '.join(running)}", err=True)
+    if running:
+        raise SystemExit(1)
+
+
+def _until_stopped(
+    store: Store, namespace: str, worker_ids: tuple[str, ...], wait: float | None
+) -> list[str]:
+    """The workers whose last heartbeat does not say stopped after ``wait`` seconds
+    (none when not waiting)."""
+    if wait is None:
+        return []
+    deadline = time.monotonic() + wait
+    while True:
+        states = {v.record.id: v.liveness for v in process_views(store, namespace)}
+        running = [w for w in worker_ids if states.get(w) is not Liveness.STOPPED]
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(WAIT_POLL)

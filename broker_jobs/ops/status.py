@@ -34,7 +34,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from broker_jobs.amqp.connecting import connect_first_blocking
 from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
 from broker_jobs.store.base import Status, Store, TaskSummary, utc
-from broker_jobs.store.pauses import TaskPause
+from broker_jobs.store.controls import TaskPause
 from broker_jobs.urls import AnyBrokerURLs, mask_text
 from topology.delay import DELAY_LEVELS
 from topology.names import Names

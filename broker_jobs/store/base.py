@@ -25,10 +25,10 @@ from typing import Any, Self, Unpack
 
 from broker_jobs.dead_letter import DeadLetter, DeadLetterFilter
 from broker_jobs.envelope import Job
+from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, IndexRow
 from broker_jobs.store.errors import LeaseLostError, StoreError
 from broker_jobs.store.ledger import Filtering, Filters
-from broker_jobs.store.pauses import TaskPause
 from broker_jobs.store.processes import ProcessRecord
 from broker_jobs.store.records import (
     CANCELLABLE,
@@ -622,7 +622,7 @@ class Store(ABC):
     def forget_processes(self, seen_before: datetime) -> int:
         """Delete the records last seen before ``seen_before``; how many went."""
 
-    # --- paused tasks (broker_jobs.store.pauses) ---------------------------------------
+    # --- paused tasks (broker_jobs.store.controls) ---------------------------------------
 
     @abstractmethod
     def pause(
@@ -638,6 +638,21 @@ class Store(ABC):
     @abstractmethod
     def pauses(self, namespace: str) -> dict[str, TaskPause]:
         """The paused tasks of ``namespace``, by task."""
+
+    @abstractmethod
+    def request_stop(
+        self, namespace: str, worker_id: str, by: str, *, now: datetime | None = None
+    ) -> StopRequest:
+        """Ask worker ``worker_id`` to stop gracefully (durable when it returns); a
+        second request keeps the first. The request in force."""
+
+    @abstractmethod
+    def stop_requests(self, namespace: str) -> dict[str, StopRequest]:
+        """The stop requests of ``namespace``'s workers, by worker id."""
+
+    @abstractmethod
+    def clear_stop(self, worker_id: str) -> bool:
+        """Delete the stop request of ``worker_id`` (it stopped); whether there was one."""
 
     @abstractmethod
     def close(self) -> None:

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 from broker_jobs.dead_letter import DeadLetterFilter
 from broker_jobs.envelope import Job
+from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, IndexRow, read_entry
 from broker_jobs.store.errors import StoreError
 from broker_jobs.store.exclusive import ExclusiveStore, Records
@@ -25,7 +26,6 @@ from broker_jobs.store.ledger import (
     summaries,
     waiting_since,
 )
-from broker_jobs.store.pauses import TaskPause
 from broker_jobs.store.processes import ProcessRecord
 from broker_jobs.store.records import (
     TERMINAL,
@@ -215,6 +215,7 @@ class MemoryStore(ExclusiveStore):
         self._leaders: dict[str, LeaderRecord] = {}
         self._processes: dict[str, ProcessRecord] = {}
         self._pauses: dict[tuple[str, str], TaskPause] = {}
+        self._stops: dict[str, StopRequest] = {}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -435,6 +436,21 @@ class MemoryStore(ExclusiveStore):
         with self._open():
             return {t: p for (ns, t), p in sorted(self._pauses.items()) if ns == namespace}
 
+    def request_stop(
+        self, namespace: str, worker_id: str, by: str, *, now: datetime | None = None
+    ) -> StopRequest:
+        with self._open():
+            asked = StopRequest(namespace, worker_id, utc(now), by)
+            return self._stops.setdefault(worker_id, asked)
+
+    def stop_requests(self, namespace: str) -> dict[str, StopRequest]:
+        with self._open():
+            return {w: r for w, r in sorted(self._stops.items()) if r.namespace == namespace}
+
+    def clear_stop(self, worker_id: str) -> bool:
+        with self._open():
+            return self._stops.pop(worker_id, None) is not None
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -448,3 +464,4 @@ class MemoryStore(ExclusiveStore):
             self._leaders.clear()
             self._processes.clear()
             self._pauses.clear()
+            self._stops.clear()

@@ -41,6 +41,7 @@ from typing import Any, NoReturn
 from broker_jobs.dead_letter import DeadLetterFilter
 from broker_jobs.envelope import Job
 from broker_jobs.store.base import Rule, Store
+from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, IndexRow, read_entry, where_sql
 from broker_jobs.store.errors import LeaseLostError, StoreError
 from broker_jobs.store.ledger import (
@@ -51,7 +52,6 @@ from broker_jobs.store.ledger import (
     tally_records,
     window_params,
 )
-from broker_jobs.store.pauses import TaskPause
 from broker_jobs.store.postgres_pool import Pool
 from broker_jobs.store.postgres_queries import (
     COLUMNS,
@@ -718,6 +718,22 @@ class PostgresStore(Store):
         params = {"namespace": namespace, "task": task}
         rows = self._run("read the paused tasks", self._q.processes.pauses_of, params)
         return {t: TaskPause(ns, t, aware(at), by) for ns, t, at, by in rows}
+
+    def request_stop(
+        self, namespace: str, worker_id: str, by: str, *, now: datetime | None = None
+    ) -> StopRequest:
+        params = {"namespace": namespace, "worker_id": worker_id, "by": by, "now": opt_utc(now)}
+        self._run("ask a worker to stop", self._q.processes.request_stop, params)
+        return self.stop_requests(namespace)[worker_id]
+
+    def stop_requests(self, namespace: str) -> dict[str, StopRequest]:
+        params = {"namespace": namespace}
+        rows = self._run("read the stop requests", self._q.processes.stops_of, params)
+        return {w: StopRequest(ns, w, aware(at), by) for ns, w, at, by in rows}
+
+    def clear_stop(self, worker_id: str) -> bool:
+        params = {"worker_id": worker_id}
+        return bool(self._run("clear a stop request", self._q.processes.clear_stop, params))
 
     def close(self) -> None:
         self._pool.close()

@@ -76,7 +76,9 @@ class Queries:
         # The dead letters' index and the heartbeats: statements of their own.
         self.letters, self.processes = (
             LetterQueries(name("broker_jobs_dead_letters")),
-            ProcessQueries(name("broker_jobs_processes"), name("broker_jobs_pauses")),
+            ProcessQueries(
+                name("broker_jobs_processes"), name("broker_jobs_pauses"), name("broker_jobs_stops")
+            ),
         )
         self.schema = sql.Identifier(schema) if schema else None
         cols = sql.SQL(", ").join(map(sql.Identifier, COLUMNS))
@@ -294,14 +296,26 @@ class Queries:
 
 class ProcessQueries:
     """The statements of the heartbeat records (:mod:`broker_jobs.store.processes`,
-    in ``table``) and of the paused tasks (:mod:`broker_jobs.store.pauses`, in
+    in ``table``) and of the paused tasks (:mod:`broker_jobs.store.controls`, in
     ``pauses``): what the operator sees of the daemons and tells them."""
 
-    def __init__(self, table: sql.Identifier, pauses: sql.Identifier) -> None:
+    def __init__(
+        self, table: sql.Identifier, pauses: sql.Identifier, stops: sql.Identifier
+    ) -> None:
         def q(template: str) -> sql.Composed:
-            return sql.SQL(template).format(processes=table, pauses=pauses)
+            return sql.SQL(template).format(processes=table, pauses=pauses, stops=stops)
 
-        self.table, self.pauses = table, pauses
+        self.table, self.pauses, self.stops = table, pauses, stops
+        self.request_stop = q(
+            "INSERT INTO {stops} (worker_id, namespace, asked_at, asked_by)"
+            f" VALUES (%(worker_id)s, %(namespace)s, {NOW}, %(by)s)"
+            " ON CONFLICT (worker_id) DO NOTHING"
+        )
+        self.stops_of = q(
+            "SELECT namespace, worker_id, asked_at, asked_by FROM {stops}"
+            ' WHERE namespace = %(namespace)s ORDER BY worker_id COLLATE "C"'
+        )
+        self.clear_stop = q("DELETE FROM {stops} WHERE worker_id = %(worker_id)s RETURNING 1")
         self.pause = q(
             "INSERT INTO {pauses} (namespace, task, paused_at, paused_by)"
             f" VALUES (%(namespace)s, %(task)s, {NOW}, %(by)s)"

@@ -131,7 +131,8 @@ class Schema:
         self.keeps_dead_letters = _exist(conn, letters) and self._may_write(
             conn, letters, "dead letters are not indexed (they are read from their queues)"
         )
-        if not _exist(conn, self.q.processes.table, self.q.processes.pauses):
+        controls = self.q.processes
+        if not _exist(conn, controls.table, controls.pauses, controls.stops):
             self._add(conn, self.create_processes())  # without a version: older code ignores it
         self.keeps_processes = _exist(conn, self.q.processes.table) and self._may_write(
             conn, self.q.processes.table, "this ledger lists no heartbeats of workers"
@@ -395,7 +396,7 @@ class Schema:
     def create_processes(self) -> list[sql.Composed]:
         """The daemons' heartbeat records (:mod:`broker_jobs.store.processes`): one JSON
         document per process id, rewritten every few seconds; and the paused tasks
-        (:mod:`broker_jobs.store.pauses`). Added without a version whenever a store
+        (:mod:`broker_jobs.store.controls`). Added without a version whenever a store
         opens the database: older code ignores them."""
         return [
             sql.SQL(
@@ -413,6 +414,13 @@ class Schema:
                 " paused_by text NOT NULL,"
                 " PRIMARY KEY (namespace, task))"
             ).format(pauses=self.q.processes.pauses),
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {stops} ("
+                " worker_id text PRIMARY KEY,"
+                " namespace text NOT NULL,"
+                " asked_at timestamptz NOT NULL,"
+                " asked_by text NOT NULL)"
+            ).format(stops=self.q.processes.stops),
         ]
 
     def create_dead_letters(self) -> list[sql.Composed]:

@@ -46,6 +46,7 @@ from typing import Any
 
 from broker_jobs.dead_letter import DeadLetterFilter
 from broker_jobs.envelope import Job
+from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, read_entry, where_sql
 from broker_jobs.store.errors import LeaseLostError, StoreError
 from broker_jobs.store.exclusive import ExclusiveStore, Records
@@ -57,7 +58,6 @@ from broker_jobs.store.ledger import (
     tally_records,
     window_params,
 )
-from broker_jobs.store.pauses import TaskPause
 from broker_jobs.store.processes import ProcessRecord, process_document, process_of
 from broker_jobs.store.records import (
     TERMINAL,
@@ -85,6 +85,7 @@ from broker_jobs.store.sqlite_statements import (
     _AT_ONCE_ROWS,
     _BUCKETS,
     _BY_JOB_ID,
+    _CLEAR_STOP,
     _COLUMNS,
     _COUNT_STATUSES,
     _COUNTS,
@@ -111,7 +112,9 @@ from broker_jobs.store.sqlite_statements import (
     _RECORD_FIRE,
     _RECORD_LEADER,
     _RECORD_PROCESS,
+    _REQUEST_STOP,
     _RESUME,
+    _STOPS_OF,
     _SWEEP_LETTERS,
     _UNINDEX_LETTER,
     _aware_time,
@@ -643,6 +646,20 @@ class SQLiteStore(ExclusiveStore):
     def _pauses(self, namespace: str, task: str | None) -> dict[str, TaskPause]:
         rows = self._read("read the paused tasks", _PAUSE_OF, (namespace, task))
         return {t: TaskPause(ns, t, _aware_time(at), by) for ns, t, at, by in rows}
+
+    def request_stop(
+        self, namespace: str, worker_id: str, by: str, *, now: datetime | None = None
+    ) -> StopRequest:
+        params = (worker_id, namespace, _text(utc(now)), by)
+        self._write(_REQUEST_STOP, params, "FULL", "ask a worker to stop")
+        return self.stop_requests(namespace)[worker_id]
+
+    def stop_requests(self, namespace: str) -> dict[str, StopRequest]:
+        rows = self._read("read the stop requests", _STOPS_OF, (namespace,))
+        return {w: StopRequest(ns, w, _aware_time(at), by) for ns, w, at, by in rows}
+
+    def clear_stop(self, worker_id: str) -> bool:
+        return self._write(_CLEAR_STOP, (worker_id,), "NORMAL", "clear a stop request") > 0
 
     def close(self) -> None:
         self._calls.stop()

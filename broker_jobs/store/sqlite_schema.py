@@ -222,7 +222,7 @@ _CREATE_PROCESSES = """CREATE TABLE IF NOT EXISTS broker_jobs_processes (
         document TEXT NOT NULL
     ) WITHOUT ROWID"""
 
-#: Paused tasks (:mod:`broker_jobs.store.pauses`): a row per paused task, added
+#: Paused tasks (:mod:`broker_jobs.store.controls`): a row per paused task, added
 #: whenever a store opens the file, without a version (older workers ignore pauses).
 _CREATE_PAUSES = """CREATE TABLE IF NOT EXISTS broker_jobs_pauses (
         namespace TEXT NOT NULL,
@@ -230,6 +230,14 @@ _CREATE_PAUSES = """CREATE TABLE IF NOT EXISTS broker_jobs_pauses (
         paused_at TEXT NOT NULL,
         paused_by TEXT NOT NULL,
         PRIMARY KEY (namespace, task)
+    ) WITHOUT ROWID"""
+
+#: Workers asked to stop (:class:`broker_jobs.store.controls.StopRequest`), likewise.
+_CREATE_STOPS = """CREATE TABLE IF NOT EXISTS broker_jobs_stops (
+        worker_id TEXT PRIMARY KEY,
+        namespace TEXT NOT NULL,
+        asked_at TEXT NOT NULL,
+        asked_by TEXT NOT NULL
     ) WITHOUT ROWID"""
 
 #: The beat's tables, added after version 1 without changing the layout of the others
@@ -295,6 +303,7 @@ def create_tables(conn: sqlite3.Connection, store: object, where: str) -> None:
         _CREATE_OUTPUTS,
         _CREATE_PROCESSES,
         _CREATE_PAUSES,
+        _CREATE_STOPS,
         *_CREATE_DEAD_LETTERS,
         *_CREATE_JOB_ID_INDEX,
         *_CREATE_LEDGER_INDEXES,

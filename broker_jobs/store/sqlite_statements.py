@@ -132,6 +132,15 @@ _PAUSE_OF = (
     " WHERE namespace = ? AND (?2 IS NULL OR task = ?2) ORDER BY task"
 )
 _RESUME = "DELETE FROM broker_jobs_pauses WHERE namespace = ? AND task = ?"
+_REQUEST_STOP = (
+    "INSERT INTO broker_jobs_stops (worker_id, namespace, asked_at, asked_by)"
+    " VALUES (?, ?, ?, ?) ON CONFLICT (worker_id) DO NOTHING"
+)
+_STOPS_OF = (
+    "SELECT namespace, worker_id, asked_at, asked_by FROM broker_jobs_stops"
+    " WHERE namespace = ? ORDER BY worker_id"
+)
+_CLEAR_STOP = "DELETE FROM broker_jobs_stops WHERE worker_id = ?"
 _RECORD_PROCESS = (
     "INSERT OR REPLACE INTO broker_jobs_processes (id, namespace, seen_at, document)"
     " VALUES (?, ?, ?, ?)"

@@ -44,11 +44,11 @@ from broker_jobs.publish.async_publisher import AsyncPublisher
 from broker_jobs.store.base import Store, StoreError
 from broker_jobs.store.processes import ProcessKind, ProcessState
 from broker_jobs.urls import BrokerURL, BrokerURLs
+from broker_jobs.worker.controls import ControlWatch
 from broker_jobs.worker.execution import Executor
 from broker_jobs.worker.fast_path import FastPath
 from broker_jobs.worker.link import BrokerLink, ExpectedDisconnects
 from broker_jobs.worker.observer import JobObserver
-from broker_jobs.worker.pausing import PauseWatch
 from broker_jobs.worker.protocol import Runner
 from broker_jobs.worker.session import Cancelled, Lost, Session, SessionEnded, describe_loss
 from broker_jobs.worker.settings import ProtocolSettings, WorkerSettings
@@ -227,22 +227,23 @@ class Worker:
         fast_path = self._fast_path = FastPath(runner)
         fast_path.start()
         pruner = asyncio.create_task(self._prune_forever())
-        pauses = PauseWatch(
+        controls = ControlWatch(
             self._store,
             self._app.namespace,
             task_queues(self._app, self._tasks),
             runner,
             worker_id=self._worker_id,
             every=settings.heartbeat_every,
+            on_stop=lambda _: self.stop(),
         )
-        await pauses.read()  # a new worker starts paused
-        pausing = asyncio.create_task(pauses.run())
+        await controls.read()  # a new worker starts paused, or stops
+        following = asyncio.create_task(controls.run())
         heartbeat = self._heartbeat(runner, fast_path)
         beating = asyncio.create_task(heartbeat.run())
         session: Session | None = None
         try:
             try:
-                ended = await self._consume_until_ended(link, runner, fast_path, pauses)
+                ended = await self._consume_until_ended(link, runner, fast_path, controls)
             except ReconnectTimeoutError:  # handlers still running get their grace
                 runner.stopping = True
                 await self._finish(runner, fast_path, settings.grace)
@@ -261,7 +262,8 @@ class Worker:
             return runner.outcomes.counts
         finally:
             pruner.cancel()
-            pausing.cancel()
+            following.cancel()
+            await controls.stopped()
             beating.cancel()
             await heartbeat.stopped()
             runner.close()
@@ -295,7 +297,7 @@ class Worker:
         return Heartbeat(self._store, record, pulse=pulse)
 
     async def _consume_until_ended(
-        self, link: BrokerLink, runner: Runner, fast_path: FastPath, pauses: PauseWatch
+        self, link: BrokerLink, runner: Runner, fast_path: FastPath, controls: ControlWatch
     ) -> tuple[Session, SessionEnded] | None:
         """Connect, consume, and on a loss connect again; the last session and why it
         ended (stopped, drained, a consumer cancelled), or None if the worker was
@@ -312,9 +314,9 @@ class Worker:
                         link.url, self._app.topology(), f"broker-jobs worker {self._worker_id}"
                     )
                     declared = True
-                queues = pauses.consumed()
+                queues = controls.consumed()
                 await session.open(queues, self._settings.prefetch_count, fast_path.deliver)
-                await pauses.attach(session, queues)
+                await controls.attach(session, queues)
             except LINK_DOWN as error:
                 link.could_not_consume(describe_loss(error))
                 await session.close()
@@ -332,7 +334,7 @@ class Worker:
                 why = await self._until_ended(session, connection)
             finally:
                 self._consuming = False
-            await pauses.attach(None, {})
+            await controls.attach(None, {})
             if not isinstance(why, Lost):
                 return session, why
             assert session.acks is not None  # opened

@@ -135,7 +135,7 @@ class Runner:
         # turns at the GIL and at SQLite's write lock (measured: slower, not faster).
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="broker-jobs-store")
         self._stopping = False
-        #: Tasks whose jobs must not start (paused: :mod:`broker_jobs.worker.pausing`).
+        #: Tasks whose jobs must not start (paused: :mod:`broker_jobs.worker.controls`).
         self.paused: frozenset[str] = frozenset()
         self._deliveries = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()

@@ -1,11 +1,18 @@
-"""Paused tasks, as a worker follows them (docs/operations.md, "pause and resume").
+"""What an operator tells a worker through the ledger (:mod:`broker_jobs.store.controls`),
+as the worker follows it: paused tasks (docs/operations.md, "pause and resume") and a
+request to stop (docs/operations.md, "workers").
 
-The operator's pause is a row in the ledger (:mod:`broker_jobs.store.pauses`). Each
+The operator's pause is a row in the ledger (:mod:`broker_jobs.store.controls`). Each
 worker reads its namespace's pauses before it first consumes (a new worker starts
 paused) and then every ``every`` seconds. When one of its tasks is paused it
 cancels that task's consumers first (no more deliveries), then marks the task paused
 in its runner: a delivery in hand whose job has not started is returned to its queue
 (not run), a running job finishes. When the pause is lifted it consumes again.
+
+A stop request for this worker stops it as SIGTERM does (no job starts, running ones
+finish within the grace period); it deletes the request as it exits. A request older
+than the worker (left by an earlier process of the same ``--worker-id``) is deleted
+unheeded.
 
 A ledger that cannot be read keeps the pauses as last read (said once): neither a
 pause nor a resume is guessed.
@@ -14,20 +21,27 @@ pause nor a resume is guessed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import timedelta
 
+from broker_jobs.clock import utc_now
 from broker_jobs.store.base import Store
-from broker_jobs.store.pauses import TaskPause
+from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.worker.protocol import Runner
 from broker_jobs.worker.session import Session
 
 log = logging.getLogger(__name__)
 
+#: A stop request older than the worker by more than this (clocks differ) is stale.
+STALE_STOP = timedelta(seconds=5)
 
-class PauseWatch:
-    """Follows the pauses of ``tasks`` (of ``namespace``) for one worker's ``runner``;
-    ``queues`` maps each of the worker's queues to its task."""
+
+class ControlWatch:
+    """Follows the pauses of ``tasks`` (of ``namespace``) for one worker's ``runner``,
+    and its stop requests (``on_stop`` is called once); ``queues`` maps each of the
+    worker's queues to its task."""
 
     def __init__(
         self,
@@ -38,6 +52,7 @@ class PauseWatch:
         *,
         worker_id: str,
         every: float,
+        on_stop: Callable[[StopRequest], None],
     ) -> None:
         self._store = store
         self._namespace = namespace
@@ -46,6 +61,9 @@ class PauseWatch:
         self._worker_id = worker_id
         self._every = every
         self._failing = False
+        self._on_stop = on_stop
+        self._stop_heard = False
+        self._started_at = utc_now()
         #: The session consuming now (None between sessions).
         self.session: Session | None = None
 
@@ -68,10 +86,14 @@ class PauseWatch:
         await _quietly(session.consume({q: t for q, t in now.items() if q not in consumed}))
 
     async def read(self) -> None:
-        """Read the pauses now and act on what changed."""
-        pauses = await self._pauses()
-        if pauses is None:
+        """Read the pauses and stop requests now and act on what changed."""
+        found = await self._controls()
+        if found is None:
             return
+        pauses, stops = found
+        stop = stops.get(self._worker_id)
+        if stop is not None and not self._stop_heard:
+            await self._heed(stop)
         mine = set(self._queues.values())
         now = frozenset(task for task in pauses if task in mine)
         before = self._runner.paused
@@ -107,9 +129,34 @@ class PauseWatch:
             await _quietly(session.consume({q: t for q, t in self._queues.items() if t == task}))
         log.warning("worker %s: task %s is resumed: consuming it again", self._worker_id, task)
 
-    async def _pauses(self) -> dict[str, TaskPause] | None:
+    async def _heed(self, stop: StopRequest) -> None:
+        if stop.at < self._started_at - STALE_STOP:
+            log.info(
+                "worker %s: a stop request of %s (by %s) is older than this process:"
+                " deleted unheeded", self._worker_id, stop.at.isoformat(timespec="seconds"),
+                stop.by,
+            )  # fmt: skip
+            await asyncio.to_thread(self._store.clear_stop, self._worker_id)
+            return
+        self._stop_heard = True
+        log.warning(
+            "worker %s: asked to stop by %s at %s: stopping gracefully",
+            self._worker_id, stop.by, stop.at.isoformat(timespec="seconds"),
+        )  # fmt: skip
+        self._on_stop(stop)
+
+    async def stopped(self) -> None:
+        """The worker exits: its stop request, if it heard one, is done."""
+        if self._stop_heard:
+            with contextlib.suppress(Exception):  # the next start deletes it as stale
+                await asyncio.to_thread(self._store.clear_stop, self._worker_id)
+
+    def _read(self) -> tuple[dict[str, TaskPause], dict[str, StopRequest]]:
+        return self._store.pauses(self._namespace), self._store.stop_requests(self._namespace)
+
+    async def _controls(self) -> tuple[dict[str, TaskPause], dict[str, StopRequest]] | None:
         try:
-            pauses = await asyncio.to_thread(self._store.pauses, self._namespace)
+            found = await asyncio.to_thread(self._read)
         except Exception as error:  # kept as last read: a pause is never guessed
             if not self._failing:
                 log.warning(
@@ -121,7 +168,7 @@ class PauseWatch:
         if self._failing:
             log.info("worker %s: the paused tasks are read again", self._worker_id)
         self._failing = False
-        return pauses
+        return found
 
 
 async def _quietly(step: Awaitable[None]) -> None:
