@@ -261,3 +261,49 @@ def test_a_stop_request_older_than_the_worker_is_deleted_unheeded(
         )
         assert store.processes(app.namespace)[0].state.value == "running"
     store.close()
+
+
+def test_jobs_purge_counts_asks_then_deletes_the_queue_and_cancels_the_waiting(
+    broker: Broker,
+    make_app: Callable[[], App],
+    connection: pika.BlockingConnection,
+    tmp_path: Path,
+) -> None:
+    app = make_app()
+
+    @app.task(TASK)
+    def never(payload: Add) -> None:
+        raise AssertionError("a purged job ran")
+
+    store = SQLiteStore(tmp_path / "ledger.db")
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with Publisher(broker.url, app, ledger=store) as publisher:
+        publisher.publish_many([JobRequest(TASK, {"key": f"k{n}"}) for n in range(3)])
+        later = publisher.publish(TASK, {"key": "later"}, delay=3600)
+    wait_until(lambda: depth(connection, app.names.task_queue(TASK))[0] == 3 or None, within=30,
+               what="three ready")  # fmt: skip
+    base = [
+        "jobs",
+        "purge",
+        TASK,
+        "--url",
+        broker.url,
+        "--namespace",
+        app.namespace,
+        "--store",
+        url,
+    ]
+    code, output = cli(*base)  # no terminal to ask on
+    assert code == 1
+    assert "add --yes" in output
+    assert depth(connection, app.names.task_queue(TASK))[0] == 3  # nothing taken
+
+    code, output = cli(*base, "--yes", "--json")
+    assert code == 0, output
+    assert json.loads(output) == {"task": TASK, "purged": 3, "cancelled": 4}
+    assert depth(connection, app.names.task_queue(TASK))[0] == 0
+    assert store.counts().get(Status.CANCELLED) == 4
+    record = store.get(later.idempotency_key)
+    assert record is not None
+    assert record.status is Status.CANCELLED  # its message in the ladder is skipped when due
+    store.close()

@@ -19,7 +19,6 @@ import contextlib
 import functools
 import json
 import re
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from broker_jobs.cli.options import store_option, url_option
-from broker_jobs.cli.output import console, echo_json, fail, json_option
+from broker_jobs.cli.output import ask_first, console, echo_json, fail, json_option
 from broker_jobs.cli.tasks import chosen_tasks, task_options
 from broker_jobs.clock import utc_now
 from broker_jobs.errors import BrokerJobsError
@@ -377,7 +376,7 @@ def purge_command(
         every = where.is_empty and limit is None
         what = "every dead letter" if every else "the matching dead letters"
         if not yes:
-            _confirm(f"delete {what} of {queues.listed} for good?")
+            ask_first(f"delete {what} of {queues.listed} for good?", deletes="dead letters")
         with contextlib.ExitStack() as stack:
             store = None
             if store_url is not None:
@@ -552,16 +551,6 @@ def _echo_replay(summary: ReplaySummary, queues: _Queues) -> None:
         f" (ledger: {counts or 'nothing to do'}); {len(summary.skipped)} skipped (left in"
         f" the queue), {summary.scanned} looked at"
     )
-
-
-def _confirm(question: str) -> None:
-    if not sys.stdin.isatty():
-        raise BrokerJobsError(
-            "purge deletes dead letters for good and asks first, but stdin is not a"
-            " terminal: add --yes to purge without asking"
-        )
-    if not click.confirm(question, default=False):
-        raise BrokerJobsError("nothing purged: not confirmed")
 
 
 def _when(moment: datetime | None) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from broker_jobs.cli.jobs_purge import purge_command
 from broker_jobs.cli.options import store_option
 from broker_jobs.cli.output import AWARE_DATETIME, console, echo_json, fail, json_option, table
 from broker_jobs.errors import BrokerJobsError
@@ -337,3 +338,6 @@ def _store(url: str) -> Iterator[Store]:
             yield store
     except BrokerJobsError as error:
         fail(str(error))
+
+
+jobs_group.add_command(purge_command)

@@ -17,6 +17,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from broker_jobs.errors import BrokerJobsError
 from broker_jobs.store.base import mask_dsn
 from broker_jobs.urls import mask_text
 
@@ -90,3 +91,15 @@ def table(*headers: str, right: tuple[str, ...] = ()) -> Table:
     for header in headers:
         grid.add_column(header, justify="right" if header in right else "left", no_wrap=True)
     return grid
+
+
+def ask_first(question: str, *, deletes: str) -> None:
+    """Ask ``question`` (y/N) before deleting ``deletes`` for good; a refusal, or no
+    terminal to ask on (then --yes is needed), raises :class:`BrokerJobsError`."""
+    if not sys.stdin.isatty():
+        raise BrokerJobsError(
+            f"purge deletes {deletes} for good and asks first, but stdin is not a"
+            " terminal: add --yes to purge without asking"
+        )
+    if not click.confirm(question, default=False):
+        raise BrokerJobsError("nothing purged: not confirmed")
