@@ -117,6 +117,18 @@ def publish(broker: Broker, app: App, store: Store, *items: Item, task: str = TA
         )
 
 
+def without_broker(app: App, ledger: Store) -> DashboardSettings:
+    """A dashboard's settings whose broker never answers (the ledger's pages only)."""
+    return DashboardSettings(
+        store=ledger,
+        urls=BrokerURLs.parse("amqp://guest:guest@127.0.0.1:1/"),  # nothing answers there
+        names=app.names,
+        tasks=(TASK, OTHER),
+        app=app,
+        allowed_hosts=("testserver",),
+    )
+
+
 def csrf_of(client: TestClient) -> str:
     """The CSRF token of the client's cookie, as a page's forms carry it."""
     page = client.get("/jobs")
@@ -755,14 +767,7 @@ def test_dead_letters_and_a_dead_job_are_read_from_the_ledger_without_the_broker
 ) -> None:
     publish(broker, app, ledger, *(Item(key=f"d{n}", fail=True) for n in range(3)))
     run_burst_worker(broker, app, ledger)
-    settings = DashboardSettings(
-        store=ledger,
-        urls=BrokerURLs.parse("amqp://guest:guest@127.0.0.1:1/"),  # nothing answers there
-        names=app.names,
-        tasks=(TASK, OTHER),
-        app=app,
-        allowed_hosts=("testserver",),
-    )
+    settings = without_broker(app, ledger)
     with TestClient(create_app(settings)) as client:
         document = client.get("/api/dead-letters").json()
         assert document["depths"] == {TASK: 3, OTHER: 0}
@@ -804,14 +809,7 @@ def test_dead_letters_come_in_pages_of_200(app: App, ledger: SQLiteStore) -> Non
             for n in range(450)
         ]
     )
-    settings = DashboardSettings(
-        store=ledger,
-        urls=BrokerURLs.parse("amqp://guest:guest@127.0.0.1:1/"),
-        names=app.names,
-        tasks=(TASK, OTHER),
-        app=app,
-        allowed_hosts=("testserver",),
-    )
+    settings = without_broker(app, ledger)
     with TestClient(create_app(settings)) as client:
         third = client.get("/api/dead-letters?page=3").json()
         assert (third["page"], third["pages"], third["matching"]) == (3, 3, 450)
@@ -848,14 +846,7 @@ def test_the_workers_page_shows_every_heartbeat_escaped_without_the_broker(
     ledger.record_process(alive)
     ledger.record_process(lost)
     ledger.record_process(replace(alive, id="elsewhere", namespace="other-namespace"))
-    settings = DashboardSettings(
-        store=ledger,
-        urls=BrokerURLs.parse("amqp://guest:guest@127.0.0.1:1/"),  # nothing answers there
-        names=app.names,
-        tasks=(TASK, OTHER),
-        app=app,
-        allowed_hosts=("testserver",),
-    )
+    settings = without_broker(app, ledger)
     with TestClient(create_app(settings)) as client:
         page = client.get("/workers")
         assert page.status_code == 200

@@ -5,14 +5,15 @@ heartbeat, that it follows."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from broker_jobs.cli.options import app_option, store_option, who_asks
 from broker_jobs.cli.output import echo_json, fail, json_option
 from broker_jobs.cli.tasks import TaskSelection, chosen_tasks
+from broker_jobs.cli.waiting import still_waiting
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.ops.processes import Liveness, process_views
 from broker_jobs.ops.readable import when
@@ -21,8 +22,7 @@ from broker_jobs.store.processes import ProcessKind
 from broker_jobs.store.urls import open_store
 from topology.names import InvalidNameError
 
-#: Seconds between two looks at the heartbeats while waiting.
-WAIT_POLL = 0.5
+F = TypeVar("F", bound=Callable[..., Any])
 
 _tasks_argument = click.argument("task_names", metavar="TASK...", nargs=-1, required=True)
 _namespace_option = click.option(
@@ -37,13 +37,17 @@ _wait_option = click.option(
 )
 
 
+def _control_options(function: F) -> F:
+    """TASK..., --app, --namespace, --store, --wait, --json: pause's and resume's."""
+    for option in reversed(
+        (_tasks_argument, app_option, _namespace_option, store_option, _wait_option, json_option)
+    ):
+        function = option(function)
+    return function
+
+
 @click.command("pause")
-@_tasks_argument
-@app_option
-@_namespace_option
-@store_option
-@_wait_option
-@json_option
+@_control_options
 def pause_command(  # noqa: PLR0917 - click passes every option positionally
     task_names: tuple[str, ...],
     app_option: str | None,
@@ -68,7 +72,9 @@ def pause_command(  # noqa: PLR0917 - click passes every option positionally
     try:
         with open_store(store_url, must_exist=True) as store:
             pauses = [store.pause(namespace_name, task, who_asks()) for task in chosen.tasks]
-            late = _wait(store, namespace_name, chosen.tasks, wait, paused=True)
+            late = still_waiting(
+                lambda: _not_following(store, namespace_name, chosen.tasks, paused=True), wait
+            )
     except BrokerJobsError as error:
         fail(str(error))
     if as_json:
@@ -94,12 +100,7 @@ def pause_command(  # noqa: PLR0917 - click passes every option positionally
 
 
 @click.command("resume")
-@_tasks_argument
-@app_option
-@_namespace_option
-@store_option
-@_wait_option
-@json_option
+@_control_options
 def resume_command(  # noqa: PLR0917 - click passes every option positionally
     task_names: tuple[str, ...],
     app_option: str | None,
@@ -119,7 +120,9 @@ def resume_command(  # noqa: PLR0917 - click passes every option positionally
     try:
         with open_store(store_url, must_exist=True) as store:
             lifted = {task: store.resume(namespace_name, task) for task in chosen.tasks}
-            late = _wait(store, namespace_name, chosen.tasks, wait, paused=False)
+            late = still_waiting(
+                lambda: _not_following(store, namespace_name, chosen.tasks, paused=False), wait
+            )
     except BrokerJobsError as error:
         fail(str(error))
     if as_json:
@@ -142,21 +145,6 @@ def _chosen(app: str | None, namespace: str | None, tasks: tuple[str, ...]) -> T
         return chosen_tasks(app, namespace, tasks, "to pause or resume")
     except InvalidNameError as error:
         raise click.BadParameter(str(error), param_hint="TASK") from None
-
-
-def _wait(
-    store: Store, namespace: str, tasks: list[str], wait: float | None, *, paused: bool
-) -> list[str]:
-    """The live workers of ``tasks`` that do not follow after ``wait`` seconds (none
-    when not waiting)."""
-    if wait is None:
-        return []
-    deadline = time.monotonic() + wait
-    while True:
-        late = _not_following(store, namespace, tasks, paused=paused)
-        if not late or time.monotonic() >= deadline:
-            return late
-        time.sleep(WAIT_POLL)
 
 
 def _not_following(store: Store, namespace: str, tasks: list[str], *, paused: bool) -> list[str]:

@@ -4,14 +4,13 @@ stop ID...`` asks workers to stop gracefully, through the ledger."""
 
 from __future__ import annotations
 
-import time
-
 import click
 from rich.text import Text
 
 from broker_jobs.cli.options import app_option, store_option, who_asks
 from broker_jobs.cli.output import console, echo_json, fail, json_option, table
 from broker_jobs.cli.tasks import chosen_tasks, task_options
+from broker_jobs.cli.waiting import still_waiting
 from broker_jobs.clock import utc_now
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.ops.processes import Liveness, ProcessView, liveness_counts, process_views
@@ -33,8 +32,6 @@ _COLUMNS = (
     "started",
     "last seen",
 )
-#: Seconds between two looks at the heartbeats while waiting.
-WAIT_POLL = 0.5
 _STYLES = {
     Liveness.ALIVE: "green",
     Liveness.STOPPING: "yellow",
@@ -234,7 +231,7 @@ def stop_command(  # noqa: PLR0917 - click passes every option positionally
                     f" {chosen_namespace}` lists them"
                 )
             asked = [store.request_stop(chosen_namespace, w, who_asks()) for w in worker_ids]
-            running = _until_stopped(store, chosen_namespace, worker_ids, wait)
+            running = still_waiting(lambda: _not_stopped(store, chosen_namespace, worker_ids), wait)
     except BrokerJobsError as error:
         fail(str(error))
     if as_json:
@@ -257,17 +254,7 @@ def stop_command(  # noqa: PLR0917 - click passes every option positionally
         raise SystemExit(1)
 
 
-def _until_stopped(
-    store: Store, namespace: str, worker_ids: tuple[str, ...], wait: float | None
-) -> list[str]:
-    """The workers whose last heartbeat does not say stopped after ``wait`` seconds
-    (none when not waiting)."""
-    if wait is None:
-        return []
-    deadline = time.monotonic() + wait
-    while True:
-        states = {v.record.id: v.liveness for v in process_views(store, namespace)}
-        running = [w for w in worker_ids if states.get(w) is not Liveness.STOPPED]
-        if not running or time.monotonic() >= deadline:
-            return running
-        time.sleep(WAIT_POLL)
+def _not_stopped(store: Store, namespace: str, worker_ids: tuple[str, ...]) -> list[str]:
+    """The workers whose last heartbeat does not say stopped."""
+    states = {v.record.id: v.liveness for v in process_views(store, namespace)}
+    return [w for w in worker_ids if states.get(w) is not Liveness.STOPPED]
