@@ -5,6 +5,7 @@ when killed midway), purge, and the command line's errors."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -641,7 +642,7 @@ def test_list_and_show_read_the_ledger_and_never_the_broker(
     assert code == 0, err
     assert "1 dead letter(s) shown (from number 2) of 3 indexed for" in out
     assert "a2" in out
-    assert "a1" not in out
+    assert not re.search(r"\ba1\b", out)  # (the namespace is random: it may hold "a1")
     code, out, err = cli("show", *nowhere, "--task", TASK, "a3", "--json")
     assert code == 0, err
     assert json.loads(out)["error"] == "PermanentError: broken input a3"

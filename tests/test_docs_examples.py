@@ -161,6 +161,9 @@ def parsed_only(args: list[str]) -> click.Command:
         # run``); click keeps the subcommand's words in a private attribute.
         parent = command.make_context(name, list(args), parent=parent)
         words = [*parent._protected_args, *parent.args]
+        if not words and command.invoke_without_command:
+            parent.close()
+            return command  # a group that runs on its own (``workers``): its options parsed
         assert words, f"{name} needs a subcommand"
         name, found, args = command.resolve_command(parent, words)
         assert found is not None, f"no command {words[0]!r}"

@@ -11,14 +11,17 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from broker_jobs.ops.processes import Liveness, liveness, lost_after, process_views
+from broker_jobs.ops.processes import process_views
 from broker_jobs.store import Store
 from broker_jobs.store.errors import StoreError
 from broker_jobs.store.processes import (
+    Liveness,
     ProcessKind,
     ProcessRecord,
     ProcessState,
     RunningJob,
+    liveness,
+    lost_after,
     process_document,
     process_of,
 )

@@ -404,6 +404,8 @@ def test_a_job_that_kills_its_worker_every_time_is_dead_lettered_by_the_delivery
     assert properties.message_id == bomb.id
     assert properties.headers[HEADER_REASON] == "crash-loop"
     assert "delivered 3 times" in properties.headers[HEADER_ERROR]
+    # What the heartbeats say of the last holder: its worker kept one in this ledger.
+    assert "its worker on " in properties.headers[HEADER_ERROR]
     with SQLiteStore(tmp_path / "ledger.db") as store:
         record = store.get(bomb.idempotency_key)
     assert record is not None

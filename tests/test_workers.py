@@ -121,10 +121,14 @@ def test_a_ledger_that_hangs_does_not_hold_up_the_last_heartbeat() -> None:
             hang.wait(30)
 
     heartbeat = Heartbeat(HangingStore(), process_record(ProcessKind.BEAT, "b1", "jobs"))
-    try:
-        asyncio.run(asyncio.wait_for(heartbeat.stopped(within=0.05), 10))
-    finally:
-        hang.set()
+
+    async def stop() -> None:
+        try:
+            await asyncio.wait_for(heartbeat.stopped(within=0.05), 10)
+        finally:
+            hang.set()  # before asyncio.run's end waits for the store's thread
+
+    asyncio.run(stop())
     assert heartbeat.record.state is ProcessState.STOPPED
 
 

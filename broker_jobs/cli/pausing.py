@@ -15,10 +15,10 @@ from broker_jobs.cli.output import echo_json, fail, json_option
 from broker_jobs.cli.tasks import TaskSelection, chosen_tasks
 from broker_jobs.cli.waiting import still_waiting
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.ops.processes import Liveness, process_views
+from broker_jobs.ops.processes import process_views
 from broker_jobs.ops.readable import when
 from broker_jobs.store.base import Store
-from broker_jobs.store.processes import ProcessKind
+from broker_jobs.store.processes import Liveness, ProcessKind
 from broker_jobs.store.urls import open_store
 from topology.names import InvalidNameError
 

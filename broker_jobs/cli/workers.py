@@ -13,9 +13,10 @@ from broker_jobs.cli.tasks import chosen_tasks, task_options
 from broker_jobs.cli.waiting import still_waiting
 from broker_jobs.clock import utc_now
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.ops.processes import Liveness, ProcessView, liveness_counts, process_views
+from broker_jobs.ops.processes import ProcessView, liveness_counts, process_views
 from broker_jobs.ops.readable import span, when
 from broker_jobs.store.base import Store, mask_dsn
+from broker_jobs.store.processes import Liveness
 from broker_jobs.store.urls import open_store
 from topology.names import InvalidNameError, Names
 

@@ -15,7 +15,7 @@ from broker_jobs.errors import BrokerJobsError
 from broker_jobs.ops.dead_letter_ledger import IndexedDeadLetters
 from broker_jobs.ops.dead_letters import DeadLetter, DeadLetterQueues
 from broker_jobs.ops.documents import iso, record_document, size_too_large_text, too_large_text
-from broker_jobs.ops.processes import Liveness, ProcessView, liveness_counts, process_views
+from broker_jobs.ops.processes import ProcessView, liveness_counts, process_views
 from broker_jobs.ops.status import StatusReport, TaskStatus, collect
 from broker_jobs.store.base import (
     Execution,
@@ -27,7 +27,7 @@ from broker_jobs.store.base import (
     Status,
     utc,
 )
-from broker_jobs.store.processes import RunningJob
+from broker_jobs.store.processes import Liveness, RunningJob
 from broker_jobs.urls import mask_text
 from scheduler.status import status_document
 
@@ -199,9 +199,7 @@ def job_view(settings: DashboardSettings, ref: str) -> JobView | None:
     letter, problem = None, None
     if record.status is Status.DEAD:
         try:
-            found = IndexedDeadLetters(settings.store, (record.task,)).find(
-                record.idempotency_key
-            )
+            found = IndexedDeadLetters(settings.store, (record.task,)).find(record.idempotency_key)
             letter = found[0].letter if found else None
         except BrokerJobsError as error:
             problem = mask_text(str(error))

@@ -32,11 +32,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from broker_jobs.amqp.connecting import connect_first_blocking
 from broker_jobs.errors import BrokerConnectionError
 from broker_jobs.observe.heartbeat import Heartbeat, Pulse, process_record
-from broker_jobs.ops.processes import Liveness, liveness_counts, process_views
+from broker_jobs.ops.processes import liveness_counts, process_views
 from broker_jobs.ops.status import CONNECT_TIMEOUT, QueueState, StatusReport, gather
 from broker_jobs.store.base import Status, Store, StoreError, mask_dsn
 from broker_jobs.store.memory import MemoryStore
-from broker_jobs.store.processes import ProcessKind, ProcessState
+from broker_jobs.store.processes import Liveness, ProcessKind, ProcessState
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, mask_text
 from topology.names import Names

@@ -2,10 +2,9 @@
 (:mod:`broker_jobs.store.processes`): ``broker-jobs workers``, the dashboard's
 workers page and the exporter's ``broker_jobs_processes`` metric read them here.
 
-A process is *lost* when its record is older than :func:`lost_after` (three of its
-own heartbeat periods, at least :data:`MIN_LOST_AFTER` seconds) without saying it
-stopped: killed, its host gone, or cut off from the ledger. The judgement uses the
-reader's clock against the writer's, so hosts' clocks must agree to well within it.
+Whether a process is alive, stopping, stopped or lost is
+:func:`broker_jobs.store.processes.liveness`'s judgement (the worker's crash-loop
+rule asks it too).
 """
 
 from __future__ import annotations
@@ -14,43 +13,14 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import Any
 
 from broker_jobs.clock import utc_now
 from broker_jobs.ops.readable import when
 from broker_jobs.store.base import Store
-from broker_jobs.store.processes import ProcessKind, ProcessRecord, ProcessState
+from broker_jobs.store.processes import Liveness, ProcessKind, ProcessRecord, liveness
 
-#: Heartbeat periods of silence after which a process is lost.
-LOST_AFTER_BEATS = 3
-#: Seconds of silence that never make a process lost, whatever its period.
-MIN_LOST_AFTER = 15.0
 _ZERO = timedelta(0)
-
-
-class Liveness(StrEnum):
-    ALIVE = "alive"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    LOST = "lost"
-
-
-def lost_after(record: ProcessRecord, override: float | None = None) -> float:
-    """Seconds of silence after which ``record``'s process is lost (``override``:
-    the operator's own threshold)."""
-    if override is not None:
-        return override
-    return max(LOST_AFTER_BEATS * record.every, MIN_LOST_AFTER)
-
-
-def liveness(record: ProcessRecord, now: datetime, override: float | None = None) -> Liveness:
-    """Whether ``record``'s process is alive, stopping, stopped or lost at ``now``."""
-    if record.state is ProcessState.STOPPED:
-        return Liveness.STOPPED
-    if (now - record.seen_at).total_seconds() > lost_after(record, override):
-        return Liveness.LOST
-    return Liveness.STOPPING if record.state is ProcessState.STOPPING else Liveness.ALIVE
 
 
 @dataclass(frozen=True)

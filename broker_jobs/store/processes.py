@@ -6,8 +6,12 @@ metrics show who runs, where, what it holds, and who fell silent.
 A record is one JSON document per process id (the stores keep it as text beside
 its id, namespace and last-seen time): new fields need no schema change, and a
 reader of an older version ignores what it does not know. Whether a process is
-*lost* is the reader's judgement (:func:`broker_jobs.ops.processes.liveness`),
-from ``seen_at`` and ``every``: the writer says only what it is doing.
+lost is the reader's judgement (:func:`liveness`), from ``seen_at`` and ``every``:
+the writer says only what it is doing. A process is *lost* when its record is older than
+:func:`lost_after` (three of its own heartbeat periods, at least
+:data:`MIN_LOST_AFTER` seconds) without saying it stopped: killed, its host gone, or
+cut off from the ledger. The judgement uses the reader's clock against the writer's,
+so hosts' clocks must agree to well within it.
 """
 
 from __future__ import annotations
@@ -76,6 +80,36 @@ class ProcessRecord:
     role: str | None = None
     #: Its tasks that it holds paused (it starts none of their jobs).
     paused: tuple[str, ...] = ()
+
+
+#: Heartbeat periods of silence after which a process is lost.
+LOST_AFTER_BEATS = 3
+#: Seconds of silence that never make a process lost, whatever its period.
+MIN_LOST_AFTER = 15.0
+
+
+class Liveness(StrEnum):
+    ALIVE = "alive"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+
+def lost_after(record: ProcessRecord, override: float | None = None) -> float:
+    """Seconds of silence after which ``record``'s process is lost (``override``:
+    the operator's own threshold)."""
+    if override is not None:
+        return override
+    return max(LOST_AFTER_BEATS * record.every, MIN_LOST_AFTER)
+
+
+def liveness(record: ProcessRecord, now: datetime, override: float | None = None) -> Liveness:
+    """Whether ``record``'s process is alive, stopping, stopped or lost at ``now``."""
+    if record.state is ProcessState.STOPPED:
+        return Liveness.STOPPED
+    if (now - record.seen_at).total_seconds() > lost_after(record, override):
+        return Liveness.LOST
+    return Liveness.STOPPING if record.state is ProcessState.STOPPING else Liveness.ALIVE
 
 
 def process_document(record: ProcessRecord) -> str:

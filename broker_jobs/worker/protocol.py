@@ -26,6 +26,7 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -54,6 +55,7 @@ from broker_jobs.store.base import (
     Store,
     StoreError,
 )
+from broker_jobs.store.processes import Liveness, liveness
 from broker_jobs.worker.calling import bound_handler
 from broker_jobs.worker.claims import BUSY, RUN, claim_verdict
 from broker_jobs.worker.dead_letters import DeathCause, dead_letter_message, publish_dead_letter
@@ -665,7 +667,7 @@ class Runner:
                 self._store.executions, job.idempotency_key, give_up=give_up
             )
             crashes = sum(e.outcome is ExecutionOutcome.LOST for e in executions)
-        return judge_last_delivery(
+        judged = judge_last_delivery(
             count=count,
             limit=options.delivery_limit,
             attempt=job.attempt,
@@ -673,6 +675,30 @@ class Runner:
             crashes_before=crashes,
             now=utc_now(),
         )
+        if isinstance(judged, DeathCause) and record is not None and record.worker:
+            said = await asyncio.to_thread(self._holder_heartbeat, record.worker)
+            judged = replace(judged, error=f"{judged.error} ({said})")
+        return judged
+
+    def _holder_heartbeat(self, holder: str) -> str:
+        """What the heartbeats say of the process behind claim ``holder`` (its worker
+        id, then ``#`` and a delivery number): dead or alive, for the crash loop's
+        dead letter."""
+        worker_id = holder.rpartition("#")[0] or holder
+        try:
+            found = [p for p in self._store.processes(self.app.namespace) if p.id == worker_id]
+        except Exception:  # the dead letter goes out without it
+            return "its worker's heartbeat could not be read"
+        if not found:
+            return "its worker kept no heartbeat in this ledger"
+        now, beat = utc_now(), found[0]
+        ago = f"{(now - beat.seen_at).total_seconds():.0f} s ago"
+        state = liveness(beat, now)
+        if state is Liveness.LOST:
+            return f"its worker on {beat.host} fell silent {ago}: lost (dead, or cut off)"
+        if state is Liveness.STOPPED:
+            return f"its worker on {beat.host} stopped {ago}"
+        return f"its worker on {beat.host} last kept its heartbeat {ago}"
 
     async def _rescue(self, job: Job, rescue: Rescue) -> str | None:
         """Publish ``job`` again as a fresh message (confirmed); the caller acks."""
