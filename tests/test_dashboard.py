@@ -904,3 +904,28 @@ def test_a_task_is_paused_and_resumed_from_its_page_only_when_actions_are_allowe
     assert "resume: " in act(client, "/actions/resume", {"task": TASK})
     assert ledger.pauses(app.namespace) == {}
     assert 'data-field="paused"' not in client.get("/").text
+
+
+def test_with_the_broker_down_the_overview_and_task_pages_show_the_ledger_with_a_banner(
+    broker: Broker, app: App, ledger: SQLiteStore
+) -> None:
+    publish(broker, app, ledger, Item(key="waits-1"), Item(key="waits-2"))
+    with TestClient(create_app(without_broker(app, ledger))) as client:
+        page = client.get("/")
+        assert page.status_code == 200
+        assert page.text.count('class="banner warn"') == 1
+        assert 'id="broker-down"' in page.text
+        row = re.search(rf'<tr data-task="{re.escape(TASK)}">.*?</tr>', page.text, re.S)
+        assert row is not None
+        assert '<td class="num" data-field="queued">2</td>' in row.group(0)  # the ledger's
+        assert '<td class="num" data-field="ready">?</td>' in row.group(0)  # the broker's
+        document = client.get("/api/overview").json()
+        assert document["broker_unreachable"]
+        assert document["tasks"][0]["ledger"]["counts"]["queued"] == 2
+        task = client.get(f"/tasks/{TASK}")
+        assert task.status_code == 200
+        assert 'id="broker-down"' in task.text
+        assert client.get(f"/api/tasks/{TASK}").json()["broker_unreachable"]
+        jobs = client.get("/jobs")  # a ledger page: the banner of the last look
+        assert 'id="broker-unreachable"' in jobs.text
+        assert "waits-1" in jobs.text

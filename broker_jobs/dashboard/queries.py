@@ -11,12 +11,12 @@ from typing import Any
 from broker_jobs.dashboard import chart
 from broker_jobs.dashboard.filters import JobFilter, LetterFilter
 from broker_jobs.dashboard.settings import DashboardSettings
-from broker_jobs.errors import BrokerJobsError
+from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
 from broker_jobs.ops.dead_letter_ledger import IndexedDeadLetters
 from broker_jobs.ops.dead_letters import DeadLetter, DeadLetterQueues
 from broker_jobs.ops.documents import iso, record_document, size_too_large_text, too_large_text
 from broker_jobs.ops.processes import ProcessView, liveness_counts, process_views
-from broker_jobs.ops.status import StatusReport, TaskStatus, collect
+from broker_jobs.ops.status import StatusReport, TaskStatus, collect, ledger_only
 from broker_jobs.store.base import (
     Execution,
     JobRecord,
@@ -99,15 +99,22 @@ class Overview:
 
 def overview(settings: DashboardSettings, tasks: tuple[str, ...] | None = None) -> Overview:
     summaries, ledger_taken_at = settings.summaries.get()
-    report = collect(
-        settings.urls,
-        settings.names,
-        list(tasks or settings.tasks),
-        settings.store,
-        connection_name=CONNECTION_NAME,
-        summaries=summaries,
-        lanes=settings.lanes,
-    )
+    chosen = list(tasks or settings.tasks)
+    try:
+        report = collect(
+            settings.urls,
+            settings.names,
+            chosen,
+            settings.store,
+            connection_name=CONNECTION_NAME,
+            summaries=summaries,
+            lanes=settings.lanes,
+        )
+    except BrokerConnectionError as error:  # the ledger's figures still answer
+        why = settings.broker.down = mask_text(str(error))
+        report = ledger_only(settings.names, chosen, settings.store, why, summaries=summaries)
+    else:
+        settings.broker.down = None
     leader = settings.store.leader(settings.names.namespace)
     return Overview(report, leader, ledger_taken_at, last_hour_buckets(settings, ledger_taken_at))
 
@@ -128,13 +135,15 @@ class TaskView:
     taken_at: datetime
     recent: list[JobRecord]
     schedules: list[dict[str, Any]]
+    #: Why the broker's figures are unknown; None: they were read.
+    broker_down: str | None = None
 
     def document(self) -> dict[str, Any]:
-
         return {
             **self.status.document(self.taken_at),
             "recent_jobs": [record_document(record) for record in self.recent],
             "schedules": self.schedules,
+            "broker_unreachable": self.broker_down,
         }
 
 
@@ -142,7 +151,7 @@ def task_view(settings: DashboardSettings, task: str) -> TaskView:
     report = overview(settings, (task,)).report
     recent = settings.store.page(task=task, limit=RECENT_JOBS).records
     mine = [entry for entry in schedules(settings)["schedules"] if entry["task"] == task]
-    return TaskView(report.tasks[0], report.taken_at, recent, mine)
+    return TaskView(report.tasks[0], report.taken_at, recent, mine, report.broker_down)
 
 
 def jobs(settings: DashboardSettings, chosen: JobFilter) -> Page:

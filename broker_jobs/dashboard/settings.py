@@ -24,6 +24,15 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 TOKEN_VARIABLE = "BROKER_JOBS_DASHBOARD_TOKEN"
 
 
+class BrokerSeen:
+    """The broker as the dashboard's pages last found it: ``down`` is why it did not
+    answer, None while it does (or before any page asked). Written by the request
+    threads, one whole value at a time."""
+
+    def __init__(self) -> None:
+        self.down: str | None = None
+
+
 @dataclass(frozen=True)
 class DashboardSettings:
     """The open store (the caller closes it), the broker, the tasks shown, and the
@@ -45,10 +54,13 @@ class DashboardSettings:
     refresh_seconds: int = REFRESH_SECONDS
     #: The ledger's task summaries, kept a few seconds on a large ledger.
     summaries: LedgerSummaries = field(init=False, repr=False, compare=False)
+    #: Whether the broker answered the last page that asked it (every page's banner).
+    broker: BrokerSeen = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_binding(self.host, allow_actions=self.allow_actions, token=self.token)
         object.__setattr__(self, "summaries", LedgerSummaries(self.store))
+        object.__setattr__(self, "broker", BrokerSeen())
 
     @property
     def lanes(self) -> dict[str, tuple[str, ...]]:

@@ -39,6 +39,14 @@ def _seconds(duration: timedelta | None) -> str:
     return span(duration)
 
 
+def _depth(value: int | None, exists: bool = True) -> str:
+    """A queue's figure from the broker: ``missing`` for a queue that does not exist,
+    ``?`` when the broker could not be asked."""
+    if not exists:
+        return "missing"
+    return "?" if value is None else str(value)
+
+
 def _pretty(value: Any) -> str:
     """JSON for people; a plain string, so autoescape makes its markup text (Jinja's
     tojson would show ``<`` as ``\\u003c``)."""
@@ -79,6 +87,7 @@ environment.filters.update(
     ref=_ref,
     job_href=job_href,
     pretty=_pretty,
+    depth=_depth,
 )
 
 

@@ -159,6 +159,8 @@ class StatusReport:
     tasks: tuple[TaskStatus, ...]
     ladder: LadderState
     unroutable: QueueState
+    #: Why the broker's figures are unknown (:func:`ledger_only`); None: they are read.
+    broker_down: str | None = None
 
     @property
     def missing(self) -> tuple[str, ...]:
@@ -181,6 +183,7 @@ class StatusReport:
             "ladder": self.ladder.document(),
             "unroutable": self.unroutable.document(),
             "missing": list(self.missing),
+            "broker_unreachable": self.broker_down,
         }
 
 
@@ -259,6 +262,43 @@ def gather(
     finally:
         probe.close()
     return StatusReport(names.namespace, node, moment, statuses, ladder, unroutable)
+
+
+def ledger_only(
+    names: Names,
+    tasks: Sequence[str],
+    store: Store,
+    why: str,
+    *,
+    now: datetime | None = None,
+    summaries: Mapping[str, TaskSummary] | None = None,
+) -> StatusReport:
+    """The report of what the ledger knows while the broker cannot be asked
+    (``why``): every queue's figures unknown (None), none called missing."""
+    moment = utc(now)
+    if summaries is None:
+        summaries = store.task_summaries(now=moment)
+    indexed = store.dead_letter_counts(tasks) if store.indexes_dead_letters else {}
+    pauses = store.pauses(names.namespace)
+
+    def unknown(queue: str) -> QueueState:
+        return QueueState(queue, exists=True, messages=None, consumers=None)
+
+    statuses = tuple(
+        TaskStatus(
+            task,
+            unknown(names.task_queue(task)),
+            unknown(names.dead_letter_queue(task)),
+            summaries.get(task) or empty_summary(task),
+            indexed.get(task),
+            pauses.get(task),
+        )
+        for task in tasks
+    )
+    ladder = LadderState(0, DELAY_LEVELS, ())
+    return StatusReport(
+        names.namespace, "", moment, statuses, ladder, unknown(names.unroutable_queue), why
+    )
 
 
 def _task_queue_state(
