@@ -929,3 +929,47 @@ def test_with_the_broker_down_the_overview_and_task_pages_show_the_ledger_with_a
         jobs = client.get("/jobs")  # a ledger page: the banner of the last look
         assert 'id="broker-unreachable"' in jobs.text
         assert "waits-1" in jobs.text
+
+
+def test_the_history_page_charts_each_range_from_the_executions(
+    app: App, ledger: SQLiteStore
+) -> None:
+    from datetime import UTC, datetime, timedelta  # noqa: PLC0415
+
+    from broker_jobs import Job  # noqa: PLC0415
+
+    now = datetime.now(UTC)
+
+    def finished(key: str, task: str, minutes_ago: float, *, ok: bool) -> None:
+        moment = now - timedelta(minutes=minutes_ago)
+        ledger.claim(Job(id=f"id-{key}", task=task, idempotency_key=key), "w1", 60, now=moment)
+        if ok:
+            ledger.succeed(key, "w1", now=moment)
+        else:
+            ledger.dead(key, "w1", "PermanentError: no", now=moment)
+
+    finished("h1", TASK, 10, ok=True)
+    finished("h2", TASK, 10.2, ok=False)
+    finished("h3", OTHER, 30, ok=True)
+    finished("d1", TASK, 60 * 5, ok=True)  # five hours ago: in the day, not the hour
+    finished("w1", TASK, 60 * 24 * 3, ok=False)  # three days ago: in the week only
+    with TestClient(create_app(without_broker(app, ledger))) as client:
+        hour = client.get("/api/history?range=1h").json()
+        assert (hour["range"], hour["bucket_seconds"], len(hour["overall"])) == ("1h", 60, 60)
+        assert [
+            sum(ok for ok, _ in hour["tasks"][TASK]),
+            sum(f for _, f in hour["tasks"][TASK]),
+        ] == [1, 1]
+        assert sum(ok for ok, _ in hour["tasks"][OTHER]) == 1
+        day = client.get("/api/history").json()  # 24h by default
+        assert (day["range"], len(day["overall"])) == ("24h", 24)
+        assert [sum(ok for ok, _ in day["overall"]), sum(f for _, f in day["overall"])] == [3, 1]
+        week = client.get("/api/history?range=7d").json()
+        assert len(week["overall"]) == 168
+        assert [sum(ok for ok, _ in week["overall"]), sum(f for _, f in week["overall"])] == [3, 2]
+        page = client.get("/history?range=7d")
+        assert page.status_code == 200
+        assert page.text.count('class="chart history-chart"') == 3  # all tasks, then each
+        assert "last 7 days, per hour: 3 succeeded, 2 failed" in page.text
+        assert 'rect class="failed"' in page.text
+        assert client.get("/history?range=1y").status_code == 400

@@ -497,3 +497,25 @@ def test_a_task_is_paused_and_resumed_from_its_page(
         assert ledger.pauses(app.namespace) == {}
         browser.get(f"{base}/tasks/{TASK}")
         wait_for(browser, shows("#paused", "no"), "the task resumed")
+
+
+def test_the_history_page_draws_the_charts_of_each_range(
+    browser: Any, broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
+    publish(broker, app, ledger, Item(key="ok-1"), Item(key="ok-2"), Item(key="bad", fail=True))
+    run_burst_worker(broker, app, ledger)
+    with dashboard() as base:
+        browser.get(f"{base}/history?range=1h")
+        overall = "section[data-task='all tasks']"
+        wait_for(browser, shows(f"{overall} .totals", "2 ok / 1 failed"), "the hour's totals")
+        rects = browser.find_elements(By.CSS_SELECTOR, f"{overall} svg rect")
+        kinds = sorted({rect.get_attribute("class") for rect in rects})
+        assert kinds == ["failed", "ok"]
+        assert all(rect.size["height"] > 0 for rect in rects)  # drawn, not empty
+        chart = browser.find_element(By.CSS_SELECTOR, f"{overall} svg")
+        assert chart.size["width"] == 840
+        click(browser, "#ranges a[href='/history?range=7d']")
+        wait_for(browser, shows("#ranges strong", "last 7 days, per hour"), "the week")
+        assert text_of(browser, f"{overall} .totals") == "2 ok / 1 failed"

@@ -9,7 +9,7 @@ from starlette.responses import JSONResponse
 
 from broker_jobs.dashboard import queries
 from broker_jobs.dashboard.filters import JobFilter, LetterFilter, page_number
-from broker_jobs.dashboard.pages import known_task, settings_of
+from broker_jobs.dashboard.pages import history_range, known_task, settings_of
 from broker_jobs.dashboard.safety import Refused
 from broker_jobs.ops.documents import (
     encode_cursor,
@@ -72,6 +72,11 @@ async def dead_letters(request: Request) -> JSONResponse:
 
 async def schedules(request: Request) -> JSONResponse:
     return JSONResponse(await run_in_threadpool(queries.schedules, settings_of(request)))
+
+
+async def history(request: Request) -> JSONResponse:
+    view = await run_in_threadpool(queries.history, settings_of(request), history_range(request))
+    return JSONResponse(view.document())
 
 
 async def workers(request: Request) -> JSONResponse:

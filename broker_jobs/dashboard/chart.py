@@ -1,6 +1,7 @@
-"""The overview's small chart, inline SVG (no script, no library): a task's last hour
-as a sparkline of 5-minute buckets, each a column of its successes with its failures
-stacked on top (:func:`sparkline`)."""
+"""The dashboard's charts, inline SVG (no script, no library): the overview's
+sparkline of a task's last hour in 5-minute buckets (:func:`sparkline`), and the
+history page's charts of the last hour, day or week (:func:`history_chart`); each
+bucket a column of its successes with its failures stacked on top."""
 
 from __future__ import annotations
 
@@ -47,24 +48,83 @@ def sparkline(
     return Sparkline(rects, title)
 
 
-def _column(x: int, ok: int, bad: int, top: int) -> list[Rect]:
-    """A bucket's successes from the baseline, its failures on top of them. Heights
-    are rounded cumulatively, so a column never outgrows the chart; a value above 0
-    keeps at least a visible pixel."""
-    ok_height = _pixels(ok, top)
-    whole = min(max(_pixels(ok + bad, top), ok_height + int(bad > 0)), HEIGHT)
+def _column(x: int, ok: int, bad: int, top: int, height: int = HEIGHT) -> list[Rect]:
+    """A bucket's successes from the baseline, its failures on top of them, in a
+    chart ``height`` pixels tall. Heights are rounded cumulatively, so a column never
+    outgrows the chart; a value above 0 keeps at least a visible pixel."""
+
+    def pixels(value: int) -> int:
+        return max(round(height * value / top), 1) if value else 0
+
+    ok_height = pixels(ok)
+    whole = min(max(pixels(ok + bad), ok_height + int(bad > 0)), height)
     ok_height = min(ok_height, whole - int(bad > 0))
     rects = []
     if ok:
-        rects.append(Rect(x, HEIGHT - ok_height, ok_height, "ok"))
+        rects.append(Rect(x, height - ok_height, ok_height, "ok"))
     if bad:
-        rects.append(Rect(x, HEIGHT - whole, whole - ok_height, "failed"))
+        rects.append(Rect(x, height - whole, whole - ok_height, "failed"))
     return rects
-
-
-def _pixels(value: int, top: int) -> int:
-    return max(round(HEIGHT * value / top), 1) if value else 0
 
 
 def _minutes() -> int:
     return int(BUCKET.total_seconds() // 60)
+
+
+# --- the history page's charts: larger, with their scale and time span written out ---
+
+
+@dataclass(frozen=True)
+class HistoryRange:
+    """A span the history page shows: ``buckets`` of ``bucket`` up to now."""
+
+    name: str  # as in ?range=
+    label: str
+    bucket: timedelta
+    buckets: int
+
+    @property
+    def span(self) -> timedelta:
+        return self.bucket * self.buckets
+
+
+#: What ``?range=`` takes: the last hour by minute, the last day and week by hour.
+HISTORY_RANGES = {
+    r.name: r
+    for r in (
+        HistoryRange("1h", "last hour, per minute", timedelta(minutes=1), 60),
+        HistoryRange("24h", "last 24 hours, per hour", timedelta(hours=1), 24),
+        HistoryRange("7d", "last 7 days, per hour", timedelta(hours=1), 168),
+    )
+}
+HISTORY_WIDTH = 840  # pixels of a history chart's columns and gaps
+HISTORY_HEIGHT = 120
+
+
+@dataclass(frozen=True)
+class BarChart:
+    """A history chart: stacked columns (successes, failures on top), its height's
+    value (``top``), totals for the title."""
+
+    rects: list[Rect]
+    title: str
+    top: int
+    succeeded: int
+    failed: int
+    column: int
+    width: int = HISTORY_WIDTH
+    height: int = HISTORY_HEIGHT
+
+
+def history_chart(buckets: Sequence[tuple[int, int]], chosen: HistoryRange) -> BarChart:
+    """The columns of ``buckets`` (oldest first, (succeeded, failed) each) in a chart
+    of :data:`HISTORY_WIDTH` by :data:`HISTORY_HEIGHT` pixels, scaled to its largest."""
+    step = HISTORY_WIDTH // max(len(buckets), 1)
+    column = max(step - max(step // 5, 1), 1)
+    top = max([1, *(ok + bad for ok, bad in buckets)])
+    rects: list[Rect] = []
+    for index, (ok, bad) in enumerate(buckets):
+        rects.extend(_column(index * step, ok, bad, top, HISTORY_HEIGHT))
+    succeeded, failed = sum(ok for ok, _ in buckets), sum(bad for _, bad in buckets)
+    title = f"{chosen.label}: {succeeded} succeeded, {failed} failed"
+    return BarChart(rects, title, top, succeeded, failed, column)

@@ -7,6 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from broker_jobs.dashboard import queries
+from broker_jobs.dashboard.chart import HISTORY_RANGES, HistoryRange
 from broker_jobs.dashboard.filters import JobFilter, LetterFilter, page_number
 from broker_jobs.dashboard.safety import Refused
 from broker_jobs.dashboard.settings import DashboardSettings
@@ -91,6 +92,20 @@ async def schedules_page(request: Request) -> Response:
     settings = settings_of(request)
     document = await run_in_threadpool(queries.schedules, settings)
     return render(request, settings, "schedules.html", {"document": document})
+
+
+def history_range(request: Request) -> HistoryRange:
+    """``?range=`` (1h, 24h, 7d; default 24h); anything else is a 400."""
+    name = request.query_params.get("range", "24h")
+    if name not in HISTORY_RANGES:
+        raise Refused(400, f"range={name!r}: one of {', '.join(HISTORY_RANGES)}")
+    return HISTORY_RANGES[name]
+
+
+async def history_page(request: Request) -> Response:
+    settings = settings_of(request)
+    view = await run_in_threadpool(queries.history, settings, history_range(request))
+    return render(request, settings, "history.html", {"view": view, "ranges": HISTORY_RANGES})
 
 
 async def workers_page(request: Request) -> Response:

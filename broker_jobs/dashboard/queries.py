@@ -297,6 +297,52 @@ def letters_view(settings: DashboardSettings, chosen: LetterFilter, page: int = 
 
 
 @dataclass(frozen=True)
+class HistoryView:
+    """The history page: per task and all together, the chosen range's executions in
+    buckets (succeeded, failed), from the ledger's executions."""
+
+    chosen: chart.HistoryRange
+    since: datetime
+    until: datetime
+    buckets: dict[str, list[tuple[int, int]]]
+
+    @property
+    def overall(self) -> list[tuple[int, int]]:
+        """Every task's buckets added up."""
+        zero = [(0, 0)] * self.chosen.buckets
+        return [
+            (sum(ok for ok, _ in column), sum(bad for _, bad in column))
+            for column in zip(zero, *self.buckets.values(), strict=True)
+        ]
+
+    def charts(self) -> list[tuple[str, chart.BarChart]]:
+        """("all tasks", its chart), then each task's."""
+        found = [("all tasks", chart.history_chart(self.overall, self.chosen))]
+        found += [(t, chart.history_chart(b, self.chosen)) for t, b in self.buckets.items()]
+        return found
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "range": self.chosen.name,
+            "bucket_seconds": int(self.chosen.bucket.total_seconds()),
+            "since": iso(self.since),
+            "until": iso(self.until),
+            "overall": [list(b) for b in self.overall],
+            "tasks": {task: [list(b) for b in found] for task, found in self.buckets.items()},
+        }
+
+
+def history(settings: DashboardSettings, chosen: chart.HistoryRange) -> HistoryView:
+    """The executions of the dashboard's tasks over ``chosen`` (``Store.outcome_buckets``)."""
+    until = utc(None)
+    since = until - chosen.span
+    found = settings.store.outcome_buckets(since=since, bucket=chosen.bucket, now=until)
+    empty = [(0, 0)] * chosen.buckets
+    buckets = {task: found.get(task, empty)[: chosen.buckets] for task in settings.tasks}
+    return HistoryView(chosen, since, until, buckets)
+
+
+@dataclass(frozen=True)
 class WorkersView:
     """The workers page: every process of the namespace with a heartbeat."""
 
