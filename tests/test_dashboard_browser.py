@@ -519,3 +519,39 @@ def test_the_history_page_draws_the_charts_of_each_range(
         click(browser, "#ranges a[href='/history?range=7d']")
         wait_for(browser, shows("#ranges strong", "last 7 days, per hour"), "the week")
         assert text_of(browser, f"{overall} .totals") == "2 ok / 1 failed"
+
+
+#: The pages the layout test opens (a job's page is added with a real key).
+LAYOUT_PAGES = ("/", f"/tasks/{TASK}", "/jobs", "/dead-letters", "/history", "/workers",
+                "/schedules")  # fmt: skip
+#: The times in tables whose text takes more than one line.
+FOLDED_TIMES = """
+return [...document.querySelectorAll('td.time')].filter(td => {
+  const range = document.createRange(); range.selectNodeContents(td);
+  return range.getClientRects().length > 1;
+}).map(td => td.textContent);
+"""
+
+
+def test_no_page_scrolls_sideways_at_900_px_and_no_time_folds(
+    browser: Any, broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    publish(
+        broker, app, ledger, *(Item(key=f"tenant-{n}/invoice-{n}", fail=n == 0) for n in range(3))
+    )
+    run_burst_worker(broker, app, ledger)
+    pages = [*LAYOUT_PAGES, "/jobs/tenant-0%2Finvoice-0"]
+    try:
+        with dashboard(allow_actions=True) as base:
+            for width in (900, 1400):
+                browser.set_window_size(width, 900)
+                for path in pages:
+                    browser.get(f"{base}{path}")
+                    wait_for(browser, lambda d: d.find_elements("css selector", "h1"), path)
+                    sideways = browser.execute_script(
+                        "return document.documentElement.scrollWidth - window.innerWidth"
+                    )
+                    assert sideways <= 0, f"{path} at {width} px scrolls sideways by {sideways} px"
+                    assert browser.execute_script(FOLDED_TIMES) == [], f"{path} at {width} px"
+    finally:
+        browser.set_window_size(1280, 900)

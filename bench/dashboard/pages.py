@@ -121,6 +121,11 @@ def page_timings(base: str, store: Store, requests: int, depth: int) -> list[Tim
         "/api/dead-letters": "/api/dead-letters",
         "/schedules": "/schedules",
         "/api/schedules": "/api/schedules",
+        "/history?range=1h": "/history?range=1h",
+        "/history (24h)": "/history",
+        "/history?range=7d": "/history?range=7d",
+        "/api/history?range=7d": "/api/history?range=7d",
+        "/workers": "/workers",
     }
     timings = []
     with httpx.Client(base_url=base, timeout=60) as client:
