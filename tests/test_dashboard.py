@@ -973,3 +973,26 @@ def test_the_history_page_charts_each_range_from_the_executions(
         assert "last 7 days, per hour: 3 succeeded, 2 failed" in page.text
         assert 'rect class="failed"' in page.text
         assert client.get("/history?range=1y").status_code == 400
+
+
+def test_times_in_lists_are_relative_with_the_absolute_time_on_hover(
+    app: App, ledger: SQLiteStore
+) -> None:
+    from datetime import UTC, datetime, timedelta  # noqa: PLC0415
+
+    from broker_jobs import Job  # noqa: PLC0415
+    from broker_jobs.dashboard.views import environment  # noqa: PLC0415
+    from broker_jobs.ops.readable import when  # noqa: PLC0415
+
+    three_hours_ago = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=3)
+    ledger.claim(Job(id="id-r1", task=TASK, idempotency_key="r1"), "w1", 60, now=three_hours_ago)
+    ledger.succeed("r1", "w1", now=three_hours_ago)
+    with TestClient(create_app(without_broker(app, ledger))) as client:
+        page = client.get("/jobs").text
+    absolute = when(three_hours_ago)
+    assert re.search(rf'<time datetime="{absolute}" title="{absolute}">3h0\dm ago</time>', page)
+    moment = environment.filters["moment"]
+    assert str(moment(datetime.now(UTC) + timedelta(hours=2, seconds=30))).endswith(
+        ">in 2h00m</time>"
+    )
+    assert str(moment(None)) == "-"

@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
@@ -45,6 +46,17 @@ def _depth(value: int | None, exists: bool = True) -> str:
     if not exists:
         return "missing"
     return "?" if value is None else str(value)
+
+
+def _moment(moment: datetime | None) -> Markup:
+    """A time as people read it in a list, relative (``3m05s ago``, ``in 2h00m``), the
+    absolute UTC time on hover and in the ``datetime`` attribute (for scripts)."""
+    if moment is None:
+        return Markup("-")
+    absolute = when(moment)
+    offset = moment - datetime.now(moment.tzinfo)
+    said = f"in {span(offset)}" if offset.total_seconds() > 0 else f"{span(-offset)} ago"
+    return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(absolute, said)
 
 
 def _pretty(value: Any) -> str:
@@ -88,6 +100,7 @@ environment.filters.update(
     job_href=job_href,
     pretty=_pretty,
     depth=_depth,
+    moment=_moment,
 )
 
 
