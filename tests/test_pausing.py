@@ -228,7 +228,12 @@ def test_workers_stop_asks_a_worker_through_the_ledger_and_it_stops_gracefully(
             "--wait", "30", "--json",
         )  # fmt: skip
         assert code == 0, output
-        assert json.loads(output)["not_stopped"] == []
+        document = json.loads(output)
+        assert document["not_stopped"] == []
+        # Stopping already: not asked again (a request written after it exited would
+        # be left for its next start).
+        assert document["asked"] == []
+        assert document["already"] in ({"w-stop": "stopping"}, {"w-stop": "stopped"})
     assert outcome == [Counter({"succeeded": 1})]
     assert store.stop_requests(app.namespace) == {}  # done: deleted as it exited
     store.close()

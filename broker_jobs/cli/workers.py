@@ -231,7 +231,14 @@ def stop_command(  # noqa: PLR0917 - click passes every option positionally
                     f" {chosen_namespace!r}: `broker-jobs workers --namespace"
                     f" {chosen_namespace}` lists them"
                 )
-            asked = [store.request_stop(chosen_namespace, w, who_asks()) for w in worker_ids]
+            # One stopping or stopped already is not asked again: a request written
+            # after it exited would wait for its next start, to be deleted there.
+            going = {w for w in worker_ids if known[w].liveness in _GOING}
+            asked = [
+                store.request_stop(chosen_namespace, w, who_asks())
+                for w in worker_ids
+                if w not in going
+            ]
             running = still_waiting(lambda: _not_stopped(store, chosen_namespace, worker_ids), wait)
     except BrokerJobsError as error:
         fail(str(error))
@@ -240,6 +247,7 @@ def stop_command(  # noqa: PLR0917 - click passes every option positionally
             {
                 "namespace": chosen_namespace,
                 "asked": [{"worker": a.worker_id, "at": when(a.at), "by": a.by} for a in asked],
+                "already": {w: known[w].liveness.value for w in sorted(going)},
                 "not_stopped": running,
             }
         )
@@ -249,10 +257,16 @@ def stop_command(  # noqa: PLR0917 - click passes every option positionally
                 f"asked {request.worker_id} to stop (at {when(request.at)}, by {request.by}):"
                 " it stops within a heartbeat period, letting its running jobs finish"
             )
+        for worker_id in sorted(going):
+            click.echo(f"{worker_id} is {known[worker_id].liveness.value} already: not asked again")
         if running:
             click.echo(f"not stopped yet: {', '.join(running)}", err=True)
     if running:
         raise SystemExit(1)
+
+
+#: A worker in these states is not asked to stop again.
+_GOING = frozenset({Liveness.STOPPING, Liveness.STOPPED})
 
 
 def _not_stopped(store: Store, namespace: str, worker_ids: tuple[str, ...]) -> list[str]:
