@@ -26,7 +26,7 @@ from bench.effects import Effects
 from broker_jobs.store.base import Execution, Status
 from broker_jobs.store.urls import open_store
 from broker_jobs.testing.postgres_node import PostgresNode
-from broker_jobs.testing.rabbit_node import RabbitNode
+from broker_jobs.testing.rabbit_node import RabbitNode, RabbitNodeError
 from topology import names as n
 
 TX, PLAIN, OVERRUN = "faults.tx", "faults.plain", "faults.overrun"
@@ -154,9 +154,7 @@ class Env:
         if self._rabbit is None:
             if not RabbitNode.available():
                 raise ScenarioSkipped("no local rabbitmq-server (apt-get install rabbitmq-server)")
-            self._rabbit = RabbitNode.create(self.base / "rabbit")
-            print(f"  starting a throwaway RabbitMQ node ({self._rabbit.nodename})", flush=True)
-            self._rabbit.start()
+            self._rabbit = self._fresh_rabbit()
         elif not self._rabbit.running:  # left down by a scenario that failed
             try:
                 self._rabbit.start()
@@ -166,6 +164,26 @@ class Env:
                 self._rabbit = None
                 return self.rabbit()
         return self._rabbit
+
+    def _fresh_rabbit(self) -> RabbitNode:
+        # Ports are picked free, but another process (a parallel test run) may take one
+        # before the node binds it: a second node on fresh ports is the cure.
+        try:
+            return self._started_rabbit("rabbit")
+        except RabbitNodeError as first:
+            print(f"  the node did not boot ({first}); once more on fresh ports", flush=True)
+            return self._started_rabbit("rabbit-again")
+
+    def _started_rabbit(self, name: str) -> RabbitNode:
+        node = RabbitNode.create(self.base / name)
+        print(f"  starting a throwaway RabbitMQ node ({node.nodename})", flush=True)
+        try:
+            node.start()
+        except RabbitNodeError:
+            with contextlib.suppress(Exception):
+                node.cleanup()
+            raise
+        return node
 
     def postgres(self) -> PostgresNode:
         if self._postgres is None:

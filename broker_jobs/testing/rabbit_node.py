@@ -316,8 +316,11 @@ class RabbitNode(Throwaway):
             )
         try:
             self._await_boot(self._proc, time.monotonic() + timeout)
-        except BaseException:
-            self.kill()  # never leave a half-booted node behind
+        except BaseException as boot_error:
+            try:
+                self.kill()  # never leave a half-booted node behind
+            except RabbitNodeError as kill_error:  # the boot's failure is the news, not this
+                boot_error.add_note(f"and then: {kill_error}")
             raise
 
     def _await_boot(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
