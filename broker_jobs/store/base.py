@@ -27,6 +27,7 @@ from broker_jobs.dead_letter import DeadLetter, DeadLetterFilter
 from broker_jobs.envelope import Job
 from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, IndexRow
+from broker_jobs.store.depths import DepthSeries
 from broker_jobs.store.errors import LeaseLostError, StoreError
 from broker_jobs.store.ledger import Filtering, Filters
 from broker_jobs.store.processes import ProcessRecord
@@ -653,6 +654,24 @@ class Store(ABC):
     @abstractmethod
     def clear_stop(self, worker_id: str) -> bool:
         """Delete the stop request of ``worker_id`` (it stopped); whether there was one."""
+
+    # --- queue depths over time (broker_jobs.store.depths) ----------------------------
+
+    @abstractmethod
+    def record_depths(
+        self, namespace: str, depths: Mapping[str, int], *, now: datetime | None = None
+    ) -> None:
+        """A sample of ``depths`` (jobs ready in each task's queue) at ``now``: its
+        minute's row takes it, its hour's row keeps the larger; rows older than
+        :data:`~broker_jobs.store.depths.KEEP` are deleted. Not durable at once (a
+        sample lost to a power cut is a gap in a chart)."""
+
+    @abstractmethod
+    def depth_history(
+        self, namespace: str, *, step: timedelta, since: datetime
+    ) -> dict[str, DepthSeries]:
+        """By task (in order), the samples of ``step`` (a minute or an hour) of
+        ``namespace`` whose step starts at or after ``since``, oldest first."""
 
     @abstractmethod
     def close(self) -> None:

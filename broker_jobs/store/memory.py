@@ -16,6 +16,7 @@ from broker_jobs.dead_letter import DeadLetterFilter
 from broker_jobs.envelope import Job
 from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, IndexRow, read_entry
+from broker_jobs.store.depths import DepthSeries, cutoffs, depth_rows, step_seconds
 from broker_jobs.store.errors import StoreError
 from broker_jobs.store.exclusive import ExclusiveStore, Records
 from broker_jobs.store.ledger import (
@@ -216,6 +217,8 @@ class MemoryStore(ExclusiveStore):
         self._processes: dict[str, ProcessRecord] = {}
         self._pauses: dict[tuple[str, str], TaskPause] = {}
         self._stops: dict[str, StopRequest] = {}
+        #: (namespace, task, step seconds, step start) -> jobs ready (store.depths).
+        self._depths: dict[tuple[str, str, int, datetime], int] = {}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -451,6 +454,30 @@ class MemoryStore(ExclusiveStore):
         with self._open():
             return self._stops.pop(worker_id, None) is not None
 
+    def record_depths(
+        self, namespace: str, depths: Mapping[str, int], *, now: datetime | None = None
+    ) -> None:
+        moment = utc(now)
+        with self._open():
+            for row in depth_rows(depths, moment):
+                slot = (namespace, row.task, row.step, row.at)
+                kept = self._depths.get(slot, row.ready) if row.peak else row.ready
+                self._depths[slot] = max(kept, row.ready)
+            oldest = cutoffs(moment)
+            for slot in [s for s in self._depths if s[0] == namespace and s[3] < oldest[s[2]]]:
+                del self._depths[slot]
+
+    def depth_history(
+        self, namespace: str, *, step: timedelta, since: datetime
+    ) -> dict[str, DepthSeries]:
+        seconds, start = step_seconds(step), utc(since)
+        found: dict[str, DepthSeries] = {}
+        with self._open():
+            for (ns, task, each, at), ready in sorted(self._depths.items()):
+                if ns == namespace and each == seconds and at >= start:
+                    found.setdefault(task, []).append((at, ready))
+        return found
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -465,3 +492,4 @@ class MemoryStore(ExclusiveStore):
             self._processes.clear()
             self._pauses.clear()
             self._stops.clear()
+            self._depths.clear()

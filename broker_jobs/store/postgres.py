@@ -43,6 +43,7 @@ from broker_jobs.envelope import Job
 from broker_jobs.store.base import Rule, Store
 from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, IndexRow, read_entry, where_sql
+from broker_jobs.store.depths import DepthSeries, cutoffs, depth_rows, step_seconds
 from broker_jobs.store.errors import LeaseLostError, StoreError
 from broker_jobs.store.ledger import (
     Buckets,
@@ -734,6 +735,41 @@ class PostgresStore(Store):
     def clear_stop(self, worker_id: str) -> bool:
         params = {"worker_id": worker_id}
         return bool(self._run("clear a stop request", self._q.processes.clear_stop, params))
+
+    def record_depths(
+        self, namespace: str, depths: Mapping[str, int], *, now: datetime | None = None
+    ) -> None:
+        if not self._layout.keeps_depths:
+            raise StoreError(
+                f"{self!r} has no table of queue depths (this role may not create it):"
+                " open the store once as the database's owner to add it"
+            )
+        moment = utc(now)
+        queries, rows = self._q.depths, depth_rows(depths, moment)
+        with self._pool.connection() as conn, self._translate("record queue depths"):
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    queries.record,
+                    [
+                        {"namespace": namespace, "task": r.task, "step": r.step, "at": r.at,
+                         "ready": r.ready, "peak": r.peak}
+                        for r in rows
+                    ],
+                )  # fmt: skip
+            for step, cutoff in cutoffs(moment).items():
+                params = {"namespace": namespace, "step": step, "cutoff": cutoff}
+                conn.execute(queries.forget, params)
+
+    def depth_history(
+        self, namespace: str, *, step: timedelta, since: datetime
+    ) -> dict[str, DepthSeries]:
+        if not self._layout.keeps_depths:
+            return {}
+        params = {"namespace": namespace, "step": step_seconds(step), "since": utc(since)}
+        found: dict[str, DepthSeries] = {}
+        for task, at, ready in self._run("read queue depths", self._q.depths.of_step, params):
+            found.setdefault(task, []).append((aware(at), ready))
+        return found
 
     def close(self) -> None:
         self._pool.close()

@@ -73,12 +73,14 @@ class Queries:
         self.executions = name("broker_jobs_executions")
         self.payloads = name("broker_jobs_payloads")
         self.outputs = name("broker_jobs_outputs")
-        # The dead letters' index and the heartbeats: statements of their own.
-        self.letters, self.processes = (
+        # The dead letters' index, the heartbeats and the queue depths: statements of
+        # their own.
+        self.letters, self.processes, self.depths = (
             LetterQueries(name("broker_jobs_dead_letters")),
             ProcessQueries(
                 name("broker_jobs_processes"), name("broker_jobs_pauses"), name("broker_jobs_stops")
             ),
+            DepthQueries(name("broker_jobs_depths")),
         )
         self.schema = sql.Identifier(schema) if schema else None
         cols = sql.SQL(", ").join(map(sql.Identifier, COLUMNS))
@@ -341,6 +343,32 @@ class ProcessQueries:
             " ORDER BY seen_at DESC"
         )
         self.forget = q("DELETE FROM {processes} WHERE seen_at < %(cutoff)s RETURNING 1")
+
+
+class DepthQueries:
+    """The statements of the queue depths over time (:mod:`broker_jobs.store.depths`,
+    in ``table``): a minute's row takes the newest sample, an hour's the largest."""
+
+    def __init__(self, table: sql.Identifier) -> None:
+        def q(template: str) -> sql.Composed:
+            return sql.SQL(template).format(depths=table)
+
+        self.table = table
+        self.record = q(
+            "INSERT INTO {depths} AS d (namespace, task, step, at, ready)"
+            " VALUES (%(namespace)s, %(task)s, %(step)s, %(at)s, %(ready)s)"
+            " ON CONFLICT (namespace, step, at, task) DO UPDATE SET ready = CASE"
+            "  WHEN %(peak)s THEN GREATEST(d.ready, excluded.ready) ELSE excluded.ready END"
+        )
+        self.forget = q(
+            "DELETE FROM {depths}"
+            " WHERE namespace = %(namespace)s AND step = %(step)s AND at < %(cutoff)s"
+        )
+        self.of_step = q(
+            "SELECT task, at, ready FROM {depths}"
+            " WHERE namespace = %(namespace)s AND step = %(step)s AND at >= %(since)s"
+            ' ORDER BY task COLLATE "C", at'
+        )
 
 
 class LetterQueries:

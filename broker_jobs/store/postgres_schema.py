@@ -91,6 +91,8 @@ class Schema:
         self.keeps_dead_letters = False
         #: Whether this store keeps heartbeat records (set by :meth:`open`).
         self.keeps_processes = False
+        #: Whether the queue depths' table exists (set by :meth:`open`).
+        self.keeps_depths = False
         self._store = store
         self._where = where
 
@@ -136,6 +138,10 @@ class Schema:
             self._add(conn, self.create_processes())  # without a version: older code ignores it
         self.keeps_processes = _exist(conn, self.q.processes.table) and self._may_write(
             conn, self.q.processes.table, "this ledger lists no heartbeats of workers"
+        )
+        # Without CREATE on the schema, no depths are sampled (record_depths says why).
+        self.keeps_depths = _exist(conn, self.q.depths.table) or self._add(
+            conn, [self.create_depths()]
         )
         if not _exist(conn, self.q.fires, self.q.leaders):
             # A role without CREATE on the schema still opens the store (a worker needs
@@ -422,6 +428,20 @@ class Schema:
                 " asked_by text NOT NULL)"
             ).format(stops=self.q.processes.stops),
         ]
+
+    def create_depths(self) -> sql.Composed:
+        """The queue depths over time (:mod:`broker_jobs.store.depths`), keyed so that a
+        chart's rows and the pruning of old ones are ranges of the key. Added without
+        a version whenever a store opens the database: older code ignores it."""
+        return sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {depths} ("
+            " namespace text NOT NULL,"
+            ' task text COLLATE "C" NOT NULL,'
+            " step integer NOT NULL,"
+            " at timestamptz NOT NULL,"
+            " ready bigint NOT NULL,"
+            " PRIMARY KEY (namespace, step, at, task))"
+        ).format(depths=self.q.depths.table)
 
     def create_dead_letters(self) -> list[sql.Composed]:
         """The ledger's index of dead letters (:mod:`broker_jobs.store.dead_letter_index`):

@@ -48,6 +48,7 @@ from broker_jobs.dead_letter import DeadLetterFilter
 from broker_jobs.envelope import Job
 from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, read_entry, where_sql
+from broker_jobs.store.depths import DepthSeries, cutoffs, depth_rows, step_seconds
 from broker_jobs.store.errors import LeaseLostError, StoreError
 from broker_jobs.store.exclusive import ExclusiveStore, Records
 from broker_jobs.store.ledger import (
@@ -89,11 +90,13 @@ from broker_jobs.store.sqlite_statements import (
     _COLUMNS,
     _COUNT_STATUSES,
     _COUNTS,
+    _DEPTHS,
     _DIALECT,
     _DURATIONS,
     _EXECUTIONS_OF,
     _FINISHED_COUNTS,
     _FOLLOW_UPS_SENT,
+    _FORGET_DEPTHS,
     _FORGET_PROCESSES,
     _KEPT_OUTPUT,
     _KEPT_PAYLOAD,
@@ -109,6 +112,7 @@ from broker_jobs.store.sqlite_statements import (
     _PAUSE,
     _PAUSE_OF,
     _PROCESSES,
+    _RECORD_DEPTH,
     _RECORD_FIRE,
     _RECORD_LEADER,
     _RECORD_PROCESS,
@@ -660,6 +664,29 @@ class SQLiteStore(ExclusiveStore):
 
     def clear_stop(self, worker_id: str) -> bool:
         return self._write(_CLEAR_STOP, (worker_id,), "NORMAL", "clear a stop request") > 0
+
+    def record_depths(
+        self, namespace: str, depths: Mapping[str, int], *, now: datetime | None = None
+    ) -> None:
+        moment = utc(now)
+        rows = [
+            (namespace, r.task, r.step, _text(r.at), r.ready, r.peak)
+            for r in depth_rows(depths, moment)
+        ]
+        old = [(namespace, step, _text(at)) for step, at in cutoffs(moment).items()]
+        # synchronous=NORMAL: a sample lost to a power cut is a gap in a chart.
+        with self._transaction("record queue depths", "NORMAL") as conn:
+            conn.executemany(_RECORD_DEPTH, rows)
+            conn.executemany(_FORGET_DEPTHS, old)
+
+    def depth_history(
+        self, namespace: str, *, step: timedelta, since: datetime
+    ) -> dict[str, DepthSeries]:
+        params = (namespace, step_seconds(step), _text(utc(since)))
+        found: dict[str, DepthSeries] = {}
+        for task, at, ready in self._read("read queue depths", _DEPTHS, params):
+            found.setdefault(task, []).append((_aware_time(at), ready))
+        return found
 
     def close(self) -> None:
         self._calls.stop()

@@ -240,6 +240,18 @@ _CREATE_STOPS = """CREATE TABLE IF NOT EXISTS broker_jobs_stops (
         asked_by TEXT NOT NULL
     ) WITHOUT ROWID"""
 
+#: Queue depths over time (:mod:`broker_jobs.store.depths`), likewise; keyed so
+#: that a chart's rows (a namespace's step, from a time) and the pruning of old ones
+#: are ranges of the key.
+_CREATE_DEPTHS = """CREATE TABLE IF NOT EXISTS broker_jobs_depths (
+        namespace TEXT NOT NULL,
+        task TEXT NOT NULL,
+        step INTEGER NOT NULL,
+        at TEXT NOT NULL,
+        ready INTEGER NOT NULL,
+        PRIMARY KEY (namespace, step, at, task)
+    ) WITHOUT ROWID"""
+
 #: The beat's tables, added after version 1 without changing the layout of the others
 #: (older code ignores them): created if missing whenever a store opens the file.
 _CREATE_BEAT = (
@@ -304,6 +316,7 @@ def create_tables(conn: sqlite3.Connection, store: object, where: str) -> None:
         _CREATE_PROCESSES,
         _CREATE_PAUSES,
         _CREATE_STOPS,
+        _CREATE_DEPTHS,
         *_CREATE_DEAD_LETTERS,
         *_CREATE_JOB_ID_INDEX,
         *_CREATE_LEDGER_INDEXES,

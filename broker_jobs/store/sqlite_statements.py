@@ -150,6 +150,18 @@ _PROCESSES = (
     " ORDER BY seen_at DESC"
 )
 _FORGET_PROCESSES = "DELETE FROM broker_jobs_processes WHERE seen_at < ?"
+#: Queue depths over time (:mod:`broker_jobs.store.depths`): a minute's row takes
+#: the newest sample, an hour's the largest (``?6``: whether the row keeps a peak).
+_RECORD_DEPTH = (
+    "INSERT INTO broker_jobs_depths (namespace, task, step, at, ready) VALUES (?, ?, ?, ?, ?)"
+    " ON CONFLICT (namespace, step, at, task) DO UPDATE SET"
+    "  ready = CASE WHEN ?6 THEN max(ready, excluded.ready) ELSE excluded.ready END"
+)
+_FORGET_DEPTHS = "DELETE FROM broker_jobs_depths WHERE namespace = ? AND step = ? AND at < ?"
+_DEPTHS = (
+    "SELECT task, at, ready FROM broker_jobs_depths"
+    " WHERE namespace = ? AND step = ? AND at >= ? ORDER BY task, at"
+)
 _RECORD_LEADER = (
     "INSERT OR REPLACE INTO broker_jobs_beat_leaders"
     " (group_name, identity, since, seen_at, schedules) VALUES (?, ?, ?, ?, ?)"
