@@ -996,3 +996,27 @@ def test_times_in_lists_are_relative_with_the_absolute_time_on_hover(
         ">in 2h00m</time>"
     )
     assert str(moment(None)) == "-"
+
+
+def test_the_history_page_charts_the_sampled_queue_depths(app: App, ledger: SQLiteStore) -> None:
+    from datetime import UTC, datetime, timedelta  # noqa: PLC0415
+
+    with TestClient(create_app(without_broker(app, ledger))) as client:
+        page = client.get("/history?range=1h").text
+        assert 'id="no-depths"' in page  # says how to get them
+        assert "depth-chart" not in page
+        now = datetime.now(UTC)
+        ledger.record_depths(app.namespace, {TASK: 7}, now=now - timedelta(minutes=30))
+        ledger.record_depths(app.namespace, {TASK: 40}, now=now - timedelta(minutes=29))
+        ledger.record_depths("another", {TASK: 999}, now=now)  # another namespace's
+        hour = client.get("/api/history?range=1h").json()
+        assert sorted(v for v in hour["depths"][TASK] if v is not None) == [7, 40]
+        assert hour["depths"][OTHER] == [None] * 60
+        day = client.get("/api/history?range=24h").json()
+        # Each hour's largest: [40], or [7, 40] when an hour began between the samples.
+        assert [v for v in day["depths"][TASK] if v is not None] in ([40], [7, 40])
+        page = client.get("/history?range=1h").text
+        assert 'id="no-depths"' not in page
+        assert page.count('class="chart depth-chart"') == 1  # the sampled task's only
+        assert "at most 40; 2 of 60 buckets sampled" in page
+        assert page.count('rect class="depth"') == 2

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker_jobs import App, Job, Publisher
 from broker_jobs.observe.heartbeat import process_record
 from broker_jobs.store import SQLiteStore, Status
+from broker_jobs.store.depths import HOUR
 from broker_jobs.store.processes import ProcessKind, ProcessState
 from broker_jobs.testing.tcp_proxy import TcpProxy
 from tests.beat_app import TASK, Tick, build_app
@@ -247,10 +248,15 @@ def test_the_exporter_serves_the_depths_and_the_ledger_it_polled(
     exporters.stop("exporter")
     with SQLiteStore(ledger) as store:
         states = {p.kind: p.state for p in store.processes(namespace)}
+        # Each poll's depths are sampled into the ledger for the history page.
+        since = datetime.now(UTC) - timedelta(hours=2)
+        hours = store.depth_history(namespace, step=HOUR, since=since)
     assert states == {
         ProcessKind.WORKER: ProcessState.RUNNING,
         ProcessKind.EXPORTER: ProcessState.STOPPED,
     }
+    assert max(ready for _, ready in hours[TASK]) == READY + 1  # the hour's largest
+    assert {ready for _, ready in hours[OTHER]} == {0}
 
 
 @pytest.mark.usefixtures("filled")

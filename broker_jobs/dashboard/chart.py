@@ -128,3 +128,41 @@ def history_chart(buckets: Sequence[tuple[int, int]], chosen: HistoryRange) -> B
     succeeded, failed = sum(ok for ok, _ in buckets), sum(bad for _, bad in buckets)
     title = f"{chosen.label}: {succeeded} succeeded, {failed} failed"
     return BarChart(rects, title, top, succeeded, failed, column)
+
+
+@dataclass(frozen=True)
+class DepthChart:
+    """A history chart of a queue's depth: a column per bucket with a sample (its
+    ready jobs; a sampled 0 as a thin grey line), nothing where none was taken."""
+
+    rects: list[Rect]
+    title: str
+    top: int
+    sampled: int  # buckets with a sample
+    column: int
+    width: int = HISTORY_WIDTH
+    height: int = HISTORY_HEIGHT
+
+
+def depth_chart(values: Sequence[int | None], chosen: HistoryRange) -> DepthChart:
+    """The columns of ``values`` (oldest first; None: no sample in that bucket) in a
+    chart of :data:`HISTORY_WIDTH` by :data:`HISTORY_HEIGHT` pixels, scaled to the
+    largest."""
+    step = HISTORY_WIDTH // max(len(values), 1)
+    column = max(step - max(step // 5, 1), 1)
+    sampled = [value for value in values if value is not None]
+    top = max([1, *sampled])
+    rects: list[Rect] = []
+    for index, value in enumerate(values):
+        if value is None:
+            continue
+        height = max(round(HISTORY_HEIGHT * value / top), 1)
+        rects.append(
+            Rect(index * step, HISTORY_HEIGHT - height, height, "depth" if value else "empty")
+        )
+    peak = "largest" if chosen.bucket >= timedelta(hours=1) else "last"
+    title = (
+        f"{chosen.label}: jobs ready in the queue ({peak} sample of each bucket), at most"
+        f" {max(sampled, default=0)}; {len(sampled)} of {len(values)} buckets sampled"
+    )
+    return DepthChart(rects, title, top, len(sampled), column)

@@ -27,6 +27,7 @@ from broker_jobs.store.base import (
     Status,
     utc,
 )
+from broker_jobs.store.depths import step_start
 from broker_jobs.store.processes import Liveness, RunningJob
 from broker_jobs.urls import mask_text
 from scheduler.status import status_document
@@ -305,6 +306,19 @@ class HistoryView:
     since: datetime
     until: datetime
     buckets: dict[str, list[tuple[int, int]]]
+    #: Per task, the jobs ready in its queue in each bucket (None: not sampled), from
+    #: the exporter's samples (broker_jobs.ops.depth_sampling).
+    depths: dict[str, list[int | None]]
+
+    @property
+    def sampled(self) -> bool:
+        """Whether any queue depth was sampled in the range."""
+        return any(v is not None for values in self.depths.values() for v in values)
+
+    def depth_charts(self) -> dict[str, chart.DepthChart]:
+        return {
+            task: chart.depth_chart(values, self.chosen) for task, values in self.depths.items()
+        }
 
     @property
     def overall(self) -> list[tuple[int, int]]:
@@ -329,6 +343,7 @@ class HistoryView:
             "until": iso(self.until),
             "overall": [list(b) for b in self.overall],
             "tasks": {task: [list(b) for b in found] for task, found in self.buckets.items()},
+            "depths": self.depths,
         }
 
 
@@ -339,7 +354,27 @@ def history(settings: DashboardSettings, chosen: chart.HistoryRange) -> HistoryV
     found = settings.store.outcome_buckets(since=since, bucket=chosen.bucket, now=until)
     empty = [(0, 0)] * chosen.buckets
     buckets = {task: found.get(task, empty)[: chosen.buckets] for task in settings.tasks}
-    return HistoryView(chosen, since, until, buckets)
+    return HistoryView(chosen, since, until, buckets, _depths(settings, chosen, since))
+
+
+def _depths(
+    settings: DashboardSettings, chosen: chart.HistoryRange, since: datetime
+) -> dict[str, list[int | None]]:
+    """Each task's sampled depths in ``chosen``'s buckets from ``since``: a sample
+    lands in the bucket its minute or hour starts in (the step before ``since``, in
+    the first)."""
+    step = chosen.bucket
+    series = settings.store.depth_history(
+        settings.names.namespace, step=step, since=step_start(since, step)
+    )
+    depths: dict[str, list[int | None]] = {}
+    for task in settings.tasks:
+        values: list[int | None] = [None] * chosen.buckets
+        for at, ready in series.get(task, []):
+            index = min(max((at - since) // step, 0), chosen.buckets - 1)
+            values[index] = max(values[index] or 0, ready)
+        depths[task] = values
+    return depths
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ Each poll is one :func:`broker_jobs.ops.status.gather` on a connection kept open
 between polls (reopened when it broke). The figures of the last successful poll are
 served until the next one succeeds; ``broker_jobs_exporter_up`` says whether the last
 poll did. A queue that does not exist has no series (an alert on ``absent()`` sees
-it), and without a ledger there are no ledger series.
+it), and without a ledger there are no ledger series. With a ledger, each poll's
+queue depths are sampled into it for the dashboard's history page
+(:mod:`broker_jobs.ops.depth_sampling`).
 
 Polls run on one thread of their own (:meth:`Exporter.run`): pika's connection and
 SQLite's per-thread connections want one thread, and the event loop stays free to
@@ -32,6 +34,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from broker_jobs.amqp.connecting import connect_first_blocking
 from broker_jobs.errors import BrokerConnectionError
 from broker_jobs.observe.heartbeat import Heartbeat, Pulse, process_record
+from broker_jobs.ops.depth_sampling import DepthSampler
 from broker_jobs.ops.processes import liveness_counts, process_views
 from broker_jobs.ops.status import CONNECT_TIMEOUT, QueueState, StatusReport, gather
 from broker_jobs.store.base import Status, Store, StoreError, mask_dsn
@@ -102,6 +105,7 @@ class Exporter:
             ),
         )
         self._processes: Counter[tuple[str, str]] = Counter()
+        self._depths = DepthSampler()
         registry.register(self)
 
     # -- polling (the poll thread) --------------------------------------------------
@@ -117,6 +121,7 @@ class Exporter:
             self._polled_at = self._clock()
         self._report, self._up, self._failure = report, True, None
         if self._store_url is not None:
+            self._depths.sample(self._ledger(), report)
             self._processes = self._beat_and_read_processes()
         if self._failures:
             log.info("exporter: polling works again after %d failed poll(s)", self._failures)
