@@ -292,8 +292,9 @@ def test_the_cli_worker_logs_one_json_line_per_outcome_and_serves_its_metrics(
 ) -> None:
     assert "guest:guest@" in broker.url, "the test wants a URL with a password"
     worker = cli_worker(
-        worker_processes, broker.url, tmp_path, "--log-format", "json", "--metrics-port", "0"
-    )
+        worker_processes, broker.url, tmp_path, "--log-format", "json", "--metrics-port", "0",
+        "--log-successes", "each",
+    )  # fmt: skip
     worker.logged("consuming", within=30)
     port = int(re.findall(r"on port (\d+)", worker.log)[0])
     with Publisher(broker.url, cli_app) as publisher:
@@ -385,3 +386,35 @@ def test_log_level_warning_drops_the_info_lines(
     assert {line["level"] for line in lines} <= {"WARNING", "ERROR", "CRITICAL"}
     assert set(outcome_lines(worker.log)) == {(flaky.id, "retried")}
     assert ok.id not in worker.log
+
+
+def summaries(log: str) -> list[dict[str, Any]]:
+    return [line for line in json_lines(log) if line.get("summary") == "succeeded"]
+
+
+def test_by_default_successes_are_counted_in_a_summary_line_and_failures_each_have_theirs(
+    broker: Broker,
+    cli_app: App,
+    tmp_path: Path,
+    worker_processes: Callable[[list[str], Path], WorkerProcess],  # noqa: F811
+) -> None:
+    worker = cli_worker(worker_processes, broker.url, tmp_path, "--log-format", "json")
+    worker.logged("consuming", within=30)
+    with Publisher(broker.url, cli_app) as publisher:
+        jobs = publisher.publish_many(
+            [JobRequest("counter.add", {"key": key}) for key in ("ok-1", "ok-2", "bad")]
+        )
+    wait_until(
+        lambda: (
+            sum(line["succeeded"] for line in summaries(worker.log)) == 2
+            and (jobs[2].id, "dead") in outcome_lines(worker.log)
+        ),
+        within=30,
+        what="two successes counted in summaries and the dead letter's line",
+    )
+    assert worker.stop() == 0
+    lines = summaries(worker.log)
+    assert all(line["level"] == "INFO" and line["worker"] for line in lines)
+    assert sum(line["by_task"]["counter.add"] for line in lines) == 2
+    assert "succeeded in the last" in lines[0]["message"]
+    assert {outcome for _, outcome in outcome_lines(worker.log)} == {"dead"}  # no job's own

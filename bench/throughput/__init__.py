@@ -12,10 +12,11 @@ run. Two phases per variant and round:
 Rounds interleave the variants in a rotated order; the report gives medians over rounds
 and the ratios worker / raw.
 
-``--observe`` adds two variants of the SQLite worker, measured in the same rounds:
+``--observe`` adds three variants of the SQLite worker, measured in the same rounds:
 with its metrics (a :class:`WorkerMetrics` registry, as ``--metrics-port`` makes),
-and with metrics and the outcome log lines at INFO, as JSON, to a file (one line per
-success). Their cost is reported as ratios to the plain SQLite worker.
+and with metrics and the outcome log lines at INFO, as JSON, to a file: one line per
+success (``--log-successes each``), or the default summary line a second. Their cost
+is reported as ratios to the plain SQLite worker.
 
     python -m bench.throughput --url amqp://guest:guest@localhost:5672/
     python -m bench.throughput --quick        # starts a throwaway RabbitMQ node

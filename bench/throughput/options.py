@@ -18,10 +18,12 @@ WORKER_ASYNC = "worker async sqlite"
 WORKER_MEMORY = "worker sync memory"
 WORKER_METRICS = "worker sqlite metrics"
 WORKER_LOGS = "worker sqlite metrics+logs"
+WORKER_SUMMARY = "worker sqlite metrics+summary"
 RAW = "raw aio-pika"
 VARIANTS = (WORKER_SQLITE, WORKER_ASYNC, WORKER_MEMORY, RAW)
-#: With --observe: the SQLite worker with its metrics, then with its INFO lines too.
-OBSERVED = (WORKER_METRICS, WORKER_LOGS)
+#: With --observe: the SQLite worker with its metrics, then with its INFO lines too:
+#: a line per success (--log-successes each), or the default summary line a second.
+OBSERVED = (WORKER_METRICS, WORKER_LOGS, WORKER_SUMMARY)
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,8 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument(
         "--observe",
         action="store_true",
-        help="also the SQLite worker with metrics, and with metrics and INFO JSON log lines",
+        help="also the SQLite worker with metrics, and with metrics and INFO JSON log lines"
+        " (a line per success, and the default summary line a second)",
     )
     args = parser.parse_args(argv)
     quick = args.quick

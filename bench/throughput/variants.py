@@ -34,6 +34,7 @@ from bench.throughput.options import (
     WORKER_MEMORY,
     WORKER_METRICS,
     WORKER_SQLITE,
+    WORKER_SUMMARY,
     Options,
 )
 from bench.throughput.steady import SteadyProcess
@@ -147,8 +148,10 @@ def outcome_lines(directory: str) -> Iterator[None]:
 
 class WorkerVariant:
     def __init__(
-        self, name: str, task: str, memory: bool, *, metrics: bool = False, logs: bool = False
+        self, name: str, task: str, memory: bool, *, metrics: bool = False, logs: str = ""
     ) -> None:
+        """``logs``: "" (none written), or the worker's ``success_lines`` with its INFO
+        lines written as JSON to a file."""
         self.name, self.task, self._memory = name, task, memory
         self._metrics, self._logs = metrics, logs
 
@@ -163,6 +166,7 @@ class WorkerVariant:
             concurrency=target.options.concurrency,
             burst=burst,
             declare=False,
+            success_lines=self._logs or "summary",
         )
         metrics = WorkerMetrics(CollectorRegistry()) if self._metrics else None
         return Worker(target.url, target.app, store, settings, metrics=metrics)
@@ -240,6 +244,7 @@ def make_variants(options: Options) -> list[Variant]:
     if options.observe:
         variants += [
             WorkerVariant(WORKER_METRICS, TASK, memory=False, metrics=True),
-            WorkerVariant(WORKER_LOGS, TASK, memory=False, metrics=True, logs=True),
+            WorkerVariant(WORKER_LOGS, TASK, memory=False, metrics=True, logs="each"),
+            WorkerVariant(WORKER_SUMMARY, TASK, memory=False, metrics=True, logs="summary"),
         ]
     return variants

@@ -23,6 +23,7 @@ from broker_jobs.store.base import DEFAULT_RETENTION, Store
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
 from broker_jobs.worker import Worker, WorkerSettings
+from broker_jobs.worker.success_summary import SUCCESS_LINES
 from broker_jobs.worker.supervisor import Supervisor, parse_processes
 
 
@@ -127,6 +128,18 @@ class WorkerRun:
     " broker connection and store handle, and serves --metrics-port + its index"
     " (docs/worker.md, Processes).",
 )
+@click.option(
+    "--log-successes",
+    "success_lines",
+    type=click.Choice(SUCCESS_LINES),
+    default="summary",
+    show_default=True,
+    envvar="BROKER_JOBS_LOG_SUCCESSES",
+    show_envvar=True,
+    help="summary: one INFO line a second counts the jobs that succeeded (each one's"
+    " line at DEBUG); each: a line per success at INFO. Failures, retries and dead"
+    " letters have a line each either way (docs/metrics.md, Logs).",
+)
 def worker_command(  # noqa: PLR0917 - click passes every option positionally
     url: BrokerURLs,
     app_argument: str | None,
@@ -144,6 +157,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     consumer_timeout: float,
     retention: float,
     processes: int,
+    success_lines: str,
     log_level: str,
     log_format: str,
     metrics_port: int | None,
@@ -174,6 +188,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
         reconnect_timeout=reconnect_timeout,
         retention=timedelta(days=retention),
         processes=processes,
+        success_lines=success_lines,
     )
     run = WorkerRun(
         url=url,

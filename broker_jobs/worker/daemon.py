@@ -212,21 +212,15 @@ class Worker:
             self._priorities,
             max_wait=settings.consumer_timeout * AGING_SHARE,
         )
-        runner = self._runner = Runner(
-            self._app,
-            self._store,
-            executor=executor,
-            publisher=publisher,
-            link=link,
-            settings=ProtocolSettings(
-                self._worker_id, lease=settings.lease, overrun_grace=settings.overrun_grace
-            ),
-            observer=JobObserver(self._app.namespace, self._worker_id, metrics, self._tasks),
-        )
+        runner = self._runner = self._new_runner(executor, publisher, link)
         runner.stopping = self._stopping.is_set()
         fast_path = self._fast_path = FastPath(runner)
         fast_path.start()
-        pruner = asyncio.create_task(self._prune_forever())
+        # The hourly prune, the success lines' summary: until the worker ends.
+        chores = [
+            asyncio.create_task(self._prune_forever()),
+            asyncio.create_task(runner.observer.summarise()),
+        ]
         controls = ControlWatch(
             self._store,
             self._app.namespace,
@@ -261,16 +255,41 @@ class Worker:
                 raise HandlerStuckError(runner.overruns.ever_stuck)
             return runner.outcomes.counts
         finally:
-            pruner.cancel()
+            for chore in chores:
+                chore.cancel()
             following.cancel()
             await controls.stopped()
             beating.cancel()
             await heartbeat.stopped()
+            runner.observer.flush_summary()  # the last second's successes
             runner.close()
             executor.shutdown()
             await publisher.close()
             if session is not None:
                 await session.close()
+
+    def _new_runner(
+        self, executor: Executor, publisher: AsyncPublisher, link: BrokerLink
+    ) -> Runner:
+        """The per-delivery protocol of this worker's jobs, and their observer."""
+        settings = self._settings
+        return Runner(
+            self._app,
+            self._store,
+            executor=executor,
+            publisher=publisher,
+            link=link,
+            settings=ProtocolSettings(
+                self._worker_id, lease=settings.lease, overrun_grace=settings.overrun_grace
+            ),
+            observer=JobObserver(
+                self._app.namespace,
+                self._worker_id,
+                self._metrics,
+                self._tasks,
+                each_success=settings.success_lines == "each",
+            ),
+        )
 
     def _heartbeat(self, runner: Runner, fast_path: FastPath) -> Heartbeat:
         """This process's heartbeat in the ledger: what it runs, its jobs in hand."""

@@ -8,7 +8,9 @@ here, so a job is counted and logged the same way whichever path settled it:
   the job's execution span, its lag (publish or due time to start), the handlers in
   flight and the run's duration;
 - :meth:`JobObserver.settled` counts a settled delivery by outcome;
-- ``succeeded``, ``retrying``, ``dead`` and ``skipped`` log the outcome's line, with
+- ``succeeded``, ``retrying``, ``dead`` and ``skipped`` log the outcome's line (a
+  success by default at DEBUG, counted in a summary line a second at INFO:
+  :mod:`broker_jobs.worker.success_summary`), with
   the job's fields also as ``extra`` (a JSON log line carries them as fields:
   ``job_id``, ``key``, ``task``, ``attempt``, ``duration_s``, ``worker``,
   ``outcome``, and for failures ``error_type`` and ``error``).
@@ -36,6 +38,7 @@ from broker_jobs.observe.worker_metrics import OUTCOMES, TaskMetrics, WorkerMetr
 from broker_jobs.store.base import JobRecord, mask_dsn
 from broker_jobs.store.processes import MAX_LISTED_RUNNING, RunningJob
 from broker_jobs.urls import mask_text
+from broker_jobs.worker.success_summary import SuccessSummary
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +106,16 @@ class JobObserver:
         worker_id: str,
         metrics: WorkerMetrics | None = None,
         tasks: Iterable[str] = (),
+        *,
+        each_success: bool = False,
     ) -> None:
         self._namespace = namespace
         self._worker_id = worker_id
         self._metrics = metrics
+        #: Each success's own line at INFO (``each_success``), else at DEBUG with one
+        #: INFO line a second counting them (:mod:`broker_jobs.worker.success_summary`).
+        self._success_level = logging.INFO if each_success else logging.DEBUG
+        self.summary = None if each_success else SuccessSummary(worker_id, log)
         #: The runs in progress (for the heartbeat: :meth:`running_jobs`).
         self._running: set[Run] = set()
         for task in tasks:  # their series exist from the start, at 0
@@ -190,19 +199,38 @@ class JobObserver:
     # -- the outcome lines ----------------------------------------------------------------
 
     def succeeded(self, job: Job, run: Run | None) -> None:
-        """The job's success is recorded (INFO)."""
-        if log.isEnabledFor(logging.INFO):  # the fast path's jobs pay nothing at WARNING
-            self._succeeded(job, run)
+        """The job's success is recorded: its line (INFO or DEBUG), or its count in
+        the summary. On the event loop."""
+        self.succeeded_all(((job, run),))
 
     def succeeded_all(self, runs: Iterable[tuple[Job, Run | None]]) -> None:
-        """:meth:`succeeded` for a batch (the fast path's recorder)."""
-        if log.isEnabledFor(logging.INFO):
-            for job, run in runs:
+        """:meth:`succeeded` for a batch (the fast path's recorder). At WARNING,
+        nothing is built or counted."""
+        lines = log.isEnabledFor(self._success_level)
+        summary = self.summary if log.isEnabledFor(logging.INFO) else None
+        if not lines and summary is None:
+            return
+        for job, run in runs:
+            if lines:
                 self._succeeded(job, run)
+            if summary is not None:
+                summary.add(job.task)
+
+    async def summarise(self) -> None:
+        """Log the successes' summary every second until cancelled (nothing when each
+        success has its line)."""
+        if self.summary is not None:
+            await self.summary.run()
+
+    def flush_summary(self) -> None:
+        """Log the successes counted since the last summary (the worker ends)."""
+        if self.summary is not None:
+            self.summary.flush()
 
     def _succeeded(self, job: Job, run: Run | None) -> None:
         fields = self._fields(job, "succeeded", run)
-        log.info(
+        log.log(
+            self._success_level,
             "job %s (key %s, %s attempt %d) succeeded in %s on %s",
             job.id, job.idempotency_key, job.task, job.attempt, _seconds(fields),
             self._worker_id, extra=fields,

@@ -8,6 +8,7 @@ from datetime import timedelta
 from broker_jobs.errors import ConfigurationError
 from broker_jobs.observe.heartbeat import HEARTBEAT_EVERY
 from broker_jobs.store.base import DEFAULT_RETENTION
+from broker_jobs.worker.success_summary import SUCCESS_LINES
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,18 @@ class WorkerSettings:
     heartbeat_every: float = HEARTBEAT_EVERY
     #: Worker processes of the command that started this one (its heartbeat says).
     processes: int = 1
+    #: How successes are logged: ``summary`` (one INFO line a second counting them,
+    #: each at DEBUG) or ``each`` (a line per success at INFO): docs/metrics.md.
+    success_lines: str = "summary"
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ConfigurationError("concurrency must be at least 1")
+        if self.success_lines not in SUCCESS_LINES:
+            raise ConfigurationError(
+                f"success_lines must be one of {', '.join(SUCCESS_LINES)},"
+                f" not {self.success_lines!r}"
+            )
         if self.prefetch is not None and self.prefetch < self.concurrency:
             raise ConfigurationError("prefetch must be at least the concurrency")
         if self.reconnect_timeout is not None and self.reconnect_timeout <= 0:
