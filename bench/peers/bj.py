@@ -126,7 +126,7 @@ class BjLane:
         argv = [
             *WORKER_COMMAND, "--url", self.url, "--app", "bench.peers.bj:app",
             "--store", self.store_url(variant, workdir),
-            "--concurrency", str(CONCURRENCY), "--log-level", "warning",
+            "--concurrency", str(CONCURRENCY),  # the default log level, as users run it
         ]  # fmt: skip
         if variant.processes > 1:
             argv += ["--processes", str(variant.processes)]
@@ -155,7 +155,8 @@ class BjFamily(FamilyBase):
             " batched: Publisher.publish_many (one batch, confirms awaited together);"
             " delayed: publish(..., delay=2.0) through the delay ladder",
             "worker": f"broker-jobs worker --concurrency {CONCURRENCY} --store memory://"
-            " --log-level warning (the documented fast path: no line per success), default"
+            " at its defaults (log level INFO: a summary line a second of the successes,"
+            " a line per failure), default"
             f" --prefetch (2 x concurrency + 64 = {2 * CONCURRENCY + 64}); --processes 2 when"
             " the command has it; ledger rows: --store sqlite:///... (WAL, synchronous=FULL)"
             " and postgresql://... (a throwaway cluster, fsync off); the memory store keeps"
