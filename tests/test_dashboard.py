@@ -310,6 +310,139 @@ def test_the_jobs_list_filters_and_pages(
     assert client.get("/jobs?since=yesterday").status_code == 400
 
 
+#: The jobs list's "updated" header: its aria-sort, and its link to the other order.
+ORDER_HEADER = r'<th aria-sort="(\w+)"><a id="order-updated" href="([^"]+)"'
+
+
+def matching_on(page: str) -> int:
+    """How many jobs the jobs list says match its filters."""
+    found = re.search(r'<span id="matching" data-count="(\d+)">([\d,]+)</span> matching', page)
+    assert found, "the jobs list says how many match"
+    assert found.group(2).replace(",", "") == found.group(1)
+    return int(found.group(1))
+
+
+def _listed(ledger: Store) -> list[str]:
+    """Seven jobs of TASK and two of OTHER published a minute apart (two of TASK at
+    the same moment); TASK's keys oldest updated first (ties by key ascending)."""
+    from datetime import timedelta  # noqa: PLC0415
+
+    start = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    moments = {"t0": 0, "t1": 1, "t2a": 2, "t2b": 2, "t3": 3, "t4": 4, "t5": 5}
+    for key, minute in moments.items():
+        job = Job(id=f"id-{key}", task=TASK, idempotency_key=key)
+        ledger.record_published([job], now=start + timedelta(minutes=minute))
+    for key, minute in {"o1": 1, "o9": 9}.items():
+        job = Job(id=f"id-{key}", task=OTHER, idempotency_key=key)
+        ledger.record_published([job], now=start + timedelta(minutes=minute))
+    return list(moments)
+
+
+def test_the_jobs_list_says_how_many_match_and_pages_in_either_order(
+    app: App, ledger: SQLiteStore
+) -> None:
+    oldest = _listed(ledger)
+    with TestClient(create_app(without_broker(app, ledger))) as client:
+
+        def listed(query: str) -> tuple[list[str], int]:
+            keys: list[str] = []
+            after = ""
+            for _ in range(10):
+                document = client.get(f"/api/jobs?{query}{after}").json()
+                assert document["matching"] == len(oldest)  # every page: all that match
+                keys += [job["idempotency_key"] for job in document["jobs"]]
+                if document["next"] is None:
+                    return keys, document["matching"]
+                after = f"&after={document['next']}"
+            raise AssertionError("more pages than jobs")
+
+        everything = client.get("/api/jobs").json()
+        assert (everything["matching"], everything["order"]) == (9, "newest")
+        assert client.get("/api/jobs?state=succeeded").json()["matching"] == 0
+        assert client.get("/api/jobs?key=t2").json()["matching"] == 2
+        assert client.get(f"/api/jobs?task={OTHER}&order=oldest").json()["order"] == "oldest"
+        for limit in (1, 2, 3, 7):
+            assert listed(f"task={TASK}&limit={limit}")[0] == oldest[::-1]
+            assert listed(f"task={TASK}&limit={limit}&order=oldest")[0] == oldest
+        assert listed(f"task={TASK}&order=OLDEST&limit=2")[0] == oldest  # any case
+
+        # The page: how many match, the order in the form, the Next link keeping both.
+        first = client.get(f"/jobs?task={TASK}&order=oldest&limit=3")
+        assert first.status_code == 200
+        assert '<span id="matching" data-count="7">7</span> matching, oldest updated first' in (
+            first.text
+        )
+        assert '<option value="oldest" selected>oldest updated first</option>' in first.text
+        assert re.findall(r'<tr data-key="([^"]+)"', first.text) == oldest[:3]
+        link = re.search(r'id="next" rel="next" href="([^"]+)"', first.text)
+        assert link
+        assert "order=oldest" in link.group(1)
+        assert "task=dash.job" in link.group(1)
+        second = client.get(html.unescape(link.group(1)))
+        assert re.findall(r'<tr data-key="([^"]+)"', second.text) == oldest[3:6]
+        assert matching_on(second.text) == 7
+        back = re.search(r'id="first" href="([^"]+)"', second.text)
+        assert back
+        assert "order=oldest" in back.group(1)
+        assert "after=" not in back.group(1)
+        # The "updated" header says the order and links to the other one's first page.
+        header = re.search(ORDER_HEADER, second.text)
+        assert header
+        assert header.group(1) == "ascending"
+        newest = client.get(html.unescape(header.group(2)))
+        assert re.findall(r'<tr data-key="([^"]+)"', newest.text) == oldest[::-1][:3]
+        assert "after=" not in header.group(2)
+        assert "limit=3" in header.group(2)
+        assert "task=dash.job" in header.group(2)
+        header = re.search(ORDER_HEADER, newest.text)
+        assert header
+        assert header.group(1) == "descending"
+        assert "order=oldest" in header.group(2)
+        assert matching_on(client.get("/jobs").text) == 9
+        assert matching_on(client.get("/jobs?state=dead").text) == 0
+        assert "no jobs match" in client.get("/jobs?state=dead").text
+
+        for path in ("/jobs?order=sideways", "/api/jobs?order=sideways"):
+            refused = client.get(path)
+            assert refused.status_code == 400, path
+            message = html.unescape(refused.text)
+            assert "order: 'sideways' is not an order: newest or oldest" in message, message
+
+
+def test_every_other_table_is_sorted_in_the_browser_by_the_dashboards_own_script(
+    app: App, ledger: SQLiteStore
+) -> None:
+    from broker_jobs.dashboard.views import SECURITY_HEADERS  # noqa: PLC0415
+    from broker_jobs.dead_letter import dead_letter_from  # noqa: PLC0415
+
+    _listed(ledger)
+    letter = dead_letter_from(TASK, {"bj-dead-reason": "exhausted"}, {"message_id": "j1"}, b"{}")
+    ledger.index_dead_letters([letter])
+    sortable = {
+        "/": '<table id="overview" data-sortable>',
+        f"/tasks/{TASK}": '<table class="jobs" data-sortable>',
+        "/workers": '<table id="running-jobs" data-sortable>',
+        "/dead-letters": '<table class="letters" data-sortable>',
+        "/schedules": '<table id="schedules" data-sortable>',
+    }
+    with TestClient(create_app(without_broker(app, ledger))) as client:
+        for path, table in sortable.items():
+            page = client.get(path)
+            assert page.status_code == 200, path
+            assert table in page.text, path
+            assert '<script src="/static/sort.js" defer></script>' in page.text
+            for name, value in SECURITY_HEADERS.items():
+                assert page.headers[name] == value
+        assert '<table id="workers" data-sortable>' in client.get("/workers").text
+        # The jobs list is sorted by the server (its "updated" header is a link).
+        jobs = client.get("/jobs").text
+        assert '<table class="jobs">' in jobs
+        script = client.get("/static/sort.js")
+        assert script.status_code == 200
+        assert "javascript" in script.headers["content-type"]
+        assert "aria-sort" in script.text
+
+
 def test_a_dead_job_shows_its_executions_escaped_and_replays_until_it_succeeds(
     broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard, handlers: Handlers
 ) -> None:

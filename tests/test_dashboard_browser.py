@@ -476,6 +476,98 @@ def test_the_workers_page_follows_a_worker_from_running_a_job_to_stopped(
     assert outcome, "the worker returned"
 
 
+def test_a_table_is_sorted_by_its_headers_and_stays_sorted_when_refreshed(
+    browser: Any, app: App, ledger: SQLiteStore, dashboard: Dashboard
+) -> None:
+    from dataclasses import replace  # noqa: PLC0415
+    from datetime import UTC, datetime, timedelta  # noqa: PLC0415
+
+    from selenium.common.exceptions import StaleElementReferenceException  # noqa: PLC0415
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+    from selenium.webdriver.common.keys import Keys  # noqa: PLC0415
+
+    from broker_jobs.observe.heartbeat import process_record  # noqa: PLC0415
+    from broker_jobs.store.processes import ProcessKind  # noqa: PLC0415
+
+    now = datetime.now(UTC)
+    record = process_record(ProcessKind.WORKER, "w", app.namespace, tasks=[TASK], concurrency=4)
+    # The server lists them most recently seen first: a, b, c.
+    for n, (name, pid, started) in enumerate((("w-a", 9, 30), ("w-b", 100, 5), ("w-c", 10, 120))):
+        ledger.record_process(
+            replace(
+                record,
+                id=name,
+                pid=pid,
+                started_at=now - timedelta(minutes=started),
+                seen_at=now - timedelta(seconds=n),
+                every=3600.0,  # alive for the whole test
+            )
+        )
+
+    # Read and pressed in one script each: the page's live refresh (every second)
+    # replaces the table, so an element found by one call may be gone at the next.
+    def order() -> list[str]:
+        rows = "#workers tbody tr"
+        found = browser.execute_script(
+            f"return [...document.querySelectorAll('{rows}')].map(r => r.dataset.id)"
+        )
+        return list(found)
+
+    def sorted_by() -> str | None:
+        """The header the table is sorted by, and its aria-sort."""
+        found = browser.execute_script(
+            "const th = document.querySelector('#workers th[aria-sort]');"
+            " return th && [th.textContent, th.getAttribute('aria-sort')];"
+        )
+        return None if not found else f"{found[0].strip(' ▲▼')}: {found[1]}"
+
+    def press(column: int, key: str | None = None) -> None:
+        """Click the header button of ``column``, or send it ``key`` (the keyboard)."""
+        button = f"#workers th button[data-focus='sort:workers:{column}']"
+        for _ in range(STALE_READS):
+            try:
+                element = browser.find_element(By.CSS_SELECTOR, button)
+                if key is None:
+                    element.click()
+                else:
+                    element.send_keys(key)
+            except StaleElementReferenceException:
+                continue
+            else:
+                return
+        pytest.fail(f"the header button {button} kept being replaced")
+
+    with dashboard(refresh_seconds=1) as base:
+        browser.get(f"{base}/workers")
+        pid, started = 4, 9  # the columns
+        wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "th button.sort"), "buttons")
+        assert order() == ["w-a", "w-b", "w-c"]
+        assert sorted_by() is None
+        press(pid)
+        assert order() == ["w-a", "w-c", "w-b"]  # 9, 10, 100: numbers, not text
+        assert sorted_by() == "pid: ascending"
+        press(pid, Keys.ENTER)  # the keyboard
+        assert order() == ["w-b", "w-c", "w-a"]
+        assert sorted_by() == "pid: descending"
+        press(started)
+        assert order() == ["w-c", "w-a", "w-b"]  # by time, not by "2h00m" < "5m00s"
+        assert sorted_by() == "started: ascending"
+        # The live refresh replaces the table: sorted again, the focus kept.
+        before = browser.execute_script("return document.querySelector('#live').dataset.refreshed")
+        wait_for(
+            browser,
+            lambda d: (
+                d.execute_script("return document.querySelector('#live').dataset.refreshed")
+                != before
+            ),
+            "a live refresh",
+        )
+        assert order() == ["w-c", "w-a", "w-b"]
+        assert sorted_by() == "started: ascending"
+        focused = browser.execute_script("return document.activeElement.dataset.focus")
+        assert focused == f"sort:workers:{started}"
+
+
 def test_a_task_is_paused_and_resumed_from_its_page(
     browser: Any, broker: Broker, app: App, ledger: SQLiteStore, dashboard: Dashboard
 ) -> None:
@@ -524,11 +616,13 @@ def test_the_history_page_draws_the_charts_of_each_range(
 #: The pages the layout test opens (a job's page is added with a real key).
 LAYOUT_PAGES = ("/", f"/tasks/{TASK}", "/jobs", "/dead-letters", "/history", "/workers",
                 "/schedules")  # fmt: skip
-#: The times in tables whose text takes more than one line.
+#: The times in tables whose text takes more than one line (a <time> in a cell gives
+#: a rectangle for itself and one for its text on the same line: lines are counted).
 FOLDED_TIMES = """
 return [...document.querySelectorAll('td.time')].filter(td => {
   const range = document.createRange(); range.selectNodeContents(td);
-  return range.getClientRects().length > 1;
+  const lines = new Set([...range.getClientRects()].map(rect => Math.round(rect.top)));
+  return lines.size > 1;
 }).map(td => td.textContent);
 """
 

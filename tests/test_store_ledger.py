@@ -434,6 +434,67 @@ def test_pages_of_a_filtered_listing(store: Store) -> None:
     assert store.page(limit=0).records == []
 
 
+@pytest.mark.parametrize("limit", [1, 2, 3, 4, 11, 12])
+def test_pages_oldest_first_cover_every_record_once_in_order(store: Store, limit: int) -> None:
+    expected = _ties(store)[::-1]  # oldest updated first, ties by key ascending
+    assert keys(store.find(oldest_first=True)) == expected
+
+    seen: list[str] = []
+    after = None
+    for _ in range(len(expected) + 1):
+        page = store.page(limit=limit, after=after, oldest_first=True)
+        assert len(page.records) <= limit
+        seen += keys(page.records)
+        if page.after is None:
+            break
+        last = page.records[-1]
+        assert page.after == (last.updated_at, last.idempotency_key)
+        after = page.after
+    assert seen == expected
+    assert page.after is None
+
+
+def test_pages_oldest_first_of_a_filtered_listing(store: Store) -> None:
+    expected = _ties(store)[::-1]
+    for key in ("x", "k", "e"):
+        store.cancel(key, now=at(1))  # ties with "b" and "z" at 1, but cancelled
+
+    queued = [k for k in expected if k not in {"x", "k", "e"}]  # a c m b z d n q
+    first = store.page(status=Status.QUEUED, limit=3, oldest_first=True)
+    assert keys(first.records) == queued[:3] == ["a", "c", "m"]
+    second = store.page(status=Status.QUEUED, limit=3, after=first.after, oldest_first=True)
+    assert keys(second.records) == ["b", "z", "d"]
+    third = store.page(status=Status.QUEUED, limit=3, after=second.after, oldest_first=True)
+    assert (keys(third.records), third.after) == (["n", "q"], None)
+    cancelled = store.page(status=Status.CANCELLED, limit=2, oldest_first=True)
+    assert keys(cancelled.records) == ["e", "k"]  # cancelled at 1: then e, k, x by key
+    assert keys(store.find(task="image.resize", since=at(1), until=at(2), oldest_first=True)) == [
+        "b", "e", "k", "x", "z"
+    ]  # fmt: skip
+    # A cursor is a place in its order: the same one, the other way, goes back.
+    mid = (at(1), "k")
+    assert keys(store.find(after=mid, oldest_first=True)) == ["x", "z", "d", "n", "q"]
+    assert keys(store.find(after=mid)) == ["e", "b", "m", "c", "a"]
+
+
+def test_count_takes_the_filters_of_find(store: Store) -> None:
+    expected = _ties(store)
+    for key in ("x", "k", "e"):
+        store.cancel(key, now=at(1))
+
+    assert store.count() == len(expected) == 11
+    assert store.count(status=Status.QUEUED) == 8
+    assert store.count(status=Status.CANCELLED) == 3
+    assert store.count(task="image.resize", since=at(1)) == 8
+    assert store.count(until=at(1)) == 3
+    assert store.count(key="x") == 1
+    assert store.count(task="report.build") == 0
+    # The order does not change it; a cursor counts what comes after it in its order.
+    assert store.count(oldest_first=True) == 11
+    assert store.count(after=(at(1), "k")) == len(store.find(after=(at(1), "k"))) == 5
+    assert store.count(after=(at(1), "k"), oldest_first=True) == 5
+
+
 # --- task summaries ---------------------------------------------------------------------------
 
 NOW = at(7200)  # two hours after T0: the last hour starts at 3600, the last minute at 7140

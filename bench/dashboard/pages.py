@@ -101,6 +101,8 @@ def page_timings(base: str, store: Store, requests: int, depth: int) -> list[Tim
     ref = dead[0].idempotency_key
     cursor = deep_cursor(store, depth)
     deep = f"after={encode_cursor(cursor)}" if cursor else ""
+    oldest = deep_cursor(store, depth, oldest_first=True)
+    deep_oldest = f"order=oldest&after={encode_cursor(oldest)}" if oldest else "order=oldest"
     task = "email.send"
     paths = {
         "/": "/",
@@ -109,10 +111,17 @@ def page_timings(base: str, store: Store, requests: int, depth: int) -> list[Tim
         f"/api/tasks/{task}": f"/api/tasks/{task}",
         "/jobs": "/jobs",
         f"/jobs (page at record {depth})": f"/jobs?{deep}",
+        "/jobs?order=oldest": "/jobs?order=oldest",
+        f"/jobs?order=oldest (page at record {depth})": f"/jobs?{deep_oldest}",
         "/jobs?state=failed": "/jobs?state=failed",
+        "/jobs?state=succeeded": "/jobs?state=succeeded",
+        f"/jobs?task={task}": f"/jobs?task={task}",
         f"/jobs?task={task}&state=dead": f"/jobs?task={task}&state=dead",
+        f"/jobs?task={task}&state=succeeded": f"/jobs?task={task}&state=succeeded",
+        "/jobs?key=<prefix of one key>": f"/jobs?key={ref[:13]}",
         "/api/jobs": "/api/jobs",
         f"/api/jobs (page at record {depth})": f"/api/jobs?{deep}",
+        "/api/jobs?order=oldest": "/api/jobs?order=oldest",
         "/jobs/{ref} (dead)": f"/jobs/{ref}",
         "/api/jobs/{ref}": f"/api/jobs/{ref}",
         "/dead-letters": "/dead-letters",

@@ -66,13 +66,16 @@ def print_timings(title: str, timings: Sequence[Timing], aim: float | None = Non
         print(f"  {t.name:{width}}  {t.p50:8.2f} {t.p95:8.2f} {max(t.samples):8.2f}{mark}")
 
 
-def deep_cursor(store: Store, depth: int) -> tuple[datetime, str] | None:
-    """The cursor of the page ``depth`` records down /jobs' unfiltered order, found by
-    following pages of 1000 (the way a reader gets there, without OFFSET)."""
+def deep_cursor(
+    store: Store, depth: int, *, oldest_first: bool = False
+) -> tuple[datetime, str] | None:
+    """The cursor of the page ``depth`` records down /jobs' unfiltered order (newest
+    updated first, or oldest), found by following pages of 1000 (the way a reader
+    gets there, without OFFSET)."""
     after: tuple[datetime, str] | None = None
     left = depth
     while left > 0:
-        page = store.page(after=after, limit=min(1000, left))
+        page = store.page(after=after, limit=min(1000, left), oldest_first=oldest_first)
         if page.after is None:
             return after
         after = page.after
@@ -85,11 +88,18 @@ def store_timings(store: Store, requests: int, depth: int) -> list[Timing]:
     some = store.find(status=Status.DEAD, limit=1) or store.find(limit=1)
     key = some[0].idempotency_key if some else "missing"
     deep = deep_cursor(store, depth)
+    deep_oldest = deep_cursor(store, depth, oldest_first=True)
     return [
         timed("counts()", store.counts, requests),
         timed("task_summaries()", store.task_summaries, requests),
         timed("find(limit=50)", lambda: store.page(limit=50), requests),
         timed(f"find(after=<{depth}th>)", lambda: store.page(after=deep, limit=50), requests),
+        timed("find(oldest first)", lambda: store.page(limit=50, oldest_first=True), requests),
+        timed(
+            f"find(oldest first, after=<{depth}th>)",
+            lambda: store.page(after=deep_oldest, limit=50, oldest_first=True),
+            requests,
+        ),
         timed("find(status=failed)", lambda: store.page(status=Status.FAILED, limit=50), requests),
         timed("find(status=dead)", lambda: store.page(status=Status.DEAD, limit=50), requests),
         timed("find(task=email.send)", lambda: store.page(task="email.send", limit=50), requests),
@@ -99,9 +109,34 @@ def store_timings(store: Store, requests: int, depth: int) -> list[Timing]:
             requests,
         ),
         timed("find(key=prefix)", lambda: store.page(key=key[:13], limit=50), requests),
+        *count_timings(store, requests, key),
         timed("lookup(ref)", lambda: store.lookup(key), requests),
         timed("executions(key)", lambda: store.executions(key), requests),
         *letter_timings(store, requests, key),
+    ]
+
+
+def count_timings(store: Store, requests: int, key: str) -> list[Timing]:
+    """``Store.count`` behind the jobs list's "N matching": every matching entry of an
+    index is read, so the loosest filters cost the most."""
+    failed, succeeded, dead = Status.FAILED, Status.SUCCEEDED, Status.DEAD
+    return [
+        timed("count()", store.count, requests),
+        timed("count(status=succeeded)", lambda: store.count(status=succeeded), requests),
+        timed("count(status=failed)", lambda: store.count(status=failed), requests),
+        timed("count(task=email.send)", lambda: store.count(task="email.send"), requests),
+        timed(
+            "count(task, status=dead)",
+            lambda: store.count(task="email.send", status=dead),
+            requests,
+        ),
+        timed(
+            "count(task, status=succeeded)",
+            lambda: store.count(task="email.send", status=succeeded),
+            requests,
+        ),
+        timed("count(key=prefix)", lambda: store.count(key=key[:13]), requests),
+        timed("count(key=short prefix)", lambda: store.count(key=key[:4]), requests),
     ]
 
 
@@ -152,6 +187,8 @@ def sqlite_plans(path: Path) -> dict[str, list[str]]:
     cases: dict[str, Filters] = {
         "find()": Filters(),
         "find(after)": Filters(after=after),
+        "find(oldest first)": Filters(oldest_first=True),
+        "find(oldest first, after)": Filters(after=after, oldest_first=True),
         "find(status)": Filters(status=Status.FAILED),
         "find(status, after)": Filters(status=Status.FAILED, after=after),
         "find(task)": Filters(task="email.send"),
@@ -164,11 +201,20 @@ def sqlite_plans(path: Path) -> dict[str, list[str]]:
     try:
         for name, filters in cases.items():
             where, params = filters.sql(s._DIALECT)
-            query = (
-                f"SELECT {s._COLUMNS} FROM broker_jobs_records {where} {s._NEWEST_FIRST}"
-                " LIMIT :limit"
-            )
+            order = filters.order_sql(s._DIALECT)
+            query = f"SELECT {s._COLUMNS} FROM broker_jobs_records {where} {order} LIMIT :limit"
             plans[name] = explain(conn, query, {**params, "limit": 51})
+        counted: dict[str, Filters] = {
+            "count()": Filters(),
+            "count(status)": Filters(status=Status.SUCCEEDED),
+            "count(task)": Filters(task="email.send"),
+            "count(task, status)": Filters(task="email.send", status=Status.DEAD),
+            "count(key)": Filters(key="0190"),
+        }
+        for name, filters in counted.items():
+            where, params = filters.sql(s._DIALECT)
+            query = f"SELECT count(*) FROM broker_jobs_records {where}"
+            plans[name] = explain(conn, query, params)
         window = {
             "now": sqlite_text(now),
             "minute": sqlite_text(now - timedelta(minutes=1)),

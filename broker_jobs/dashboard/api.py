@@ -35,11 +35,14 @@ async def task(request: Request) -> JSONResponse:
 
 async def jobs(request: Request) -> JSONResponse:
     chosen = JobFilter.read(request.query_params)
-    page = await run_in_threadpool(queries.jobs, settings_of(request), chosen)
+    listed = await run_in_threadpool(queries.jobs, settings_of(request), chosen)
+    page = listed.page
     return JSONResponse(
         {
             "jobs": [record_document(record) for record in page.records],
             "next": encode_cursor(page.after) if page.after else None,
+            "matching": listed.matching,
+            "order": chosen.order,
         }
     )
 

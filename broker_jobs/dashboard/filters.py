@@ -16,6 +16,9 @@ from broker_jobs.store.base import Status
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
+#: The jobs list's orders (``?order=``), the first the default: whether each is
+#: oldest updated first, and how the page says it.
+ORDERS = {"newest": (False, "newest updated first"), "oldest": (True, "oldest updated first")}
 
 
 def moment(text: str, name: str) -> datetime | None:
@@ -32,15 +35,16 @@ def moment(text: str, name: str) -> datetime | None:
 
 @dataclass(frozen=True)
 class JobFilter:
-    """The jobs list's filters (Store.page's) and its position."""
+    """The jobs list's filters (Store.page's), its order and its position."""
 
     task: str = ""
     state: str = ""
     key: str = ""
     since: str = ""
     until: str = ""
-    after: str = ""  # the cursor of jobs_cli.encode_cursor
+    after: str = ""  # the cursor of jobs_cli.encode_cursor (a place in ``order``)
     limit: int = PAGE_SIZE
+    order: str = "newest"  # a key of ORDERS
 
     @classmethod
     def read(cls, query: Mapping[str, str]) -> JobFilter:
@@ -53,6 +57,9 @@ class JobFilter:
             raise Refused(400, "limit: not a number") from None
         if not 1 <= limit <= MAX_PAGE_SIZE:
             raise Refused(400, f"limit: between 1 and {MAX_PAGE_SIZE}")
+        order = query.get("order", "").strip().lower() or "newest"
+        if order not in ORDERS:
+            raise Refused(400, f"order: {order!r} is not an order: {' or '.join(ORDERS)}")
         chosen = cls(
             task=query.get("task", "").strip(),
             state=state,
@@ -61,9 +68,18 @@ class JobFilter:
             until=query.get("until", "").strip(),
             after=query.get("after", "").strip(),
             limit=limit,
+            order=order,
         )
         chosen.page_arguments()  # every value checked before the store is asked
         return chosen
+
+    @property
+    def oldest_first(self) -> bool:
+        return ORDERS[self.order][0]
+
+    @property
+    def order_text(self) -> str:
+        return ORDERS[self.order][1]
 
     def page_arguments(self) -> dict[str, object]:
         """The keyword arguments of Store.page."""
@@ -83,10 +99,21 @@ class JobFilter:
             "until": moment(self.until, "until"),
             "after": after,
             "limit": self.limit,
+            "oldest_first": self.oldest_first,
         }
 
-    def query(self, after: tuple[datetime, str] | None = None) -> str:
-        """This filter as a query string, at ``after`` (the first page without it)."""
+    def count_arguments(self) -> dict[str, object]:
+        """The keyword arguments of Store.count: every record the filters take, not
+        only those after the cursor."""
+        found = self.page_arguments()
+        for name in ("after", "limit", "oldest_first"):
+            del found[name]
+        return found
+
+    def query(self, after: tuple[datetime, str] | None = None, order: str | None = None) -> str:
+        """This filter as a query string, at ``after`` (the first page without it), in
+        its order or in ``order``."""
+        order = order or self.order
         values = {
             "task": self.task,
             "state": self.state,
@@ -94,6 +121,7 @@ class JobFilter:
             "since": self.since,
             "until": self.until,
             "limit": "" if self.limit == PAGE_SIZE else str(self.limit),
+            "order": "" if order == "newest" else order,
             "after": encode_cursor(after) if after else "",
         }
         return urlencode({name: value for name, value in values.items() if value})

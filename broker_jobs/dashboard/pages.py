@@ -8,7 +8,7 @@ from starlette.responses import Response
 
 from broker_jobs.dashboard import queries
 from broker_jobs.dashboard.chart import HISTORY_RANGES, HistoryRange
-from broker_jobs.dashboard.filters import JobFilter, LetterFilter, page_number
+from broker_jobs.dashboard.filters import ORDERS, JobFilter, LetterFilter, page_number
 from broker_jobs.dashboard.safety import Refused
 from broker_jobs.dashboard.settings import DashboardSettings
 from broker_jobs.dashboard.views import render
@@ -44,17 +44,22 @@ async def task_page(request: Request) -> Response:
 async def jobs_page(request: Request) -> Response:
     settings = settings_of(request)
     chosen = JobFilter.read(request.query_params)
-    page = await run_in_threadpool(queries.jobs, settings, chosen)
+    listed = await run_in_threadpool(queries.jobs, settings, chosen)
+    page = listed.page
     return render(
         request,
         settings,
         "jobs.html",
         {
             "page": page,
+            "matching": listed.matching,
             "filter": chosen,
             "states": [status.value for status in Status],
+            "orders": ORDERS,
             "next_query": chosen.query(page.after) if page.after else None,
             "first_query": chosen.query() if chosen.after else None,
+            # the "updated" header: the first page of the other order
+            "reorder_query": chosen.query(order="newest" if chosen.oldest_first else "oldest"),
         },
     )
 

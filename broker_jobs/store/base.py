@@ -348,7 +348,8 @@ class Store(ABC):
 
     def find(self, *, limit: int = 100, **filters: Unpack[Filtering]) -> list[JobRecord]:
         """Records matching every given filter, newest updated first (ties: key
-        descending), at most ``limit``. ``since``/``until``: updated at or after /
+        descending), or with ``oldest_first=True`` oldest updated first (ties: key
+        ascending), at most ``limit``. ``since``/``until``: updated at or after /
         before; ``key``: keys starting with it (``%`` and ``_`` are plain characters);
         ``after``: only records that come after ``(updated_at, key)`` in that order
         (keyset paging: see :meth:`page`). The filters: :class:`Filtering`."""
@@ -357,7 +358,8 @@ class Store(ABC):
 
     def page(self, *, limit: int = 100, **filters: Unpack[Filtering]) -> Page:
         """:meth:`find`, with where the next page starts (keyset paging: as fast on
-        the thousandth page as on the first, with the ``(updated_at)`` indexes)."""
+        the thousandth page as on the first, in either order, with the
+        ``(updated_at)`` indexes); pass the same ``oldest_first`` with its ``after``."""
         limit = check_limit(limit)
         records = self._find(Filters.of(**filters), limit + 1)
         more = len(records) > limit
@@ -367,8 +369,19 @@ class Store(ABC):
 
     @abstractmethod
     def _find(self, filters: Filters, limit: int) -> list[JobRecord]:
-        """The query of :meth:`find`: the records ``filters`` match, newest updated first
-        (ties: key descending, by code point), at most ``limit``."""
+        """The query of :meth:`find`: the records ``filters`` match in their order
+        (:meth:`Filters.order_sql`: newest updated first, ties by key descending by code
+        point; or the reverse), at most ``limit``."""
+
+    def count(self, **filters: Unpack[Filtering]) -> int:
+        """How many records :meth:`find` with these filters returns without a limit
+        (the dashboard's "N matching"). A count reads every matching entry of the
+        index it uses (docs/dashboard.md, Performance: up to ~200 ms at 1,000,000)."""
+        return self._count(Filters.of(**filters))
+
+    @abstractmethod
+    def _count(self, filters: Filters) -> int:
+        """The query of :meth:`count`."""
 
     @abstractmethod
     def counts(self) -> dict[Status, int]:

@@ -42,11 +42,13 @@ class Filtering(TypedDict, total=False):
     until: datetime | None  # updated before
     key: str | None  # keys starting with it
     after: tuple[datetime, str] | None  # after this (updated_at, key) of a listing
+    oldest_first: bool | None  # the listing's order: oldest updated first (else newest)
 
 
 @dataclass(frozen=True)
 class Filters:
-    """The filters of one ``find`` call, times in UTC."""
+    """The filters of one ``find`` call, times in UTC, and its order (``after`` is a
+    place in that order)."""
 
     status: Status | None = None
     task: str | None = None
@@ -54,6 +56,8 @@ class Filters:
     until: datetime | None = None
     key: str | None = None
     after: tuple[datetime, str] | None = None
+    #: Oldest updated first, ties by key ascending; else newest first, ties descending.
+    oldest_first: bool = False
 
     @classmethod
     def of(cls, **given: Unpack[Filtering]) -> Filters:
@@ -71,6 +75,7 @@ class Filters:
             until=utc(until) if until is not None else None,
             key=given.get("key"),
             after=(utc(after[0]), after[1]) if after is not None else None,
+            oldest_first=bool(given.get("oldest_first")),
         )
 
     def match(self, record: JobRecord) -> bool:
@@ -80,7 +85,17 @@ class Filters:
             and (self.since is None or record.updated_at >= self.since)
             and (self.until is None or record.updated_at < self.until)
             and (self.key is None or record.idempotency_key.startswith(self.key))
-            and (self.after is None or (record.updated_at, record.idempotency_key) < self.after)
+            and (self.after is None or self._comes_after(record, self.after))
+        )
+
+    def _comes_after(self, record: JobRecord, after: tuple[datetime, str]) -> bool:
+        place = (record.updated_at, record.idempotency_key)
+        return place > after if self.oldest_first else place < after
+
+    def in_order(self, records: Iterable[JobRecord]) -> list[JobRecord]:
+        """``records`` in this listing's order (:meth:`order_sql` in Python)."""
+        return sorted(
+            records, key=lambda r: (r.updated_at, r.idempotency_key), reverse=not self.oldest_first
         )
 
     def sql(self, dialect: Dialect) -> tuple[str, dict[str, Any]]:
@@ -105,12 +120,18 @@ class Filters:
             add(dialect.starts_with, prefix=self.key)
         if self.after is not None:
             at, last = self.after
-            add(
-                "(updated_at < {at} OR (updated_at = {at} AND {key} < {last}))",
-                at=dialect.time(at),
-                last=last,
-            )
+            beyond = "(updated_at < {at} OR (updated_at = {at} AND {key} < {last}))"
+            if self.oldest_first:
+                beyond = beyond.replace("<", ">")
+            add(beyond, at=dialect.time(at), last=last)
         return (f"WHERE {' AND '.join(conditions)}" if conditions else ""), params
+
+    def order_sql(self, dialect: Dialect) -> str:
+        """``ORDER BY ...`` of the listing: by ``updated_at``, ties by key (by code
+        point), both descending (newest first) or both ascending (oldest first). Either
+        way an index on ``updated_at`` (with the key) is read forwards or backwards."""
+        way = "ASC" if self.oldest_first else "DESC"
+        return f"ORDER BY updated_at {way}, {dialect.key} {way}"
 
 
 @dataclass(frozen=True)
@@ -126,7 +147,7 @@ class Dialect:
 def newest_first(records: Iterable[JobRecord]) -> list[JobRecord]:
     """``records`` in the order of ``find``: newest updated first, ties by key
     descending (by code point, as the SQL stores compare them)."""
-    return sorted(records, key=lambda r: (r.updated_at, r.idempotency_key), reverse=True)
+    return Filters().in_order(records)
 
 
 # --- task summaries -----------------------------------------------------------------------

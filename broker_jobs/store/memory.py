@@ -276,7 +276,10 @@ class MemoryStore(ExclusiveStore):
         return newest_first(r for r in self._snapshot() if r.job_id == job_id)
 
     def _find(self, filters: Filters, limit: int) -> list[JobRecord]:
-        return newest_first(filter(filters.match, self._snapshot()))[:limit]
+        return filters.in_order(filter(filters.match, self._snapshot()))[:limit]
+
+    def _count(self, filters: Filters) -> int:
+        return sum(1 for record in self._snapshot() if filters.match(record))
 
     def counts(self) -> dict[Status, int]:
         counts = dict.fromkeys(Status, 0)

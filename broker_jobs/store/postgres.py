@@ -498,8 +498,13 @@ class PostgresStore(Store):
 
     def _find(self, filters: Filters, limit: int) -> list[JobRecord]:
         where, params = filters.sql(DIALECT)
-        rows = self._run("find records", self._q.find(where), {**params, "limit": limit})
+        query = self._q.find(where, filters.order_sql(DIALECT))
+        rows = self._run("find records", query, {**params, "limit": limit})
         return [read_record(row) for row in rows]
+
+    def _count(self, filters: Filters) -> int:
+        where, params = filters.sql(DIALECT)
+        return int(self._run_one("count records", self._q.count(where), params)[0])
 
     def task_summaries(self, *, now: datetime | None = None) -> dict[str, TaskSummary]:
         with self._pool.connection() as conn, self._translate("summarise the tasks"):

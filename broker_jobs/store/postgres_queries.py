@@ -284,10 +284,13 @@ class Queries:
             + " ON CONFLICT (idempotency_key) DO NOTHING"
         ).format(payloads=self.payloads)
 
-    def find(self, where: str) -> sql.Composed:
+    def find(self, where: str, order: str = NEWEST_FIRST) -> sql.Composed:
         return sql.SQL(
-            "SELECT {cols} FROM {records} " + where + " " + NEWEST_FIRST + " LIMIT %(limit)s"
+            "SELECT {cols} FROM {records} " + where + " " + order + " LIMIT %(limit)s"
         ).format(records=self.records, cols=self.cols)
+
+    def count(self, where: str) -> sql.Composed:
+        return sql.SQL("SELECT count(*) FROM {records} " + where).format(records=self.records)
 
     def summary(self, template: str, **more: str) -> sql.Composed:
         """A query of :mod:`broker_jobs.store.ledger` for these tables."""

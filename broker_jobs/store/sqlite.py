@@ -107,7 +107,6 @@ from broker_jobs.store.sqlite_statements import (
     _LETTER_DIALECT,
     _LETTER_MARK,
     _LETTERS,
-    _NEWEST_FIRST,
     _PAIRS_PER_UPDATE,
     _PAUSE,
     _PAUSE_OF,
@@ -502,7 +501,13 @@ class SQLiteStore(ExclusiveStore):
 
     def _find(self, filters: Filters, limit: int) -> list[JobRecord]:
         where, params = filters.sql(_DIALECT)
-        return self._select(where, {**params, "limit": limit}, f"{_NEWEST_FIRST} LIMIT :limit")
+        order = filters.order_sql(_DIALECT)
+        return self._select(where, {**params, "limit": limit}, f"{order} LIMIT :limit")
+
+    def _count(self, filters: Filters) -> int:
+        where, params = filters.sql(_DIALECT)
+        statement = f"SELECT count(*) FROM broker_jobs_records {where}"
+        return int(self._read_one("count records", statement, params)[0])
 
     def counts(self) -> dict[Status, int]:
         return status_counts(self._read("count records", _COUNT_STATUSES))

@@ -1,6 +1,8 @@
 // Live refresh: an element with data-refresh="URL" gets that URL's HTML (a fragment
 // the server rendered and escaped) every data-every seconds. A failed fetch keeps the
-// last content and marks it stale; the next tick tries again.
+// last content and marks it stale; the next tick tries again. Once replaced, the
+// element fires "dashboard:refreshed" (sort.js sorts its tables again), and a control
+// with data-focus that had the focus gets it back in the new content.
 (function () {
   "use strict";
   function start(element) {
@@ -13,7 +15,15 @@
           return response.text();
         })
         .then(function (html) {
+          var active = document.activeElement;
+          var focused = active && element.contains(active) ? active.getAttribute("data-focus") : null;
           element.innerHTML = html;
+          element.dispatchEvent(new CustomEvent("dashboard:refreshed", { bubbles: true }));
+          if (focused) {
+            element.querySelectorAll("[data-focus]").forEach(function (control) {
+              if (control.getAttribute("data-focus") === focused) { control.focus(); }
+            });
+          }
           element.classList.remove("stale");
           element.setAttribute("data-refreshed", String(Date.now()));
         })
