@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from pydantic import BaseModel  # noqa: E402
 
 from bench.dashboard import serving  # noqa: E402
-from broker_jobs import App, JobRequest, Publisher, mask_url  # noqa: E402
+from broker_jobs import App, Job, JobRequest, Publisher, mask_url  # noqa: E402
 from broker_jobs.dashboard import DashboardSettings, create_app  # noqa: E402
 from broker_jobs.observe.heartbeat import process_record  # noqa: E402
 from broker_jobs.retry import PermanentError, RetryPolicy  # noqa: E402
@@ -119,6 +119,25 @@ def fill(url: str, app: App, store: SQLiteStore) -> None:
     with Publisher(url, app, ledger=store) as publisher:
         publisher.publish_many(waiting)
     demo_heartbeats(app, store)
+    demo_history(app, store)
+
+
+def demo_history(app: App, store: SQLiteStore) -> None:
+    """A day of executions and of sampled queue depths, as a busy day would leave them:
+    a morning rush the workers drain, a handful of failures in the afternoon."""
+    now = datetime.now(UTC)
+    for hours_ago in range(24, 0, -1):
+        at = now - timedelta(hours=hours_ago)
+        rush = max(0, 12 - abs(hours_ago - 14)) * 9  # around 14 hours ago
+        store.record_depths(app.namespace, {"image.resize": rush * 3, "email.send": 2}, now=at)
+        for n in range(rush // 3 + 4):
+            key = f"history-{hours_ago}-{n}"
+            job = Job(id=f"id-{key}", task="image.resize", idempotency_key=key)
+            store.claim(job, "gpu-1:771:9bd2", 60, now=at)
+            if hours_ago in (6, 7) and n < 3:
+                store.dead(key, "gpu-1:771:9bd2", "TimeoutError: upstream", now=at)
+            else:
+                store.succeed(key, "gpu-1:771:9bd2", now=at)
 
 
 def demo_heartbeats(app: App, store: SQLiteStore) -> None:
@@ -230,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "job": f"/jobs/{ref}",
                 "dead-letters": "/dead-letters",
                 "workers": "/workers",
+                "history": "/history",
             }
             driver = chromium()
             try:
