@@ -360,12 +360,13 @@ class HistoryView:
 
 
 def history(settings: DashboardSettings, chosen: chart.HistoryRange) -> HistoryView:
-    """The executions of the dashboard's tasks over ``chosen`` (``Store.outcome_buckets``)."""
+    """The executions of the dashboard's tasks over ``chosen``, in whole minutes or
+    hours up to the current one (``Store.outcome_buckets``, the closed buckets kept:
+    :mod:`broker_jobs.dashboard.history_buckets`)."""
     until = utc(None)
-    since = until - chosen.span
-    found = settings.store.outcome_buckets(since=since, bucket=chosen.bucket, now=until)
+    since, found = settings.history.read(chosen, until)
     empty = [(0, 0)] * chosen.buckets
-    buckets = {task: found.get(task, empty)[: chosen.buckets] for task in settings.tasks}
+    buckets = {task: found.get(task, empty) for task in settings.tasks}
     return HistoryView(chosen, since, until, buckets, _depths(settings, chosen, since))
 
 

@@ -6,6 +6,7 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from broker_jobs.app import App
+from broker_jobs.dashboard.history_buckets import HistoryBuckets
 from broker_jobs.dashboard.summaries import LedgerSummaries
 from broker_jobs.errors import ConfigurationError
 from broker_jobs.store.base import Store
@@ -56,11 +57,14 @@ class DashboardSettings:
     summaries: LedgerSummaries = field(init=False, repr=False, compare=False)
     #: Whether the broker answered the last page that asked it (every page's banner).
     broker: BrokerSeen = field(init=False, repr=False, compare=False)
+    #: The history page's executions per bucket, the closed buckets kept.
+    history: HistoryBuckets = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_binding(self.host, allow_actions=self.allow_actions, token=self.token)
         object.__setattr__(self, "summaries", LedgerSummaries(self.store))
         object.__setattr__(self, "broker", BrokerSeen())
+        object.__setattr__(self, "history", HistoryBuckets(self.store))
 
     @property
     def lanes(self) -> dict[str, tuple[str, ...]]:
