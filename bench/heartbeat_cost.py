@@ -36,7 +36,7 @@ import tempfile
 import time
 import timeit
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ from broker_jobs.store import MemoryStore, SQLiteStore, Store
 from broker_jobs.store.controls import TaskPause
 from broker_jobs.store.processes import ProcessKind, ProcessRecord
 from broker_jobs.testing.rabbit_node import RabbitNode
-from broker_jobs.worker import Worker, WorkerSettings
+from broker_jobs.worker import WorkerSettings
 
 STORES = ("sqlite", "memory")
 #: Seconds between heartbeats (and control reads) in the "off" variant: none during a drain.
@@ -114,15 +114,8 @@ class PacedWorker(WorkerVariant):
         self._counted = store
         return store
 
-    def _worker(self, target: Target, store: Store, burst: bool) -> Worker:
-        settings = WorkerSettings(
-            tasks=(self.task,),
-            concurrency=target.options.concurrency,
-            burst=burst,
-            declare=False,
-            heartbeat_every=self.every,
-        )
-        return Worker(target.url, target.app, store, settings)
+    def _settings(self, target: Target, burst: bool) -> WorkerSettings:
+        return replace(super()._settings(target, burst), heartbeat_every=self.every)
 
     def counts(self) -> tuple[int, int]:
         """The last drain's heartbeats written and pause reads."""

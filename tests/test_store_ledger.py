@@ -405,19 +405,7 @@ def test_pages_cover_every_record_once_in_order(store: Store, limit: int) -> Non
     expected = _ties(store)
     assert keys(store.find()) == expected
 
-    seen: list[str] = []
-    after = None
-    for _ in range(len(expected) + 1):
-        page = store.page(limit=limit, after=after)
-        assert len(page.records) <= limit
-        seen += keys(page.records)
-        if page.after is None:
-            break
-        last = page.records[-1]
-        assert page.after == (last.updated_at, last.idempotency_key)
-        after = page.after
-    assert seen == expected
-    assert page.after is None
+    assert walk_pages(store, limit, len(expected)) == expected
 
 
 def test_pages_of_a_filtered_listing(store: Store) -> None:
@@ -439,19 +427,7 @@ def test_pages_oldest_first_cover_every_record_once_in_order(store: Store, limit
     expected = _ties(store)[::-1]  # oldest updated first, ties by key ascending
     assert keys(store.find(oldest_first=True)) == expected
 
-    seen: list[str] = []
-    after = None
-    for _ in range(len(expected) + 1):
-        page = store.page(limit=limit, after=after, oldest_first=True)
-        assert len(page.records) <= limit
-        seen += keys(page.records)
-        if page.after is None:
-            break
-        last = page.records[-1]
-        assert page.after == (last.updated_at, last.idempotency_key)
-        after = page.after
-    assert seen == expected
-    assert page.after is None
+    assert walk_pages(store, limit, len(expected), oldest_first=True) == expected
 
 
 def test_pages_oldest_first_of_a_filtered_listing(store: Store) -> None:
@@ -912,3 +888,20 @@ def test_postgres_older_code_refuses_a_version_4_database(
     monkeypatch.setattr(postgres_schema, "SCHEMA_VERSION", 3)
     with pytest.raises(StoreError, match=r"newer broker-jobs \(schema version 4"):
         PostgresStore(postgres_dsn, schema=pg_schema)
+
+
+def walk_pages(store: Store, limit: int, most: int, *, oldest_first: bool = False) -> list[str]:
+    """The keys of every page of the listing, each ``after`` its last record, in
+    order; fails if it has not ended after ``most`` + 1 pages."""
+    seen: list[str] = []
+    after = None
+    for _ in range(most + 1):
+        page = store.page(limit=limit, after=after, oldest_first=oldest_first)
+        assert len(page.records) <= limit
+        seen += keys(page.records)
+        if page.after is None:
+            return seen
+        last = page.records[-1]
+        assert page.after == (last.updated_at, last.idempotency_key)
+        after = page.after
+    raise AssertionError(f"the listing did not end after {most + 1} pages")

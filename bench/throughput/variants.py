@@ -160,16 +160,18 @@ class WorkerVariant:
             return TimedMemoryStore(settled)
         return TimedSQLiteStore(Path(directory) / "store.sqlite3", settled)
 
-    def _worker(self, target: Target, store: Store, burst: bool) -> Worker:
-        settings = WorkerSettings(
+    def _settings(self, target: Target, burst: bool) -> WorkerSettings:
+        return WorkerSettings(
             tasks=(self.task,),
             concurrency=target.options.concurrency,
             burst=burst,
             declare=False,
             success_lines=self._logs or "summary",
         )
+
+    def _worker(self, target: Target, store: Store, burst: bool) -> Worker:
         metrics = WorkerMetrics(CollectorRegistry()) if self._metrics else None
-        return Worker(target.url, target.app, store, settings, metrics=metrics)
+        return Worker(target.url, target.app, store, self._settings(target, burst), metrics=metrics)
 
     def _logging(self, directory: str) -> contextlib.AbstractContextManager[None]:
         return outcome_lines(directory) if self._logs else contextlib.nullcontext()
