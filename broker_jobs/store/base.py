@@ -12,6 +12,11 @@ they apply (:meth:`Store.retry` and :meth:`Store.fail`; :meth:`Store.dead`,
 :meth:`Store.page`) are written once on top of a store's ``_finish``, ``_rewrite``
 and ``_find``. The rules themselves are :mod:`broker_jobs.store.rules`; the values,
 :mod:`broker_jobs.store.records`.
+
+Why some 700 lines: this is the contract every store meets, one abstract method
+with its documented promise per operation (claims, outcomes, the ledger's queries,
+the dead letters' index, beat records, heartbeats, controls, queue depths); split,
+a reader could no longer see in one place what a store must do.
 """
 
 from __future__ import annotations

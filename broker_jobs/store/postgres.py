@@ -22,7 +22,7 @@ The ledger's index of dead letters is one more table: an entry is written in the
 transaction of the record that makes its job dead; a role that may not write the
 table keeps none (:attr:`~broker_jobs.store.base.Store.indexes_dead_letters` is False).
 
-Why some 670 lines: each method of :class:`~broker_jobs.store.base.Store` is a few
+Why some 780 lines: each method of :class:`~broker_jobs.store.base.Store` is a few
 lines around one statement, and they stay together so that one reads how this store
 meets the contract; the SQL lives in ``postgres_queries``, the schema, its migrations
 and the advice on a missing table or grant in ``postgres_schema``, the connection

@@ -22,7 +22,7 @@ processes; network file systems break SQLite's locking).
 The ledger's index of dead letters is one more table: an entry is written in the
 transaction of the record that makes its job dead, and read with one query per page.
 
-Why some 640 lines: each method of :class:`~broker_jobs.store.base.Store` is a few
+Why some 730 lines: each method of :class:`~broker_jobs.store.base.Store` is a few
 lines around one statement, kept together so that one reads how this store meets the
 contract; the SQL (and the records of a section, on its connection) lives in
 ``sqlite_statements``, the schema in ``sqlite_schema``, the store thread's group

@@ -12,7 +12,7 @@ Every ack comes after the outcome was recorded or the replacing message confirme
 so a crash at any step leaves the delivery unacked: RabbitMQ redelivers it and the
 store's record decides what happens then. Nothing here raises for a bad job.
 
-Why one module of some 650 lines: it is the one place that decides each step of a
+Why one module of some 720 lines: it is the one place that decides each step of a
 delivery for both routes (the fast path calls ``run_when_free``, ``after_success``,
 ``after_failure``); split, every step would be read across files, and the order of
 record-then-ack is what a reader must be able to check in one go.
