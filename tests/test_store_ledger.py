@@ -905,3 +905,32 @@ def walk_pages(store: Store, limit: int, most: int, *, oldest_first: bool = Fals
         assert page.after == (last.updated_at, last.idempotency_key)
         after = page.after
     raise AssertionError(f"the listing did not end after {most + 1} pages")
+
+
+def test_a_key_prefix_is_a_range_of_keys_in_code_point_order() -> None:
+    from broker_jobs.store.ledger import prefix_range  # noqa: PLC0415
+
+    assert prefix_range("inv-4") == ("inv-4", "inv-5")
+    assert prefix_range("a\U0010ffff") == ("a\U0010ffff", "b")
+    assert prefix_range("\U0010ffff") == ("\U0010ffff", None)
+    assert prefix_range("x\ud7ff") == ("x\ud7ff", "x\ue000")
+    assert prefix_range("") == ("", None)
+
+
+@pytest.mark.parametrize("few_keys", [0, 10_000])
+def test_sqlite_lists_a_key_prefix_alike_by_either_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, few_keys: int
+) -> None:
+    import broker_jobs.store.sqlite  # noqa: PLC0415
+
+    # 0: every prefix has "many" keys (the updated_at walk); else few (the primary key).
+    monkeypatch.setattr(broker_jobs.store.sqlite, "FEW_KEYS", few_keys)
+    with SQLiteStore(tmp_path / "ledger.db") as store:
+        for moment, key in enumerate(["ab", "a\U0010ffffz", "abd", "b", "abc", "aa", "a"]):
+            store.record_published([published(key)], now=at(moment))
+        assert keys(store.find(key="ab")) == ["abc", "abd", "ab"]  # newest first
+        assert keys(store.find(key="ab", oldest_first=True)) == ["ab", "abd", "abc"]
+        assert keys(store.find(key="a\U0010ffff")) == ["a\U0010ffffz"]
+        assert keys(store.find(key="a", limit=2)) == ["a", "aa"]
+        assert store.count(key="ab") == 3
+        assert store.count(key="a") == 6

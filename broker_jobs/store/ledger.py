@@ -98,8 +98,10 @@ class Filters:
             records, key=lambda r: (r.updated_at, r.idempotency_key), reverse=not self.oldest_first
         )
 
-    def sql(self, dialect: Dialect) -> tuple[str, dict[str, Any]]:
-        """``WHERE ...`` (empty without filters) and its named parameters."""
+    def sql(self, dialect: Dialect, *, key_range: bool = False) -> tuple[str, dict[str, Any]]:
+        """``WHERE ...`` (empty without filters) and its named parameters. With
+        ``key_range``, a key prefix is also written as a range of the key (where keys
+        compare by code point: SQLite), which lets the primary key find its matches."""
         conditions: list[str] = []
         params: dict[str, Any] = {}
 
@@ -118,6 +120,11 @@ class Filters:
             add("updated_at < {until}", until=dialect.time(self.until))
         if self.key is not None:
             add(dialect.starts_with, prefix=self.key)
+            low, high = prefix_range(self.key)
+            if key_range:
+                add("{key} >= {key_from}", key_from=low)
+            if key_range and high is not None:
+                add("{key} < {key_to}", key_to=high)
         if self.after is not None:
             at, last = self.after
             beyond = "(updated_at < {at} OR (updated_at = {at} AND {key} < {last}))"
@@ -142,6 +149,21 @@ class Dialect:
     key: str  # the key column as compared (by code point)
     starts_with: str  # keys starting with {prefix}, whose % and _ are plain characters
     time: Callable[[datetime], Any]  # a time as a parameter
+
+
+def prefix_range(prefix: str) -> tuple[str, str | None]:
+    """The keys starting with ``prefix`` as a range in code point order: at least
+    ``prefix`` and below the second value (None: no upper bound), the first string
+    after every one that starts with ``prefix``."""
+    kept = prefix
+    while kept:
+        last = ord(kept[-1]) + 1
+        if last == 0xD800:  # surrogates are not characters of a key
+            last = 0xE000
+        if last <= 0x10FFFF:
+            return prefix, kept[:-1] + chr(last)
+        kept = kept[:-1]  # U+10FFFF: the bound moves to the character before
+    return prefix, None
 
 
 def newest_first(records: Iterable[JobRecord]) -> list[JobRecord]:

@@ -136,6 +136,9 @@ __all__ = ["SQLiteStore", "SCHEMA_VERSION", "DEFAULT_BUSY_TIMEOUT", "MAX_SUMMARY
 
 log = logging.getLogger(__name__)
 
+#: A key prefix with at most this many matches is listed through the primary key.
+FEW_KEYS = 10_000
+
 
 #: How many executions per task :meth:`SQLiteStore.task_summaries` reads for p50 and
 #: p99 (the newest of the last hour): their percentiles are computed in Python, so the
@@ -500,12 +503,24 @@ class SQLiteStore(ExclusiveStore):
         return [_record(row) for row in rows]
 
     def _find(self, filters: Filters, limit: int) -> list[JobRecord]:
-        where, params = filters.sql(_DIALECT)
+        # A key prefix of few matches is read by the primary key (then sorted); one of
+        # many by walking the updated_at index until the page is full, which a range
+        # would turn into sorting them all (docs/dashboard.md, Performance).
+        few = filters.key is not None and self._few_start_with(filters.key)
+        where, params = filters.sql(_DIALECT, key_range=few)
         order = filters.order_sql(_DIALECT)
         return self._select(where, {**params, "limit": limit}, f"{order} LIMIT :limit")
 
+    def _few_start_with(self, prefix: str) -> bool:
+        """Whether at most :data:`FEW_KEYS` keys start with ``prefix`` (read from the
+        primary key, at most that many entries)."""
+        where, params = Filters(key=prefix).sql(_DIALECT, key_range=True)
+        statement = f"SELECT count(*) FROM (SELECT 1 FROM broker_jobs_records {where} LIMIT :most)"
+        found = self._read_one("count keys", statement, {**params, "most": FEW_KEYS + 1})
+        return int(found[0]) <= FEW_KEYS
+
     def _count(self, filters: Filters) -> int:
-        where, params = filters.sql(_DIALECT)
+        where, params = filters.sql(_DIALECT, key_range=True)
         statement = f"SELECT count(*) FROM broker_jobs_records {where}"
         return int(self._read_one("count records", statement, params)[0])
 
