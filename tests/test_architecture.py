@@ -38,6 +38,7 @@ CORE = frozenset(
         "dead_letter_queue",
         "dead_letter",
         "version",
+        "closing",
     }
 )
 

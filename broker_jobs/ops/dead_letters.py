@@ -51,12 +51,12 @@ from __future__ import annotations
 import builtins
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from types import TracebackType
 
 import pika
 import pika.exceptions
 
 from broker_jobs.amqp.connecting import connect_first_blocking
+from broker_jobs.closing import Closing
 from broker_jobs.envelope import Job, WireMessage
 from broker_jobs.errors import (
     BrokerConnectionError,
@@ -122,7 +122,7 @@ CONNECT_TIMEOUT = 10.0
 CONFIRM_TIMEOUT = 10.0
 
 
-class DeadLetterQueues:
+class DeadLetterQueues(Closing):
     """The dead-letter queues of ``tasks`` in the namespace of ``names``.
 
     Connects on first use to the first of ``urls`` that answers; :meth:`close` (or
@@ -277,17 +277,6 @@ class DeadLetterQueues:
         if connection is not None and connection.is_open:
             with contextlib.suppress(pika.exceptions.AMQPError):
                 connection.close()
-
-    def __enter__(self) -> DeadLetterQueues:
-        return self
-
-    def __exit__(
-        self,
-        _type: type[BaseException] | None,
-        _value: BaseException | None,
-        _traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- helpers ----------------------------------------------------------------------
 

@@ -6,12 +6,12 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from types import TracebackType
 from typing import Any, Unpack, overload
 
 from pika.exceptions import ChannelClosedByBroker
 
 from broker_jobs.app import ModelT, TaskSpec
+from broker_jobs.closing import Closing
 from broker_jobs.envelope import Job
 from broker_jobs.errors import (
     BrokerConnectionError,
@@ -47,7 +47,7 @@ IDLE_REFRESH = 1.0
 NOT_FOUND = 404
 
 
-class Publisher(PublisherBase):
+class Publisher(PublisherBase, Closing):
     """Publishes jobs and returns them only once the broker confirmed them.
 
     Every job is persistent, published with ``mandatory`` (a task without a queue is
@@ -141,17 +141,6 @@ class Publisher(PublisherBase):
                 self._link.close()
                 self._link = None
             self._node = None  # used again, it starts with the first node
-
-    def __enter__(self) -> Publisher:
-        return self
-
-    def __exit__(
-        self,
-        _type: type[BaseException] | None,
-        _value: BaseException | None,
-        _traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- sending --------------------------------------------------------------------
 

@@ -25,9 +25,9 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from types import TracebackType
-from typing import Any, Self, Unpack
+from typing import Any, Unpack
 
+from broker_jobs.closing import Closing
 from broker_jobs.dead_letter import DeadLetter, DeadLetterFilter
 from broker_jobs.envelope import Job
 from broker_jobs.store.controls import StopRequest, TaskPause
@@ -154,7 +154,7 @@ DEFAULT_RETENTION = timedelta(days=7)
 Rule = Callable[[JobRecord | None, datetime], JobRecord | None]
 
 
-class Store(ABC):
+class Store(Closing, ABC):
     """Where the worker claims jobs and records outcomes; also the job-status ledger.
 
     Every method is safe to call from several threads; ``claim`` and the record methods
@@ -694,11 +694,3 @@ class Store(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release connections; idempotent. The store cannot be used afterwards."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

@@ -21,11 +21,11 @@ from collections.abc import Coroutine
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from types import TracebackType
 from typing import Any, TypeVar
 
 from broker_jobs.app import App
 from broker_jobs.clock import clock_override
+from broker_jobs.closing import Closing
 from broker_jobs.envelope import Job, WireMessage, decode
 from broker_jobs.errors import BrokerJobsError, DecodeError
 from broker_jobs.publish.prepare import JobFactory
@@ -64,7 +64,7 @@ class DeadLetter:
         return decode(self.message)
 
 
-class JobsKit:
+class JobsKit(Closing):
     """An app's queues in memory, a worker running them on demand, and a clock.
 
     ``store`` defaults to a :class:`~broker_jobs.MemoryStore` (pass an SQLite or
@@ -244,17 +244,6 @@ class JobsKit:
             self._thread.join()
             self._loop.close()
             self._stack.close()
-
-    def __enter__(self) -> JobsKit:
-        return self
-
-    def __exit__(
-        self,
-        _type: type[BaseException] | None,
-        _value: BaseException | None,
-        _traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _dead_letter(message: WireMessage) -> DeadLetter:
