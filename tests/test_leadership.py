@@ -202,13 +202,19 @@ class Contenders:
         return at
 
     def close(self) -> None:
-        for who, process in self.processes.items():
-            if process.poll() is None:
-                # The kill is the end of a leader's term: its EXIT line is read only
-                # after it died, when a follower killed next may already have been
-                # elected (seen on RabbitMQ 4.0: a term "ending" 0.1 ms into the next).
-                self.events.append(Event(who, "SIGKILL", time.time()))
-                process.kill()
+        # Followers first, the leader last: a leader killed first hands over to a
+        # follower within milliseconds, and the test's list of leaders would miss the
+        # term it starts while the others are being killed.
+        alive = [who for who, process in self.processes.items() if process.poll() is None]
+        leading = [e.who for e in self.events if e.kind == "LEADER" and e.who in alive]
+        for who in sorted(alive, key=lambda who: who == (leading[-1] if leading else None)):
+            # The kill is the end of a leader's term: its EXIT line is read only
+            # after it died, when a follower killed next may already have been
+            # elected (seen on RabbitMQ 4.0: a term "ending" 0.1 ms into the next).
+            self.events.append(Event(who, "SIGKILL", time.time()))
+            self.processes[who].kill()
+            self.processes[who].wait()
+        for process in self.processes.values():
             process.wait()
         for reader in self._readers:
             reader.join(timeout=5)
