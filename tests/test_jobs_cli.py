@@ -178,7 +178,12 @@ def test_list_filters(
 
 
 def test_list_pages_through_every_job_with_the_cursor(listed: Store, store_url: str) -> None:
-    for limit, filters in [(2, []), (1, []), (3, ["--task", "mail.send"])]:
+    for limit, filters in [
+        (2, []),
+        (1, []),
+        (3, ["--task", "mail.send"]),
+        (2, ["--oldest-first"]),
+    ]:
         seen: list[str] = []
         pages = 0
         after: list[str] = []
@@ -197,6 +202,13 @@ def test_list_pages_through_every_job_with_the_cursor(listed: Store, store_url: 
         everything = keys(json_of(jobs("list", "--store", store_url, "--json", *filters)))
         assert seen == everything, (limit, filters)  # each once, in order, ties included
         assert pages == -(-len(everything) // limit)
+
+
+def test_list_oldest_first_is_newest_first_reversed(listed: Store, store_url: str) -> None:
+    newest = keys(json_of(jobs("list", "--store", store_url, "--json")))
+    oldest = keys(json_of(jobs("list", "--store", store_url, "--json", "--oldest-first")))
+    assert len(newest) > 2
+    assert oldest == newest[::-1]
 
 
 def test_list_for_people_prints_the_cursor_of_the_next_page(listed: Store, store_url: str) -> None:

@@ -96,6 +96,11 @@ def jobs_group() -> None:
     metavar="CURSOR",
     help="The next page: the cursor the previous page printed (give the same filters).",
 )
+@click.option(
+    "--oldest-first",
+    is_flag=True,
+    help="Oldest updated first (default: newest first); give it with --after too.",
+)
 @store_option
 @json_option
 def list_command(  # noqa: PLR0917 - click passes every option positionally
@@ -106,10 +111,11 @@ def list_command(  # noqa: PLR0917 - click passes every option positionally
     until: datetime | None,
     limit: int,
     cursor: str | None,
+    oldest_first: bool,
     store_url: str,
     as_json: bool,
 ) -> None:
-    """List jobs, newest updated first, a page at a time. Read-only.
+    """List jobs, newest (or oldest) updated first, a page at a time. Read-only.
 
     A job that changes state while you page moves to the top: a listing is not a
     snapshot.
@@ -118,6 +124,7 @@ def list_command(  # noqa: PLR0917 - click passes every option positionally
     Example:
       broker-jobs jobs list --state retrying --limit 20
       broker-jobs jobs list --state retrying --limit 20 --after CURSOR
+      broker-jobs jobs list --state queued --oldest-first
     """
     try:
         after = decode_cursor(cursor) if cursor else None
@@ -131,6 +138,7 @@ def list_command(  # noqa: PLR0917 - click passes every option positionally
             until=until,
             key=key_prefix,
             after=after,
+            oldest_first=oldest_first,
             limit=limit,
         )
     token = encode_cursor(page.after) if page.after else None
