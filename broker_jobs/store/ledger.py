@@ -127,10 +127,12 @@ class Filters:
                 add("{key} < {key_to}", key_to=high)
         if self.after is not None:
             at, last = self.after
-            beyond = "(updated_at < {at} OR (updated_at = {at} AND {key} < {last}))"
-            if self.oldest_first:
-                beyond = beyond.replace("<", ">")
-            add(beyond, at=dialect.time(at), last=last)
+            past = ">" if self.oldest_first else "<"  # further along the listing's order
+            add(
+                f"(updated_at {past} {{at}} OR (updated_at = {{at}} AND {{key}} {past} {{last}}))",
+                at=dialect.time(at),
+                last=last,
+            )
         return (f"WHERE {' AND '.join(conditions)}" if conditions else ""), params
 
     def order_sql(self, dialect: Dialect) -> str:
