@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from broker_jobs.clock import utc_now
+from broker_jobs.observe.failure_streak import FailureStreak
 from broker_jobs.store.base import Store
 from broker_jobs.store.processes import ProcessKind, ProcessRecord, ProcessState, RunningJob
 from broker_jobs.version import __version__
@@ -97,7 +98,7 @@ class Heartbeat:
         self._record = record
         self._pulse = pulse
         self._call = call
-        self._failing = False
+        self._streak = FailureStreak(log)
         self._forgot_at: float | None = None
 
     @property
@@ -132,16 +133,12 @@ class Heartbeat:
         try:
             self._store.record_process(record)
         except Exception as error:  # the heartbeat never costs the daemon anything
-            if not self._failing:
-                log.warning(
-                    "%s %s: its heartbeat is not recorded (%s); `broker-jobs workers` shows"
-                    " it as lost until it is", record.kind.value, record.id, error,
-                )  # fmt: skip
-            self._failing = True
+            self._streak.failed(
+                "%s %s: its heartbeat is not recorded (%s); `broker-jobs workers` shows"
+                " it as lost until it is", record.kind.value, record.id, error,
+            )  # fmt: skip
             return False
-        if self._failing:
-            log.info("%s %s: its heartbeat is recorded again", record.kind.value, record.id)
-        self._failing = False
+        self._streak.worked("%s %s: its heartbeat is recorded again", record.kind.value, record.id)
         return True
 
     def forget_old(self, now: float) -> None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 
+from broker_jobs.observe.failure_streak import FailureStreak
 from broker_jobs.ops.status import StatusReport
-from broker_jobs.store.base import Store, StoreError
+from broker_jobs.store.base import Store
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ class DepthSampler:
     """Writes the queue depths of each report it is given into a ledger."""
 
     def __init__(self) -> None:
-        self._failing = False
+        self._streak = FailureStreak(log)
 
     def sample(self, store: Store, report: StatusReport) -> bool:
         """Record ``report``'s ready jobs per task (tasks whose queue could not be read
@@ -30,16 +31,12 @@ class DepthSampler:
         depths = {t.task: t.queue.messages for t in report.tasks if t.queue.messages is not None}
         try:
             store.record_depths(report.namespace, depths, now=report.taken_at)
-        except StoreError as error:
-            if not self._failing:
-                log.warning(
-                    "exporter: the ledger does not take the queue depths (%s): the"
-                    " dashboard's history has no depths until it does",
-                    error,
-                )
-            self._failing = True
+        except Exception as error:  # the chart's points, never the poll
+            self._streak.failed(
+                "exporter: the ledger does not take the queue depths (%s): the"
+                " dashboard's history has no depths until it does",
+                error,
+            )
             return False
-        if self._failing:
-            log.info("exporter: the ledger takes the queue depths again")
-        self._failing = False
+        self._streak.worked("exporter: the ledger takes the queue depths again")
         return True

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 
 from broker_jobs.clock import utc_now
+from broker_jobs.observe.failure_streak import FailureStreak
 from broker_jobs.store.base import Store
 from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.worker.protocol import Runner
@@ -60,7 +61,7 @@ class ControlWatch:
         self._runner = runner
         self._worker_id = worker_id
         self._every = every
-        self._failing = False
+        self._streak = FailureStreak(log)
         self._on_stop = on_stop
         self._stop_heard = False
         self._started_at = utc_now()
@@ -158,16 +159,12 @@ class ControlWatch:
         try:
             found = await asyncio.to_thread(self._read)
         except Exception as error:  # kept as last read: a pause is never guessed
-            if not self._failing:
-                log.warning(
-                    "worker %s: cannot read the paused tasks (%s); keeping them as last read",
-                    self._worker_id, error,
-                )  # fmt: skip
-            self._failing = True
+            self._streak.failed(
+                "worker %s: cannot read the paused tasks (%s); keeping them as last read",
+                self._worker_id, error,
+            )  # fmt: skip
             return None
-        if self._failing:
-            log.info("worker %s: the paused tasks are read again", self._worker_id)
-        self._failing = False
+        self._streak.worked("worker %s: the paused tasks are read again", self._worker_id)
         return found
 
 
