@@ -11,9 +11,10 @@ several samplers (two exporters) write the same rows rather than more of them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 MINUTE = timedelta(minutes=1)
 HOUR = timedelta(hours=1)
@@ -70,3 +71,14 @@ def cutoffs(now: datetime) -> dict[int, datetime]:
 
 #: A task's samples, oldest first: (the step's start, the jobs ready then).
 DepthSeries = list[tuple[datetime, int]]
+
+
+def series_by_task(
+    rows: Iterable[tuple[str, Any, int]], moment: Callable[[Any], datetime]
+) -> dict[str, DepthSeries]:
+    """A SQL store's rows (task, step start as stored, ready), ordered by task and
+    time, as each task's series; ``moment`` reads a stored time."""
+    found: dict[str, DepthSeries] = {}
+    for task, at, ready in rows:
+        found.setdefault(task, []).append((moment(at), ready))
+    return found

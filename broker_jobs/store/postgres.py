@@ -43,7 +43,13 @@ from broker_jobs.envelope import Job
 from broker_jobs.store.base import Rule, Store
 from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, IndexRow, read_entry, where_sql
-from broker_jobs.store.depths import DepthSeries, cutoffs, depth_rows, step_seconds
+from broker_jobs.store.depths import (
+    DepthSeries,
+    cutoffs,
+    depth_rows,
+    series_by_task,
+    step_seconds,
+)
 from broker_jobs.store.errors import LeaseLostError, StoreError
 from broker_jobs.store.ledger import (
     Buckets,
@@ -771,10 +777,8 @@ class PostgresStore(Store):
         if not self._layout.keeps_depths:
             return {}
         params = {"namespace": namespace, "step": step_seconds(step), "since": utc(since)}
-        found: dict[str, DepthSeries] = {}
-        for task, at, ready in self._run("read queue depths", self._q.depths.of_step, params):
-            found.setdefault(task, []).append((aware(at), ready))
-        return found
+        rows = self._run("read queue depths", self._q.depths.of_step, params)
+        return series_by_task(rows, aware)
 
     def close(self) -> None:
         self._pool.close()

@@ -48,7 +48,13 @@ from broker_jobs.dead_letter import DeadLetterFilter
 from broker_jobs.envelope import Job
 from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, read_entry, where_sql
-from broker_jobs.store.depths import DepthSeries, cutoffs, depth_rows, step_seconds
+from broker_jobs.store.depths import (
+    DepthSeries,
+    cutoffs,
+    depth_rows,
+    series_by_task,
+    step_seconds,
+)
 from broker_jobs.store.errors import LeaseLostError, StoreError
 from broker_jobs.store.exclusive import ExclusiveStore, Records
 from broker_jobs.store.ledger import (
@@ -703,10 +709,7 @@ class SQLiteStore(ExclusiveStore):
         self, namespace: str, *, step: timedelta, since: datetime
     ) -> dict[str, DepthSeries]:
         params = (namespace, step_seconds(step), _text(utc(since)))
-        found: dict[str, DepthSeries] = {}
-        for task, at, ready in self._read("read queue depths", _DEPTHS, params):
-            found.setdefault(task, []).append((_aware_time(at), ready))
-        return found
+        return series_by_task(self._read("read queue depths", _DEPTHS, params), _aware_time)
 
     def close(self) -> None:
         self._calls.stop()
