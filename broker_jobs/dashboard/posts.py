@@ -8,6 +8,8 @@ the token when one is set."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -41,20 +43,25 @@ async def cancel(request: Request) -> Response:
     ref = field(form, "ref").strip()
     if not ref:
         raise Refused(400, "ref: name the job to cancel")
-    if field(form, "confirm") != "yes":
+
+    async def question() -> str:
         record = await run_in_threadpool(settings.store.lookup, ref)
         if record is None:
             raise Refused(404, f"no job with key or id {ref!r} in the ledger")
-        question = (
+        return (
             f"Cancel job {record.idempotency_key!r} ({record.task}, {record.status.value})?"
             " It will not run; a running job is not interrupted."
         )
-        return _confirm(
-            request, settings, "/actions/cancel", action="cancel", question=question, form=form
-        )
-    check_token(request, form, settings)
-    result = await run_in_threadpool(actions.cancel, settings, ref, who(request, settings))
-    return render(request, settings, "result.html", {"result": result})
+
+    actor = who(request, settings)
+    return await _ask_then_act(
+        request,
+        settings,
+        form,
+        "cancel",
+        question=question,
+        act=lambda: actions.cancel(settings, ref, actor),
+    )
 
 
 async def pause(request: Request) -> Response:
@@ -70,19 +77,45 @@ async def _task_control(request: Request, action: str) -> Response:
     settings = settings_of(request)
     form = await _checked_form(request, settings)
     task = known_task(settings, field(form, "task").strip())
+
+    async def question() -> str:
+        if action == "pause":
+            return (
+                f"Pause task {task!r}? Every worker stops starting its jobs within a few"
+                " seconds; running jobs finish; new jobs wait in its queue until it is resumed."
+            )
+        return f"Resume task {task!r}? Every worker consumes it again within a few seconds."
+
+    act = actions.pause if action == "pause" else actions.resume
+    actor = who(request, settings)
+    return await _ask_then_act(
+        request, settings, form, action, question=question, act=lambda: act(settings, task, actor)
+    )
+
+
+async def _ask_then_act(
+    request: Request,
+    settings: DashboardSettings,
+    form: Form,
+    action: str,
+    *,
+    question: Callable[[], Awaitable[str]],
+    act: Callable[[], actions.Result],
+) -> Response:
+    """An action on one thing in its two steps: without ``confirm=yes`` the confirmation
+    page asking ``question()``; with it the token's check, then ``act()`` (in a thread:
+    it talks to the broker and the ledger) and its result page."""
     if field(form, "confirm") != "yes":
-        question = (
-            f"Pause task {task!r}? Every worker stops starting its jobs within a few"
-            " seconds; running jobs finish; new jobs wait in its queue until it is resumed."
-            if action == "pause"
-            else f"Resume task {task!r}? Every worker consumes it again within a few seconds."
-        )
         return _confirm(
-            request, settings, f"/actions/{action}", action=action, question=question, form=form
+            request,
+            settings,
+            f"/actions/{action}",
+            action=action,
+            question=await question(),
+            form=form,
         )
     check_token(request, form, settings)
-    act = actions.pause if action == "pause" else actions.resume
-    result = await run_in_threadpool(act, settings, task, who(request, settings))
+    result = await run_in_threadpool(act)
     return render(request, settings, "result.html", {"result": result})
 
 
