@@ -28,6 +28,7 @@ import pika.exceptions
 import pytest
 
 from broker_jobs import App, Publisher
+from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.testing.postgres_node import PostgresNode
 from broker_jobs.testing.rabbit_cluster import RabbitCluster
 from broker_jobs.testing.rabbit_node import RabbitNode
@@ -51,6 +52,9 @@ T = TypeVar("T")
 #: once on each release, side by side in one session. The rest run on the host's
 #: RabbitMQ only: what they check does not differ between releases.
 ALSO_ON_RABBITMQ_4 = "also_on_rabbitmq_4"
+#: Marks a test of :data:`ALSO_ON_RABBITMQ_4` that runs on 4.0 with only some of its
+#: parameters' values (``_a_variant_left_to_rabbitmq_3``).
+ON_RABBITMQ_4_WITH = "on_rabbitmq_4_with"
 RABBITMQ_4_ROOT_VARIABLE = "BROKER_JOBS_TEST_RABBITMQ_4_ROOT"
 
 
@@ -213,6 +217,14 @@ def make_app(
         cleanup_topology(app.topology())
 
 
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[SQLiteStore]:
+    """An SQLite ledger in the test's directory, for tests of one store's worth (a
+    module whose tests run with every store defines ``ledger`` of its own)."""
+    with SQLiteStore(str(tmp_path / "ledger.db")) as opened:
+        yield opened
+
+
 @pytest.fixture(params=["sync", "async"])
 def make_publisher(
     request: pytest.FixtureRequest, broker: Broker
@@ -280,6 +292,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.getoption("quick"):
         _deselect(config, items, needs_a_server)
     _deselect(config, items, _a_second_publisher_on_rabbitmq_4)
+    _deselect(config, items, _a_variant_left_to_rabbitmq_3)
     # Long tests first, so that none starts last and ends the run alone (processes
     # take tests in this order); fault tests last: they stop the process's broker.
     items.sort(
@@ -308,6 +321,21 @@ def _a_second_publisher_on_rabbitmq_4(item: pytest.Item) -> bool:
     callspec = getattr(item, "callspec", None)
     if callspec is None or callspec.params.get("make_publisher") != "sync":
         return False
+    return _on_rabbitmq_4(callspec)
+
+
+def _a_variant_left_to_rabbitmq_3(item: pytest.Item) -> bool:
+    """On RabbitMQ 4.0 a test marked ``on_rabbitmq_4_with(name=value, ...)`` runs only
+    with those values of its parameters: its other variants differ in what our code
+    does, not in what the broker does, and the host's release checks them."""
+    marker = item.get_closest_marker(ON_RABBITMQ_4_WITH)
+    callspec = getattr(item, "callspec", None)
+    if marker is None or callspec is None or not _on_rabbitmq_4(callspec):
+        return False
+    return any(callspec.params.get(name) != value for name, value in marker.kwargs.items())
+
+
+def _on_rabbitmq_4(callspec: Any) -> bool:
     release = callspec.params.get("rabbitmq_release")
     return release is not None and release == os.environ.get(RABBITMQ_4_ROOT_VARIABLE)
 

@@ -9,15 +9,27 @@ import socket
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from multiprocessing.queues import Queue
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pika
 import pytest
 
-from broker_jobs import App, AsyncPublisher, Job, JobRequest, Publisher, WireMessage, decode
+from broker_jobs import (
+    App,
+    AsyncPublisher,
+    Job,
+    JobRequest,
+    Publisher,
+    QueueOptions,
+    RetryPolicy,
+    WireMessage,
+    decode,
+)
 from broker_jobs.testing.rabbit_node import RabbitNode
 from broker_jobs.worker import Worker, WorkerSettings
 from topology.preflight import server_version
@@ -77,6 +89,20 @@ def run_burst_worker(broker: Broker, app: App, store: Any, **settings: Any) -> C
     :class:`WorkerSettings` fields (concurrency 4 unless given)."""
     options = WorkerSettings(**{"burst": True, "concurrency": 4, **settings})
     return asyncio.run(Worker(broker.url, app, store, options).run())
+
+
+def single_attempt_app(
+    make_app: Callable[[], App],
+    tasks: Iterable[str],
+    handler: Callable[..., object],
+    queue: QueueOptions | None = None,
+) -> App:
+    """An app from ``make_app`` whose ``tasks`` each run ``handler`` with one attempt
+    only: a failure, flaky or not, goes straight to the task's dead letters."""
+    app = make_app()
+    for task in tasks:
+        app.task(task, retry=RetryPolicy(max_attempts=1), queue=queue)(handler)
+    return app
 
 
 def unavailable(reason: str) -> None:
@@ -205,3 +231,31 @@ def app_from(directory: Path, module: str) -> App:
         sys.modules.pop(module, None)
     assert isinstance(app, App)
     return app
+
+
+def importable_app(
+    directory: Path, module: str, source: str, monkeypatch: pytest.MonkeyPatch
+) -> App:
+    """The ``app`` of ``source`` written as ``<directory>/<module>.py``, a module the
+    commands under test import by name (``module:app``), as an operator names it: the
+    directory stays on ``sys.path`` for the test, the module leaves ``sys.modules``."""
+    (directory / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(directory))
+    app: App = importlib.import_module(module).app
+    monkeypatch.delitem(sys.modules, module)  # the command imports it afresh
+    return app
+
+
+def reports_of(processes: Sequence[BaseProcess], results: Queue[Any]) -> list[Any]:
+    """Start ``processes``, each of which puts one report on ``results``; their
+    reports, once every process has exited 0. The reports are read before the joins:
+    a process may not exit before what it put on a queue is read (a deadlock)."""
+    for process in processes:
+        process.start()
+    reports = [results.get(timeout=100) for _ in processes]
+    for process in processes:
+        process.join(timeout=30)
+        assert process.exitcode == 0
+    results.close()
+    results.join_thread()
+    return reports

@@ -172,11 +172,11 @@ def test_killing_the_leader_five_times_loses_and_doubles_no_fire(
     failovers = []
     for _ in range(5):
         leader = wait_until(lambda: store.leader(namespace), within=10, what="a leader")
-        # Let the leader emit a few fires of its own, then kill it mid-stride.
+        # Let the leader emit fires of its own, then kill it mid-stride.
         start = store.last_fire(key)
         assert start is not None
         wait_until(
-            lambda start=start: (store.last_fire(key) or start) >= start + 4 * SECOND,
+            lambda start=start: (store.last_fire(key) or start) >= start + 2 * SECOND,
             within=20,
             what=f"{leader.identity} emitting",
         )
@@ -213,7 +213,7 @@ def test_killing_the_leader_five_times_loses_and_doubles_no_fire(
     assert fires, "no fire reached the ledger"
     assert fires == every_second(fires[0], last), "a fire of the window is missing"
     assert ran["tick"] == len(fires), "a fire executed more than once"
-    assert fires[-1] - fires[0] >= 20 * SECOND  # five terms of four fires or more
+    assert fires[-1] - fires[0] >= 10 * SECOND  # five terms of two fires or more
 
 
 def test_a_paused_leader_is_replaced_and_stands_down_when_resumed(

@@ -28,11 +28,11 @@ from broker_jobs.dashboard import DashboardSettings, create_app
 from broker_jobs.dashboard.actions import Progress, Result
 from broker_jobs.dashboard.operations import Operations, Work
 from broker_jobs.errors import BrokerConnectionError, ConfigurationError
-from broker_jobs.retry import PermanentError, RetryPolicy
+from broker_jobs.retry import PermanentError
 from broker_jobs.store.base import Status, Store
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.urls import BrokerURLs
-from tests.support import Broker, run_burst_worker, wait_until
+from tests.support import Broker, run_burst_worker, single_attempt_app, wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -71,16 +71,7 @@ def handlers() -> Handlers:
 
 @pytest.fixture
 def app(make_app: Callable[[], App], handlers: Handlers) -> App:
-    app = make_app()
-    for task in (TASK, OTHER):
-        app.task(task, retry=RetryPolicy(max_attempts=1))(handlers.run)
-    return app
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[SQLiteStore]:
-    with SQLiteStore(str(tmp_path / "ledger.db")) as opened:
-        yield opened
+    return single_attempt_app(make_app, (TASK, OTHER), handlers.run)
 
 
 Dashboard = Callable[..., TestClient]

@@ -25,11 +25,11 @@ from starlette.applications import Starlette
 from broker_jobs import App, JobRequest, Publisher
 from broker_jobs.dashboard import DashboardSettings, create_app
 from broker_jobs.dashboard.actions import Progress, Result
-from broker_jobs.retry import PermanentError, RetryPolicy
+from broker_jobs.retry import PermanentError
 from broker_jobs.store.base import Status, Store
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.urls import BrokerURLs
-from tests.support import Broker, run_burst_worker, unavailable
+from tests.support import Broker, run_burst_worker, single_attempt_app, unavailable
 
 pytestmark = pytest.mark.broker
 
@@ -95,16 +95,7 @@ def handlers() -> Handlers:
 
 @pytest.fixture
 def app(make_app: Callable[[], App], handlers: Handlers) -> App:
-    app = make_app()
-    for task in (TASK, OTHER):
-        app.task(task, retry=RetryPolicy(max_attempts=1))(handlers.run)
-    return app
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[SQLiteStore]:
-    with SQLiteStore(str(tmp_path / "ledger.db")) as opened:
-        yield opened
+    return single_attempt_app(make_app, (TASK, OTHER), handlers.run)
 
 
 def free_port() -> int:

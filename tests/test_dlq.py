@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,10 +28,10 @@ from broker_jobs.ops.dead_letters import (
     LedgerAction,
     replay_message,
 )
-from broker_jobs.retry import PermanentError, RetryPolicy
+from broker_jobs.retry import PermanentError
 from broker_jobs.store.base import Status, Store
 from broker_jobs.store.sqlite import SQLiteStore
-from tests.support import Broker, run_burst_worker, wait_until
+from tests.support import Broker, run_burst_worker, single_attempt_app, wait_until
 from topology import declare
 from topology import names as n
 
@@ -72,11 +72,8 @@ def handlers() -> Handlers:
 
 
 def build_app(make_app: Callable[[], App], handlers: Handlers, queue: QueueOptions | None) -> App:
-    app = make_app()
-    once = RetryPolicy(max_attempts=1)  # a flaky failure is exhausted at once
-    for task in (TASK, OTHER):
-        app.task(task, retry=once, queue=queue)(handlers.run)
-    return app
+    # One attempt: a flaky failure is exhausted at once.
+    return single_attempt_app(make_app, (TASK, OTHER), handlers.run, queue)
 
 
 @pytest.fixture
@@ -85,9 +82,9 @@ def app(make_app: Callable[[], App], handlers: Handlers) -> App:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[SQLiteStore]:
-    with SQLiteStore(str(tmp_path / "ledger.db")) as opened:
-        yield opened
+def store(ledger: SQLiteStore) -> SQLiteStore:
+    """The workers' ledger: SQLite only (not the ``store`` of every kind)."""
+    return ledger
 
 
 @pytest.fixture(autouse=True)

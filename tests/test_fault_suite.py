@@ -21,7 +21,9 @@ from bench.faults.harness import Env, Settings, environment
 from bench.faults.scenarios import run_case
 
 # Not ``fault``: it kills only servers of its own, never the process's shared ones.
-pytestmark = [pytest.mark.broker, pytest.mark.long]
+# One process runs the three (under xdist): they share one boot of those servers
+# (the module's ``env``), not one each.
+pytestmark = [pytest.mark.broker, pytest.mark.long, pytest.mark.xdist_group("fault-suite")]
 
 
 @pytest.fixture(scope="module")

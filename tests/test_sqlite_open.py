@@ -14,6 +14,7 @@ import pytest
 
 from broker_jobs.store import SQLiteStore, StoreError, open_store
 from broker_jobs.store import sqlite as sqlite_module
+from tests.support import reports_of
 
 OPENERS = 4
 #: Before the fix, ~2-10 % of the openers released together on a new file failed
@@ -45,14 +46,7 @@ def test_sqlite_processes_opening_one_new_file_together_all_succeed(tmp_path: Pa
         context.Process(target=_open_new_files, args=(str(tmp_path), ROUNDS, barrier, results))
         for _ in range(OPENERS)
     ]
-    for process in processes:
-        process.start()
-    reports = [results.get(timeout=100) for _ in processes]
-    for process in processes:
-        process.join(timeout=30)
-        assert process.exitcode == 0
-    results.close()
-    results.join_thread()
+    reports = reports_of(processes, results)
 
     failures = [failure for report in reports for failure in report]
     assert failures == [], f"{len(failures)} of {OPENERS * ROUNDS} opens failed"

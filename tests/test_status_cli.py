@@ -4,9 +4,7 @@ Store API."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,7 +21,7 @@ from broker_jobs.store import Status, Store, open_store
 from broker_jobs.store.base import TaskSummary
 from broker_jobs.urls import BrokerURLs
 from tests import test_jobs_cli as _jobs_tests
-from tests.support import Broker, wait_until
+from tests.support import Broker, importable_app, wait_until
 from topology import Names, Topology, declare
 from topology.delay import DELAY_LEVELS
 
@@ -55,7 +53,7 @@ def app(
 ) -> tuple[App, str]:
     """An app of two tasks in a module of its own, and its ``module:attr``."""
     module = f"bj_status_app_{namespace}"
-    (tmp_path / f"{module}.py").write_text(
+    source = (
         "from pydantic import BaseModel\n"
         "from broker_jobs import App\n\n"
         "class Mail(BaseModel):\n"
@@ -64,9 +62,7 @@ def app(
         f"app.declare({MAIL!r}, Mail)\n"
         f"app.declare({IMAGE!r}, Mail)\n"
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    loaded: App = importlib.import_module(module).app
-    monkeypatch.delitem(sys.modules, module)  # the command imports it afresh
+    loaded = importable_app(tmp_path, module, source, monkeypatch)
     cleanup_topology(loaded.topology())
     return loaded, f"{module}:app"
 

@@ -42,6 +42,7 @@ from broker_jobs.store import (
 )
 from broker_jobs.store import postgres as postgres_module
 from broker_jobs.store.base import LeaderRecord, mask_dsn
+from tests.support import reports_of
 
 POSTGRES_URL_VARIABLE = "BROKER_JOBS_TEST_POSTGRES_URL"
 
@@ -1098,14 +1099,7 @@ def test_sqlite_processes_claim_each_key_exactly_once(tmp_path: Path) -> None:
         for w in workers
     ]
     started = time.monotonic()
-    for process in processes:
-        process.start()
-    reports = [results.get(timeout=100) for _ in processes]
-    for process in processes:
-        process.join(timeout=30)
-        assert process.exitcode == 0
-    results.close()
-    results.join_thread()
+    reports = reports_of(processes, results)
     elapsed = time.monotonic() - started
 
     assert [error for _, _, error in reports if error] == []
@@ -1245,14 +1239,7 @@ def test_sqlite_processes_recording_fires_end_with_the_newest(tmp_path: Path) ->
         )
         for n in range(2)
     ]
-    for process in processes:
-        process.start()
-    reports = [results.get(timeout=100) for _ in processes]
-    for process in processes:
-        process.join(timeout=30)
-        assert process.exitcode == 0
-    results.close()
-    results.join_thread()
+    reports = reports_of(processes, results)
 
     assert reports == [[], []]
     with SQLiteStore(path) as store:

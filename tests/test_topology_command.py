@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import shlex
 import socket
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,7 +28,7 @@ from broker_jobs.store import MemoryStore
 from broker_jobs.testing.rabbit_node import RabbitNode
 from broker_jobs.urls import BrokerURL
 from scheduler import Beat, BeatSettings, load_schedules
-from tests.support import Broker, drain, untyped_queue_type
+from tests.support import Broker, drain, importable_app, untyped_queue_type
 from topology import Names, Topology, declare
 from topology.delay import delay_routing_key
 from topology.errors import show_value
@@ -87,7 +85,7 @@ def app_path(
 ) -> str:
     """``module:attr`` of an app in a module of its own, as an operator names it."""
     module = f"bj_topology_app_{namespace}"
-    (tmp_path / f"{module}.py").write_text(
+    source = (
         "from pydantic import BaseModel\n"
         "from broker_jobs import App\n\n"
         "class Mail(BaseModel):\n"
@@ -95,9 +93,7 @@ def app_path(
         f"app = App(namespace={namespace!r})\n"
         "app.declare('mail.send', Mail)\n"
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    app: App = importlib.import_module(module).app
-    monkeypatch.delitem(sys.modules, module)  # the command imports it afresh
+    app = importable_app(tmp_path, module, source, monkeypatch)
     cleanup_topology(app.topology())
     return f"{module}:app"
 
@@ -124,6 +120,28 @@ def grant(node: RabbitNode, printed: str) -> None:
     command = shlex.split(printed.strip().splitlines()[-1])
     assert command[:2] == ["rabbitmqctl", "set_permissions"]
     node.ctl(*command[1:])
+
+
+def granted_user(
+    broker: Broker, user: Callable[[], tuple[str, str]], *permissions: str
+) -> tuple[str, str]:
+    """A new user granted what ``topology permissions <permissions> --user <name>``
+    prints, as an operator grants it: the broker's URL with the user's credentials,
+    and what the command printed."""
+    name, password = user()
+    printed = topology("permissions", *permissions, "--user", name)
+    grant(broker.controllable(), printed.stdout)
+    return with_credentials(broker.url, name, password), printed.stdout
+
+
+@contextlib.contextmanager
+def confirming_channel(url: str) -> Iterator[pika.adapters.blocking_connection.BlockingChannel]:
+    """A channel of ``url``'s user in confirm mode: a publish the broker refuses or
+    returns raises instead of passing unseen."""
+    with contextlib.closing(pika.BlockingConnection(pika.URLParameters(url))) as conn:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        yield channel
 
 
 # -- help and usage -------------------------------------------------------------------
@@ -570,14 +588,8 @@ def test_publisher_permissions_allow_publishing_and_nothing_more(
     connection: pika.BlockingConnection,
     user: Callable[[], tuple[str, str]],
 ) -> None:
-    node = broker.controllable()
     assert topology("apply", "--url", broker.url, "--app", app_path).exit_code == 0
-    name, password = user()
-    printed = topology(
-        "permissions", "--role", "publisher", "--namespace", namespace, "--user", name
-    )
-    grant(node, printed.stdout)
-    url = with_credentials(broker.url, name, password)
+    url, _printed = granted_user(broker, user, "--role", "publisher", "--namespace", namespace)
 
     with Publisher(url, namespace=namespace, declare=False) as publisher:
         job = publisher.publish("mail.send", {"to": "a@example.com"})
@@ -614,20 +626,11 @@ def test_routing_to_the_unroutable_queue_needs_no_permission(
     """A publisher's job that the ladder's exchanges pass on to delay.out while it
     publishes (a key of zeros) reaches the alternate exchange with the publisher's
     grants alone: no role needs anything on <ns>.unroutable."""
-    node = broker.controllable()
     names = Names(namespace)
     assert topology("apply", "--url", broker.url, "--app", app_path).exit_code == 0
-    name, password = user()
-    printed = topology(
-        "permissions", "--role", "publisher", "--namespace", namespace, "--user", name
-    )
-    assert "unroutable" not in printed.stdout
-    grant(node, printed.stdout)
-    url = with_credentials(broker.url, name, password)
-    user_connection = pika.BlockingConnection(pika.URLParameters(url))
-    with contextlib.closing(user_connection):
-        channel = user_connection.channel()
-        channel.confirm_delivery()  # neither refused nor returned
+    url, printed = granted_user(broker, user, "--role", "publisher", "--namespace", namespace)
+    assert "unroutable" not in printed
+    with confirming_channel(url) as channel:  # neither refused nor returned
         channel.basic_publish(
             names.delay_exchange(0),
             delay_routing_key(0, "nobody.home"),
@@ -647,19 +650,12 @@ def test_worker_permissions_allow_consuming_its_queues_only(
     connection: pika.BlockingConnection,
     user: Callable[[], tuple[str, str]],
 ) -> None:
-    node = broker.controllable()
     names = Names(namespace)
     app = App(namespace=namespace)
     app.declare("mail.send", Mail)
     declare(connection, app.topology(ladder=False))
-    name, password = user()
-    printed = topology("permissions", "--role", "worker", "--app", app_path, "--user", name)
-    grant(node, printed.stdout)
-    url = with_credentials(broker.url, name, password)
-    user_connection = pika.BlockingConnection(pika.URLParameters(url))
-    with contextlib.closing(user_connection):
-        channel = user_connection.channel()
-        channel.confirm_delivery()
+    url, _printed = granted_user(broker, user, "--role", "worker", "--app", app_path)
+    with confirming_channel(url) as channel:
         channel.basic_publish(names.work_exchange, "mail.send", b"{}", mandatory=True)
         method, _, _ = channel.basic_get(names.task_queue("mail.send"), auto_ack=True)
         assert method is not None
@@ -676,12 +672,8 @@ def test_beat_permissions_allow_leading_and_emitting(
 ) -> None:
     """A beat user with the printed permissions declares its election queue and
     exchange, wins the election and emits, on a topology an operator applied."""
-    node = broker.controllable()
     assert topology("apply", "--url", broker.url, "--app", app_path).exit_code == 0
-    name, password = user()
-    printed = topology("permissions", "--role", "beat", "--namespace", namespace, "--user", name)
-    grant(node, printed.stdout)
-    url = with_credentials(broker.url, name, password)
+    url, _printed = granted_user(broker, user, "--role", "beat", "--namespace", namespace)
     app = App(namespace=namespace)
     app.declare("mail.send", Mail)
     app.schedule("often", "mail.send", every=0.2, payload={"to": "ops@example.com"})

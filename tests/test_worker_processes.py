@@ -30,7 +30,14 @@ from broker_jobs.worker.supervisor import (
 )
 from tests.support import Broker, wait_until
 from tests.test_worker import EffectsDatabase
-from tests.test_worker_recovery import WorkerProcess, declared_app, no_tracebacks, write_app
+from tests.test_worker_recovery import (
+    StartWorker,
+    WorkerProcess,
+    declared_app,
+    no_tracebacks,
+    starting_worker_processes,
+    write_app,
+)
 from topology import Topology
 
 STARTED = re.compile(r"worker process (\d+) started \(pid (\d+)\)")
@@ -49,23 +56,19 @@ def gone(pid: int) -> bool:
     return False
 
 
+def kill_children(supervisor: WorkerProcess) -> None:
+    """Kill the children ``supervisor`` started: each is in a process group of its
+    own, so killing the supervisor leaves them running."""
+    for _index, pid in child_pids(supervisor):
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture
-def supervisors() -> Iterator[Callable[[list[str], Path], WorkerProcess]]:
-    """Start ``broker-jobs worker`` processes; killed afterwards, children included (a
-    child is in a process group of its own, so it is killed by its pid)."""
-    started: list[WorkerProcess] = []
-
-    def start(args: list[str], cwd: Path) -> WorkerProcess:
-        worker = WorkerProcess(args, cwd)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.kill()
-        for _index, pid in child_pids(worker):
-            if not gone(pid):
-                os.kill(pid, signal.SIGKILL)
+def supervisors() -> Iterator[StartWorker]:
+    """Start ``broker-jobs worker`` processes; killed afterwards, children included."""
+    with starting_worker_processes(after_kill=kill_children) as start:
+        yield start
 
 
 # -- the rules, without processes ------------------------------------------------------------

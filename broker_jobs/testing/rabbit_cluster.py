@@ -216,6 +216,10 @@ class RabbitCluster(Throwaway):
         others' ports busy, and a later start of this cluster would clash)."""
         _each(self.nodes, lambda node: node.stop())
 
+    def halt(self) -> None:
+        """Kill every node: their data is deleted next (see RabbitNode.halt)."""
+        self.kill()
+
     def kill(self, nodes: Sequence[RabbitNode] | None = None) -> None:
         """SIGKILL every node, or those given (best effort: start() cleaning up)."""
         for node in self.nodes if nodes is None else nodes:

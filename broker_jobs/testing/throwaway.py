@@ -35,7 +35,7 @@ def tail(path: Path, lines: int = 30) -> str:
 
 class Throwaway:
     """A server for one ``with`` block: :meth:`start` on entering, :meth:`cleanup` on
-    leaving, and also when the start fails. :meth:`cleanup` stops the server and
+    leaving, and also when the start fails. :meth:`cleanup` halts the server and
     deletes its directories (:meth:`scratch_dirs`)."""
 
     def start(self) -> None:
@@ -48,10 +48,16 @@ class Throwaway:
         """The directories :meth:`cleanup` deletes."""
         raise NotImplementedError
 
+    def halt(self) -> None:
+        """End the server's processes just before its directories are deleted:
+        :meth:`stop`, unless a server has a quicker way that loses only what is
+        deleted next anyway."""
+        self.stop()
+
     def cleanup(self) -> None:
-        """Stop the server if needed and delete its directories."""
+        """Halt the server if needed and delete its directories."""
         try:
-            self.stop()
+            self.halt()
         finally:
             for directory in self.scratch_dirs():
                 shutil.rmtree(directory, ignore_errors=True)
