@@ -21,7 +21,6 @@ pytestmark = pytest.mark.broker
 # The dashboard tests' fixtures.
 handlers = _dashboard_tests.handlers
 app = _dashboard_tests.app
-ledger = _dashboard_tests.ledger
 dashboard = _dashboard_tests.dashboard
 
 
