@@ -15,6 +15,10 @@ user starts it: default log level (INFO, the success summary line), default pref
 - **broker CPU per job** (µs): the broker's Erlang VM (``/proc``) during the drain, when
   the broker is a throwaway node of this run (an ack with ``multiple`` saves it work).
 
+- **latency p50** (ms): then the worker runs (not in burst mode) while this process
+  publishes one confirmed job every 1/``--rate`` s for ``--seconds``: the median of the
+  handler's start minus the publish call (``time.time()``, one machine).
+
 The report gives each side's medians, and the median over rounds of each round's
 ratio this / base (jobs/s: above 1 is faster; CPU: below 1 is cheaper).
 
@@ -30,11 +34,13 @@ import json
 import os
 import resource
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +65,12 @@ from topology.model import QueueType
 
 TASK = "bench.ab"
 THIS, BASE = "this", "base"
-FIGURES = (("jobs_per_s", "jobs/s"), ("worker_us", "µs/job"), ("broker_us", "µs/job"))
+FIGURES = (
+    ("jobs_per_s", "jobs/s"),
+    ("worker_us", "µs/job"),
+    ("broker_us", "µs/job"),
+    ("latency_p50_ms", "ms"),
+)
 
 APP_SOURCE = textwrap.dedent(
     """\
@@ -69,24 +80,28 @@ APP_SOURCE = textwrap.dedent(
 
     class Noop(BaseModel):
         n: int
+        sent: float = 0.0
 
     app = App(namespace={namespace!r})
-    starts = []
+    starts, waits = [], []
 
     @app.task({task!r}, queue=QueueOptions(queue_type={queue_type!r}), time_limit=60)
     def noop(payload: Noop) -> None:
         starts.append(time.monotonic())
+        waits.append(time.time() - payload.sent)
 
     @atexit.register
     def _report() -> None:
         with open({report!r}, "w") as out:
-            json.dump({{"jobs": len(starts), "first": min(starts), "last": max(starts)}}, out)
+            json.dump({{"starts": starts, "waits": waits}}, out)
     """
 )
 
 
 class Noop(BaseModel):
     n: int
+    #: When the job was handed to the publisher (``time.time()``), for the latency.
+    sent: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -95,15 +110,20 @@ class Options:
     base: str
     jobs: int
     rounds: int
+    rate: float
+    seconds: float
     store: str
     queue_type: str
 
 
 @dataclass(frozen=True)
-class Drain:
+class Figures:
+    """One side's figures of one round."""
+
     jobs_per_s: float
     worker_us: float
     broker_us: float | None
+    latency_p50_ms: float
 
 
 def export(rev: str, into: Path) -> Path:
@@ -119,59 +139,121 @@ def export(rev: str, into: Path) -> Path:
     return into
 
 
-def store_url(store: str, workdir: Path) -> str:
-    if store == "memory":
-        return "memory://"
-    if store == "sqlite":
-        return f"sqlite:///{workdir / 'ledger.db'}"
-    raise SystemExit(f"--store: memory or sqlite, not {store!r}")
+class Side:
+    """One side's worker on a fresh namespace: its app module written to a directory
+    of its own, the handlers' starts and waits read back when the worker has exited."""
 
-
-def drain(options: Options, url: str, node: RabbitNode | None, tree: Path) -> Drain:
-    """Publish ``options.jobs`` jobs, then drain them with one burst worker of ``tree``."""
-    namespace = f"benchab{secrets.token_hex(4)}"
-    queue = QueueOptions(queue_type=QueueType(options.queue_type))
-    app = App(namespace=namespace)
-    app.declare(TASK, Noop, queue=queue)
-    workdir = Path(tempfile.mkdtemp(prefix="bench-ab-"))
-    report = workdir / "starts.json"
-    (workdir / "ab_app.py").write_text(
-        APP_SOURCE.format(
-            namespace=namespace, task=TASK, queue_type=options.queue_type, report=str(report)
+    def __init__(self, options: Options, url: str, tree: Path) -> None:
+        self.options, self.url, self.tree = options, url, tree
+        namespace = f"benchab{secrets.token_hex(4)}"
+        self.app = App(namespace=namespace)
+        self.app.declare(TASK, Noop, queue=QueueOptions(queue_type=QueueType(options.queue_type)))
+        self.workdir = Path(tempfile.mkdtemp(prefix="bench-ab-"))
+        self.report = self.workdir / "starts.json"
+        source = APP_SOURCE.format(
+            namespace=namespace, task=TASK, queue_type=options.queue_type, report=str(self.report)
         )
-    )
-    with Publisher(url, app) as publisher:
-        publisher.publish_many([JobRequest(TASK, {"n": n}) for n in range(options.jobs)])
+        (self.workdir / "ab_app.py").write_text(source)
+
+    def command(self, *extra: str) -> list[str]:
+        store = self.options.store
+        if store not in ("memory", "sqlite"):
+            raise SystemExit(f"--store: memory or sqlite, not {store!r}")
+        store_url = "memory://" if store == "memory" else f"sqlite:///{self.workdir / 'ledger.db'}"
+        return [
+            sys.executable, "-m", "broker_jobs", "worker", "--url", self.url,
+            "--store", store_url, "--concurrency", "8", *extra, "ab_app:app",
+        ]  # fmt: skip
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": os.pathsep.join([str(self.workdir), str(self.tree)])}
+
+    def recorded(self, returncode: int, stderr: str) -> dict[str, list[float]]:
+        """What the handlers recorded, once the worker exited (``returncode``)."""
+        if returncode != 0 or not self.report.exists():
+            raise SystemExit(f"the worker of {self.tree} failed ({returncode}):\n{stderr[-3000:]}")
+        found: dict[str, list[float]] = json.loads(self.report.read_text())
+        self.report.unlink()
+        return found
+
+    def delete(self) -> None:
+        with Admin(self.url) as admin:
+            admin.delete(self.app.topology())
+
+
+def drain(side: Side, node: RabbitNode | None) -> tuple[float, float, float | None]:
+    """Publish the jobs, then drain them with one burst worker: jobs/s, worker and
+    broker CPU per job (µs; the broker's None on a broker of someone else's)."""
+    jobs = side.options.jobs
+    with Publisher(side.url, side.app) as publisher:
+        publisher.publish_many([JobRequest(TASK, {"n": n}) for n in range(jobs)])
     beam = node.beam_pid() if node is not None else None
     broker_before = process_cpu(beam) if beam else 0.0
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    command = [
-        sys.executable, "-m", "broker_jobs", "worker", "--url", url,
-        "--store", store_url(options.store, workdir), "--burst", "--concurrency", "8",
-        "ab_app:app",
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(workdir), str(tree)])}
     done = subprocess.run(
-        command, cwd=workdir, env=env, capture_output=True, text=True, check=False
+        side.command("--burst"),
+        cwd=side.workdir,
+        env=side.env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     broker_cpu = process_cpu(beam) - broker_before if beam else None
-    with Admin(url) as admin:
-        admin.delete(app.topology())
-    if done.returncode != 0 or not report.exists():
-        raise SystemExit(f"the worker of {tree} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    starts = json.loads(report.read_text())
-    if starts["jobs"] != options.jobs:
-        raise SystemExit(f"the worker of {tree} ran {starts['jobs']} of {options.jobs} jobs")
+    starts = side.recorded(done.returncode, done.stderr)["starts"]
+    if len(starts) != jobs:
+        raise SystemExit(f"the worker of {side.tree} ran {len(starts)} of {jobs} jobs")
     worker_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return Drain(
-        jobs_per_s=(options.jobs - 1) / (starts["last"] - starts["first"]),
-        worker_us=worker_cpu * 1e6 / options.jobs,
-        broker_us=None if broker_cpu is None else broker_cpu * 1e6 / options.jobs,
+    return (
+        (jobs - 1) / (max(starts) - min(starts)),
+        worker_cpu * 1e6 / jobs,
+        None if broker_cpu is None else broker_cpu * 1e6 / jobs,
     )
 
 
-def ratios(rounds: list[dict[str, Drain]], figure: str) -> list[float] | None:
+def steady(side: Side) -> float:
+    """The worker running, one confirmed publish every 1/rate s for the phase: the
+    median of publish call to handler start (ms)."""
+    options = side.options
+    worker = subprocess.Popen(
+        side.command(), cwd=side.workdir, env=side.env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        queue = side.app.names.task_queue(TASK)
+        with Admin(side.url) as admin:
+            while admin.consumers(queue) == 0:  # consuming: the phase may begin
+                if worker.poll() is not None:
+                    break
+                time.sleep(0.05)
+            count = round(options.rate * options.seconds)
+            with Publisher(side.url, side.app) as publisher:
+                began = time.perf_counter()
+                for n in range(count):
+                    pause = began + n / options.rate - time.perf_counter()
+                    if pause > 0:
+                        time.sleep(pause)
+                    publisher.publish(TASK, {"n": n, "sent": time.time()})
+            while admin.depth(queue) > 0 and worker.poll() is None:
+                time.sleep(0.05)
+    finally:
+        worker.send_signal(signal.SIGTERM)  # the jobs it holds and has not started: left
+        _, stderr = worker.communicate(timeout=60)
+    return statistics.median(side.recorded(worker.returncode, stderr)["waits"]) * 1000
+
+
+def measure(options: Options, url: str, node: RabbitNode | None, tree: Path) -> Figures:
+    side = Side(options, url, tree)
+    try:
+        jobs_per_s, worker_us, broker_us = drain(side, node)
+        latency = steady(side)
+    finally:
+        side.delete()
+    return Figures(jobs_per_s, worker_us, broker_us, latency)
+
+
+def ratios(rounds: list[dict[str, Figures]], figure: str) -> list[float] | None:
     found = [(getattr(r[THIS], figure), getattr(r[BASE], figure)) for r in rounds]
     if any(this is None or base is None for this, base in found):
         return None
@@ -188,26 +270,30 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
         rounds=options.rounds,
         store=options.store,
         queue_type=options.queue_type,
-        worker="broker-jobs worker --burst --concurrency 8 (default log level and prefetch)",
+        steady=f"{options.rate:g} jobs/s for {options.seconds:g} s, one confirmed publish each",
+        worker="broker-jobs worker --concurrency 8 (default log level and prefetch)",
     )
     print_config("The worker, this checkout against --base, side by side", config, 12)
     with tempfile.TemporaryDirectory(prefix="bench-ab-base-") as base_dir:
         trees = {THIS: REPO, BASE: export(options.base, Path(base_dir))}
-        rounds: list[dict[str, Drain]] = []
+        rounds: list[dict[str, Figures]] = []
         for number in range(options.rounds):
             order = (THIS, BASE) if number % 2 == 0 else (BASE, THIS)
-            found = {side: drain(options, url, node, trees[side]) for side in order}
+            found = {side: measure(options, url, node, trees[side]) for side in order}
             rounds.append(found)
             print(f"round {number + 1}: " + "; ".join(_line(side, found[side]) for side in order))
     return summary(config, rounds)
 
 
-def _line(side: str, found: Drain) -> str:
+def _line(side: str, found: Figures) -> str:
     broker = "" if found.broker_us is None else f", broker {found.broker_us:.0f} µs/job"
-    return f"{side} {found.jobs_per_s:,.0f} jobs/s, worker {found.worker_us:.0f} µs/job{broker}"
+    return (
+        f"{side} {found.jobs_per_s:,.0f} jobs/s, worker {found.worker_us:.0f} µs/job{broker},"
+        f" latency p50 {found.latency_p50_ms:.2f} ms"
+    )
 
 
-def summary(config: dict[str, Any], rounds: list[dict[str, Drain]]) -> dict[str, Any]:
+def summary(config: dict[str, Any], rounds: list[dict[str, Figures]]) -> dict[str, Any]:
     figures: dict[str, Any] = {"config": config}
     print()
     for figure, unit in FIGURES:
@@ -235,6 +321,8 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--base", required=True, help="the git revision to compare with")
     add_number(parser, "--jobs", int, 20_000, "jobs per drain")
     add_number(parser, "--rounds", int, 6, "rounds (each side once per round)")
+    add_number(parser, "--rate", float, 200, "jobs/s of the steady phase")
+    add_number(parser, "--seconds", float, 5, "the steady phase's length")
     parser.add_argument("--store", default="memory", choices=("memory", "sqlite"))
     parser.add_argument(
         "--queue-type", default="classic", choices=[kind.value for kind in QueueType]

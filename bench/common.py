@@ -165,6 +165,10 @@ class Admin:
         """Ready messages in ``queue`` (unacked ones are not counted)."""
         return self._fresh_channel().queue_declare(queue, passive=True).method.message_count or 0
 
+    def consumers(self, queue: str) -> int:
+        """Consumers of ``queue`` now."""
+        return self._fresh_channel().queue_declare(queue, passive=True).method.consumer_count or 0
+
     def depth_if_exists(self, queue: str) -> int | None:
         """:meth:`depth`, None if ``queue`` does not exist."""
         try:
