@@ -10,6 +10,7 @@ job recorded as done is acked as a duplicate without running).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiormq.abc import AbstractChannel
@@ -17,14 +18,28 @@ from aiormq.abc import AbstractChannel
 log = logging.getLogger(__name__)
 
 
+#: The books of a delivery: in hand (running, held, retrying), its outcome recorded
+#: (to ack), or left (not started: the broker is to give it back; never acked here).
+IN_HAND, RECORDED, LEFT = 0, 1, 2
+
+#: How long a recorded delivery behind one still in hand waits for a later
+#: ``multiple`` frame to cover it before it is acked on its own. Handler threads
+#: finish out of order: this lets one frame ack a batch of them (measured in
+#: docs/worker.md, "Speed"), at the cost of at most this long in the prefetch.
+STRAGGLER_WAIT = 0.05
+
+
 class ChannelAcks:
-    """The unacked deliveries of one channel, in delivery order, and whether each is
-    ready to be acked (its outcome recorded)."""
+    """The unacked deliveries of one channel, in delivery order, and what each waits
+    for: a ``multiple`` ack covers only an unbroken run of recorded deliveries from
+    the oldest, never one in hand or left."""
 
     def __init__(self, channel: AbstractChannel) -> None:
         self.channel = channel
-        self._unacked: dict[int, bool] = {}
+        self._unacked: dict[int, int] = {}
         self._lost = False
+        self._straggler_timer: asyncio.TimerHandle | None = None
+        self._flushing: set[asyncio.Task[None]] = set()
 
     @property
     def lost(self) -> bool:
@@ -36,24 +51,26 @@ class ChannelAcks:
         self._lost = True
         in_hand = len(self._unacked)
         self._unacked.clear()
+        if self._straggler_timer is not None:
+            self._straggler_timer.cancel()
+            self._straggler_timer = None
         return in_hand
 
     def taken(self, tag: int) -> None:
-        """A delivery arrived: not ready until its outcome is recorded."""
+        """A delivery arrived: in hand until its outcome is recorded."""
         if not self._lost:
-            self._unacked[tag] = False
+            self._unacked[tag] = IN_HAND
 
     def forget(self, tag: int) -> None:
-        """A delivery left unsettled (the broker gives it back when the channel closes)."""
-        self._unacked.pop(tag, None)
+        """A delivery left unsettled: the broker gives it back when the channel closes.
+        It stays in the books as left, so that no ``multiple`` ack of a later delivery
+        covers it (that would ack a job that never ran)."""
+        if tag in self._unacked:
+            self._unacked[tag] = LEFT
 
     async def ack(self, tag: int) -> bool:
-        """Ack one delivery; False if its channel is lost (the broker redelivers it)."""
-        self._unacked.pop(tag, None)
-        if self.lost:
-            return False
-        await self.channel.basic_ack(tag)
-        return True
+        """Ack one delivery whose outcome is recorded: :meth:`ack_many` of one."""
+        return await self.ack_many([tag])
 
     async def nack(self, tag: int) -> bool:
         """Return one delivery to its queue; False if its channel is lost (the broker
@@ -66,28 +83,63 @@ class ChannelAcks:
 
     async def ack_many(self, tags: list[int]) -> bool:
         """Ack deliveries whose outcomes are recorded: those that, with every delivery
-        before them on the channel, are all settled go in one ``multiple`` frame (an
+        before them on the channel, are recorded go in one ``multiple`` frame now (an
         ack frame per job cost a socket write and a GIL hand-off each); the others
-        one by one. A delivery still in hand (held, retrying) is never covered.
-        False if the channel is lost (nothing acked; the broker redelivers them)."""
+        wait up to :data:`STRAGGLER_WAIT` for a later frame to cover them, then are
+        acked one by one. False if the channel is lost (nothing acked; the broker
+        redelivers them)."""
+        unacked = self._unacked
         if self.lost:
             for tag in tags:
-                self._unacked.pop(tag, None)
+                unacked.pop(tag, None)
             return False
-        unacked = self._unacked
         for tag in tags:
-            unacked[tag] = True
+            if tag in unacked:
+                unacked[tag] = RECORDED
+        covered = await self._ack_recorded_run()
+        if self._straggler_timer is None and any(tag > covered for tag in tags):
+            loop = asyncio.get_running_loop()
+            self._straggler_timer = loop.call_later(STRAGGLER_WAIT, self._ack_stragglers)
+        return True
+
+    async def flush(self) -> None:
+        """Ack every recorded delivery now (before the channel closes, say): the
+        unbroken run from the oldest in one frame, the others one by one."""
+        if self._straggler_timer is not None:
+            self._straggler_timer.cancel()
+            self._straggler_timer = None
+        if self.lost:
+            return
+        await self._ack_recorded_run()
+        unacked = self._unacked
+        for tag in [tag for tag, state in unacked.items() if state == RECORDED]:
+            del unacked[tag]
+            await self.channel.basic_ack(tag)
+
+    async def _ack_recorded_run(self) -> int:
+        """Ack the unbroken run of recorded deliveries from the oldest in one
+        ``multiple`` frame; the last tag it covered (0: none)."""
+        unacked = self._unacked
         covered = 0
-        for tag, ready in unacked.items():  # in delivery order
-            if not ready:
+        for tag, state in unacked.items():  # in delivery order
+            if state != RECORDED:
                 break
             covered = tag
         if covered:
             while unacked and next(iter(unacked)) <= covered:
                 del unacked[next(iter(unacked))]
             await self.channel.basic_ack(covered, multiple=True)
-        for tag in tags:
-            if tag > covered:
-                unacked.pop(tag, None)
-                await self.channel.basic_ack(tag)
-        return True
+        return covered
+
+    def _ack_stragglers(self) -> None:
+        self._straggler_timer = None
+        task = asyncio.get_running_loop().create_task(self._flush_quietly())
+        self._flushing.add(task)
+        task.add_done_callback(self._flushing.discard)
+
+    async def _flush_quietly(self) -> None:
+        try:
+            await self.flush()
+        except Exception as error:  # the channel went meanwhile: the broker redelivers
+            # them, and the ledger answers each copy (recorded: acked without running)
+            log.warning("acking recorded deliveries failed (%s); they will be redelivered", error)
