@@ -27,7 +27,7 @@ from broker_jobs import App, Job, JobRequest, Publisher, QueueOptions
 from broker_jobs.cli import main
 from broker_jobs.errors import ConfigurationError, TopologyMissingError
 from broker_jobs.retry import PermanentError, RetryPolicy
-from broker_jobs.store.base import ExecutionOutcome, Status
+from broker_jobs.store.base import ClaimOutcome, ExecutionOutcome, Status
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.worker import Worker, WorkerSettings
@@ -739,6 +739,52 @@ def test_a_held_delivery_is_never_acked_with_the_ones_after_it(
     outcomes = asyncio.run(scenario())
     assert outcomes == Counter({"succeeded": 5, "duplicate": 1})
     assert sorted(ran) == [f"k{n}" for n in range(5)]
+
+
+def test_a_job_running_longer_than_its_lease_keeps_it_renewed(
+    broker: Broker, make_app: Callable[[], App]
+) -> None:
+    """A claimed job's lease is renewed while its handler runs (the fast path renews
+    every claimed job's in one sweep): no other worker may take it over, and its one
+    run succeeds."""
+    app = make_app()
+    release = threading.Event()
+
+    @app.task("long.job")
+    def long_job(payload: Add) -> None:
+        release.wait(60)
+
+    store = MemoryStore()
+    with Publisher(broker.url, app) as publisher:
+        job = publisher.publish("long.job", {"key": "long"})
+    settings = WorkerSettings(burst=True, concurrency=1, lease=1.2)
+
+    leases: list[datetime] = []
+
+    def renewed_twice() -> bool:
+        record = store.get(job.idempotency_key)
+        lease = record.lease_until if record is not None else None
+        if lease is not None and (not leases or lease > leases[-1]):
+            leases.append(lease)
+        return len(leases) >= 3  # the claim's lease, then two renewals
+
+    async def scenario() -> Counter[str]:
+        running = asyncio.create_task(Worker(broker.url, app, store, settings).run())
+        try:
+            await asyncio.to_thread(wait_until, renewed_twice, within=30, what="two renewals")
+            # Two renewals later the first lease has long run out: a worker taking the
+            # job over now would find it held.
+            taken = store.claim(job, "another worker", lease=1.2)
+            assert taken.outcome is ClaimOutcome.BUSY, taken
+        finally:
+            release.set()
+        return await running
+
+    assert asyncio.run(scenario()) == Counter({"succeeded": 1})
+    record = store.get(job.idempotency_key)
+    assert record is not None
+    assert record.status is Status.SUCCEEDED
+    assert record.attempts == 1
 
 
 def test_a_sync_handler_over_its_time_limit_fails_and_is_retried(

@@ -31,10 +31,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
@@ -74,8 +75,9 @@ class _Item:
     spec: TaskSpec[Any]
     payload: BaseModel
     holder: str = ""
-    #: The lease-renewal timers of a claimed job.
-    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    #: When its claim was taken or its lease last renewed (``time.monotonic()``), for
+    #: the renewal sweep; None: not renewed (not claimed yet, or its lease was lost).
+    renewed_at: float | None = None
     renewing: asyncio.Task[None] | None = None
     settled: bool = False
     #: The handler's run (set when it starts): its duration for the outcome's line.
@@ -142,7 +144,10 @@ class FastPath:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._tasks = [asyncio.create_task(self._record(), name="broker-jobs recorder")]
+        self._tasks = [
+            asyncio.create_task(self._record(), name="broker-jobs recorder"),
+            asyncio.create_task(self._renew_leases(), name="broker-jobs lease renewals"),
+        ]
         for task in self._tasks:
             task.add_done_callback(_report_crash)
 
@@ -275,15 +280,13 @@ class FastPath:
 
     def _claimed(self, items: list[_Item], claims: list[Claim]) -> None:
         runner = self._runner
-        loop = asyncio.get_running_loop()
+        now = time.monotonic()
         for item, claim in zip(items, claims, strict=True):
             verdict = claim_verdict(item.job, claim, runner.observer)
             if verdict == RUN:
                 if not item.settled:  # (a quick handler may have finished already)
                     self._claimed_jobs.add(item)
-                    item.timers.append(
-                        loop.call_later(runner.settings.lease / 3, self._renew, item)
-                    )
+                    item.renewed_at = now
                     if item.spec.is_async:
                         self._spawn(self._run_async(item), self._async_jobs)
             elif verdict == BUSY:  # held and re-checked by the runner
@@ -411,18 +414,27 @@ class FastPath:
         """Deliveries taken from the queue and not yet settled or left."""
         return self._in_hand
 
-    def _renew(self, item: _Item) -> None:
-        if item.settled:
-            return
+    async def _renew_leases(self) -> None:
+        """Every sixth of the lease, renew the lease of each claimed job (running, or
+        waiting for a thread) last renewed a third of the lease ago or more: renewed
+        between a third and half of the lease after the last time, one sweep for all
+        (a timer per job cost ~7 % of the loop's time at 4,000 jobs/s)."""
+        lease = self._runner.settings.lease
+        while True:
+            await asyncio.sleep(lease / 6)
+            due = time.monotonic() - lease / 3
+            for item in list(self._claimed_jobs):
+                renewed = item.renewed_at
+                if renewed is not None and renewed <= due and item.renewing is None:
+                    item.renewing = asyncio.create_task(self._renew(item))
 
-        async def renew() -> None:
-            runner = self._runner
-            lease = runner.settings.lease
-            if await runner.settling.renew(item.job, item.holder, lease) and not item.settled:
-                loop = asyncio.get_running_loop()
-                item.timers.append(loop.call_later(lease / 3, self._renew, item))
-
-        item.renewing = asyncio.create_task(renew())
+    async def _renew(self, item: _Item) -> None:
+        runner = self._runner
+        try:
+            kept = await runner.settling.renew(item.job, item.holder, runner.settings.lease)
+        finally:
+            item.renewing = None
+        item.renewed_at = time.monotonic() if kept else None  # lost: not renewed again
 
     def _settle(self, item: _Item, error: BaseException | None) -> None:
         if item.settled:
@@ -432,8 +444,6 @@ class FastPath:
             error = item.watch.outcome(error)
             self._stuck_jobs.discard(item)
         self._claimed_jobs.discard(item)
-        for timer in item.timers:
-            timer.cancel()
         if item.renewing is not None:
             item.renewing.cancel()
         self._finished.append((item, error))
@@ -442,8 +452,6 @@ class FastPath:
     def _give_claim_back(self, item: _Item) -> None:
         item.settled = True
         self._claimed_jobs.discard(item)
-        for timer in item.timers:
-            timer.cancel()
         runner = self._runner
 
         async def release() -> str | None:
