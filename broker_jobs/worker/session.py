@@ -131,9 +131,10 @@ class Session:
     async def close(self) -> None:
         """Ack what is recorded and waits for a frame (acks.STRAGGLER_WAIT), then close
         the connection (returning what it holds unacked to the queues)."""
-        with contextlib.suppress(Exception):  # a lost connection has nothing to close
-            if self.acks is not None:
+        if self.acks is not None:
+            with contextlib.suppress(Exception):  # lost meanwhile: the broker redelivers
                 await self.acks.flush()
+        with contextlib.suppress(Exception):  # a lost connection has nothing to close
             await self.connection.close()
 
     def _on_closed(self, closing: asyncio.Future[Any]) -> None:
