@@ -223,9 +223,10 @@ def steady(side: Side) -> float:
     try:
         queue = side.app.names.task_queue(TASK)
         with Admin(side.url) as admin:
+            deadline = time.monotonic() + 60
             while admin.consumers(queue) == 0:  # consuming: the phase may begin
-                if worker.poll() is not None:
-                    break
+                if worker.poll() is not None or time.monotonic() > deadline:
+                    break  # its exit code and output say why, below
                 time.sleep(0.05)
             count = round(options.rate * options.seconds)
             with Publisher(side.url, side.app) as publisher:
