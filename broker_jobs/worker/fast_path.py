@@ -171,7 +171,9 @@ class FastPath:
         self._in_hand += 1
         self._idle.clear()
         self._arrived.append(item)
-        if len(self._arrived) == 1:
+        if self._in_hand == 1:  # nothing else in hand: no batch to wait for, claim now
+            self._claim_arrived()
+        elif len(self._arrived) == 1:  # busy: this loop turn's arrivals in one claim
             asyncio.get_running_loop().call_soon(self._claim_arrived)
 
     async def wait_idle(self, timeout: float) -> bool:
