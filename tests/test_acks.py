@@ -49,7 +49,6 @@ async def settle(broker: Broker, queue: str, step: Callable[[ChannelAcks], objec
         outcome = step(acks)
         if asyncio.iscoroutine(outcome):
             await outcome
-        await acks.flush()
 
 
 def left_in(broker: Broker, queue: str) -> list[bytes]:

@@ -10,7 +10,6 @@ job recorded as done is acked as a duplicate without running).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from aiormq.abc import AbstractChannel
@@ -22,12 +21,6 @@ log = logging.getLogger(__name__)
 #: (to ack), or left (not started: the broker is to give it back; never acked here).
 IN_HAND, RECORDED, LEFT = 0, 1, 2
 
-#: How long a recorded delivery behind one still in hand waits for a later
-#: ``multiple`` frame to cover it before it is acked on its own. Handler threads
-#: finish out of order: this lets one frame ack a batch of them (measured in
-#: docs/worker.md, "Speed"), at the cost of at most this long in the prefetch.
-STRAGGLER_WAIT = 0.05
-
 
 class ChannelAcks:
     """The unacked deliveries of one channel, in delivery order, and what each waits
@@ -38,8 +31,6 @@ class ChannelAcks:
         self.channel = channel
         self._unacked: dict[int, int] = {}
         self._lost = False
-        self._straggler_timer: asyncio.TimerHandle | None = None
-        self._flushing: set[asyncio.Task[None]] = set()
 
     @property
     def lost(self) -> bool:
@@ -51,9 +42,6 @@ class ChannelAcks:
         self._lost = True
         in_hand = len(self._unacked)
         self._unacked.clear()
-        if self._straggler_timer is not None:
-            self._straggler_timer.cancel()
-            self._straggler_timer = None
         return in_hand
 
     def taken(self, tag: int) -> None:
@@ -69,8 +57,13 @@ class ChannelAcks:
             self._unacked[tag] = LEFT
 
     async def ack(self, tag: int) -> bool:
-        """Ack one delivery whose outcome is recorded: :meth:`ack_many` of one."""
-        return await self.ack_many([tag])
+        """Ack one delivery whose outcome is recorded, in a frame of its own; False if
+        its channel is lost (the broker redelivers it)."""
+        self._unacked.pop(tag, None)
+        if self.lost:
+            return False
+        await self.channel.basic_ack(tag)
+        return True
 
     async def nack(self, tag: int) -> bool:
         """Return one delivery to its queue; False if its channel is lost (the broker
@@ -83,11 +76,10 @@ class ChannelAcks:
 
     async def ack_many(self, tags: list[int]) -> bool:
         """Ack deliveries whose outcomes are recorded: those that, with every delivery
-        before them on the channel, are recorded go in one ``multiple`` frame now (an
-        ack frame per job cost a socket write and a GIL hand-off each); the others
-        wait up to :data:`STRAGGLER_WAIT` for a later frame to cover them, then are
-        acked one by one. False if the channel is lost (nothing acked; the broker
-        redelivers them)."""
+        before them on the channel, are recorded go in one ``multiple`` frame (an ack
+        frame per job cost a socket write and a GIL hand-off each); the others one by
+        one. A delivery in hand or left is never covered. False if the channel is lost
+        (nothing acked; the broker redelivers them)."""
         unacked = self._unacked
         if self.lost:
             for tag in tags:
@@ -97,24 +89,13 @@ class ChannelAcks:
             if tag in unacked:
                 unacked[tag] = RECORDED
         covered = await self._ack_recorded_run()
-        if self._straggler_timer is None and any(tag > covered for tag in tags):
-            loop = asyncio.get_running_loop()
-            self._straggler_timer = loop.call_later(STRAGGLER_WAIT, self._ack_stragglers)
+        for tag in tags:
+            # Looked at again after each await: a frame sent meanwhile may have covered
+            # it, and a second ack of one tag is a channel error (the channel is lost).
+            if tag > covered and unacked.get(tag) == RECORDED:
+                del unacked[tag]
+                await self.channel.basic_ack(tag)
         return True
-
-    async def flush(self) -> None:
-        """Ack every recorded delivery now (before the channel closes, say): the
-        unbroken run from the oldest in one frame, the others one by one."""
-        if self._straggler_timer is not None:
-            self._straggler_timer.cancel()
-            self._straggler_timer = None
-        if self.lost:
-            return
-        await self._ack_recorded_run()
-        unacked = self._unacked
-        for tag in [tag for tag, state in unacked.items() if state == RECORDED]:
-            del unacked[tag]
-            await self.channel.basic_ack(tag)
 
     async def _ack_recorded_run(self) -> int:
         """Ack the unbroken run of recorded deliveries from the oldest in one
@@ -130,16 +111,3 @@ class ChannelAcks:
                 del unacked[next(iter(unacked))]
             await self.channel.basic_ack(covered, multiple=True)
         return covered
-
-    def _ack_stragglers(self) -> None:
-        self._straggler_timer = None
-        task = asyncio.get_running_loop().create_task(self._flush_quietly())
-        self._flushing.add(task)
-        task.add_done_callback(self._flushing.discard)
-
-    async def _flush_quietly(self) -> None:
-        try:
-            await self.flush()
-        except Exception as error:  # the channel went meanwhile: the broker redelivers
-            # them, and the ledger answers each copy (recorded: acked without running)
-            log.warning("acking recorded deliveries failed (%s); they will be redelivered", error)

@@ -129,11 +129,7 @@ class Session:
                 await underlay.basic_cancel(tag)
 
     async def close(self) -> None:
-        """Ack what is recorded and waits for a frame (acks.STRAGGLER_WAIT), then close
-        the connection (returning what it holds unacked to the queues)."""
-        if self.acks is not None:
-            with contextlib.suppress(Exception):  # lost meanwhile: the broker redelivers
-                await self.acks.flush()
+        """Close the connection (returning what it holds unacked to the queues)."""
         with contextlib.suppress(Exception):  # a lost connection has nothing to close
             await self.connection.close()
 

@@ -142,7 +142,10 @@ class Settling:
         frame where it can) and count their outcomes. A failed or lost ack is counted,
         not raised: the outcomes are recorded, so the redeliveries find them settled."""
         try:
-            acked = await acks.ack_many([entry.tag for entry in settled])
+            if len(settled) == 1:  # the per-delivery path's: never a multiple frame
+                acked = await acks.ack(settled[0].tag)
+            else:
+                acked = await acks.ack_many([entry.tag for entry in settled])
         except Exception:
             log.warning("acking %d deliveries failed; they will be redelivered", len(settled))
             self.outcomes.add("ack-failed", len(settled))
