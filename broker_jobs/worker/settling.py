@@ -142,7 +142,7 @@ class Settling:
         frame where it can) and count their outcomes. A failed or lost ack is counted,
         not raised: the outcomes are recorded, so the redeliveries find them settled."""
         try:
-            if len(settled) == 1:  # the per-delivery path's: never a multiple frame
+            if len(settled) == 1:  # one settlement: a frame of its own (see acks.ack)
                 acked = await acks.ack(settled[0].tag)
             else:
                 acked = await acks.ack_many([entry.tag for entry in settled])
