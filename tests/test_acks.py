@@ -10,7 +10,7 @@ import aio_pika
 import pytest
 
 from broker_jobs.worker.acks import ChannelAcks
-from tests.support import Broker
+from tests.support import Broker, wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -51,9 +51,16 @@ async def settle(broker: Broker, queue: str, step: Callable[[ChannelAcks], objec
             await outcome
 
 
-def left_in(broker: Broker, queue: str) -> list[bytes]:
+def left_in(broker: Broker, queue: str, expected: int) -> list[bytes]:
+    """The bodies back in ``queue``, read once it holds ``expected`` or more (the broker
+    requeues a closed channel's unacked deliveries on its own time)."""
     with broker.connection("test acks check") as connection:
         channel = connection.channel()
+        wait_until(
+            lambda: channel.queue_declare(queue, passive=True).method.message_count >= expected,
+            within=10,
+            what=f"{expected} deliveries back in {queue}",
+        )
         bodies = []
         while True:
             method, _properties, body = channel.basic_get(queue, auto_ack=True)
@@ -82,7 +89,7 @@ def test_a_left_delivery_is_never_covered_by_a_later_multiple_ack(
         await acks.ack_many([1, 3, 4, 5])
 
     asyncio.run(settle(broker, queue, step))
-    assert left_in(broker, queue) == [b"2"]
+    assert left_in(broker, queue, 1) == [b"2"]
 
 
 def test_deliveries_acked_out_of_order_are_all_acked_and_a_held_one_is_not(
@@ -97,7 +104,7 @@ def test_deliveries_acked_out_of_order_are_all_acked_and_a_held_one_is_not(
         await acks.ack(5)
 
     asyncio.run(settle(broker, queue, step))
-    assert left_in(broker, queue) == [b"3"]
+    assert left_in(broker, queue, 1) == [b"3"]
 
 
 def test_nothing_is_acked_on_a_lost_channel(broker: Broker, queue: str) -> None:
@@ -106,4 +113,4 @@ def test_nothing_is_acked_on_a_lost_channel(broker: Broker, queue: str) -> None:
         assert await acks.ack_many([1, 2, 3]) is False
 
     asyncio.run(settle(broker, queue, step))
-    assert left_in(broker, queue) == [b"1", b"2", b"3", b"4", b"5"]
+    assert left_in(broker, queue, 5) == [b"1", b"2", b"3", b"4", b"5"]

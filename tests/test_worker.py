@@ -757,7 +757,9 @@ def test_a_job_running_longer_than_its_lease_keeps_it_renewed(
     store = MemoryStore()
     with Publisher(broker.url, app) as publisher:
         job = publisher.publish("long.job", {"key": "long"})
-    settings = WorkerSettings(burst=True, concurrency=1, lease=1.2)
+    # A lease of 3 s: renewed every 1-1.5 s, a margin of seconds for the check below
+    # on a loaded machine.
+    settings = WorkerSettings(burst=True, concurrency=1, lease=3)
 
     leases: list[datetime] = []
 
@@ -774,7 +776,7 @@ def test_a_job_running_longer_than_its_lease_keeps_it_renewed(
             await asyncio.to_thread(wait_until, renewed_twice, within=30, what="two renewals")
             # Two renewals later the first lease has long run out: a worker taking the
             # job over now would find it held.
-            taken = store.claim(job, "another worker", lease=1.2)
+            taken = store.claim(job, "another worker", lease=3)
             assert taken.outcome is ClaimOutcome.BUSY, taken
         finally:
             release.set()
