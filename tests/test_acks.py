@@ -4,51 +4,63 @@ deliveries one ``multiple`` ack may cover, and which it must never cover."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+import random
+from collections.abc import Awaitable, Callable, Iterator
 
 import aio_pika
 import pytest
 
-from broker_jobs.worker.acks import ChannelAcks
+from broker_jobs.worker.acks import STRAGGLER_WAIT, ChannelAcks
 from tests.support import Broker, wait_until
 
 pytestmark = pytest.mark.broker
 
 
-def queue_of_five(broker: Broker, name: str) -> None:
+def queue_of(broker: Broker, name: str, count: int) -> None:
     with broker.connection("test acks setup") as connection:
         channel = connection.channel()
         channel.queue_declare(name, durable=True)
-        for number in range(1, 6):
+        for number in range(1, count + 1):
             channel.basic_publish("", name, str(number).encode())
 
 
-async def settle(broker: Broker, queue: str, step: Callable[[ChannelAcks], object]) -> None:
-    """Take the queue's five deliveries on one channel (tags 1-5), let ``step`` settle
-    some of them through a ChannelAcks, then close the channel: what it did not ack
-    goes back to the queue."""
+async def settle(
+    broker: Broker,
+    queue: str,
+    step: Callable[[ChannelAcks], object],
+    *,
+    count: int = 5,
+    flush: bool = True,
+) -> None:
+    """Take the queue's ``count`` deliveries on one channel (tags 1 to ``count``), let
+    ``step`` settle some of them through a ChannelAcks, ack what waits for a frame
+    (as the worker's session does before it closes) unless ``flush`` is false, then
+    close the channel: what it did not ack goes back to the queue."""
     connection = await aio_pika.connect(broker.url)
     async with connection:
         channel = await connection.channel()
-        await channel.set_qos(prefetch_count=5)
+        await channel.set_qos(prefetch_count=count)
         underlay = await channel.get_underlay_channel()
         acks = ChannelAcks(underlay)
         taken: list[int] = []
-        got_five = asyncio.Event()
+        got_all = asyncio.Event()
 
         async def take(message: aio_pika.abc.AbstractIncomingMessage) -> None:
             assert message.delivery_tag is not None
             acks.taken(message.delivery_tag)
             taken.append(message.delivery_tag)
-            if len(taken) == 5:
-                got_five.set()
+            if len(taken) == count:
+                got_all.set()
 
         await (await channel.get_queue(queue)).consume(take)
-        await asyncio.wait_for(got_five.wait(), 30)
-        assert taken == [1, 2, 3, 4, 5]
+        await asyncio.wait_for(got_all.wait(), 30)
+        assert taken == list(range(1, count + 1))
         outcome = step(acks)
         if asyncio.iscoroutine(outcome):
             await outcome
+        if flush:
+            await acks.flush()
+        assert not underlay.is_closed, "the channel was closed (an ack the broker refused?)"
 
 
 def left_in(broker: Broker, queue: str, expected: int) -> list[bytes]:
@@ -72,7 +84,7 @@ def left_in(broker: Broker, queue: str, expected: int) -> list[bytes]:
 @pytest.fixture
 def queue(broker: Broker, namespace: str) -> Iterator[str]:
     name = f"{namespace}.acks"
-    queue_of_five(broker, name)
+    queue_of(broker, name, 5)
     yield name
     with broker.connection("test acks cleanup") as connection:
         connection.channel().queue_delete(name)
@@ -114,3 +126,58 @@ def test_nothing_is_acked_on_a_lost_channel(broker: Broker, queue: str) -> None:
 
     asyncio.run(settle(broker, queue, step))
     assert left_in(broker, queue, 5) == [b"1", b"2", b"3", b"4", b"5"]
+
+
+def test_a_recorded_delivery_behind_one_in_hand_is_acked_after_a_short_wait(
+    broker: Broker, queue: str
+) -> None:
+    """2-5 are recorded while 1 is in hand: no ``multiple`` frame can cover them, so
+    they wait (``STRAGGLER_WAIT``) for one, then are acked one by one without a flush."""
+
+    async def step(acks: ChannelAcks) -> None:
+        await acks.ack_many([2, 3, 4, 5])
+        assert acks.waiting == 4
+        async with asyncio.timeout(10):
+            while acks.waiting:
+                await asyncio.sleep(0.01)  # polling the books, not timing them
+
+    asyncio.run(settle(broker, queue, step, flush=False))
+    assert left_in(broker, queue, 1) == [b"1"]
+
+
+def test_concurrent_single_and_multiple_settlements_never_settle_a_tag_twice(
+    broker: Broker, namespace: str
+) -> None:
+    """300 deliveries settled by concurrent tasks, in a shuffled order: single acks,
+    nacks and batches of ``ack_many``. aiormq's write queue holds ten frames, so many
+    frames wait for room at once; a ``multiple`` ack overtaking the single settlement
+    of a tag it covers would settle that tag twice, and the broker would close the
+    channel. Only the nacked deliveries go back."""
+    name = f"{namespace}.acks-concurrent"
+    count = 300
+    queue_of(broker, name, count)
+    order = random.Random(27)
+    tags = list(range(1, count + 1))
+    order.shuffle(tags)
+    nacked = sorted(tags[:30])
+    singles = tags[30:100]
+    batched = tags[100:]
+
+    async def later(settlement: Awaitable[bool]) -> bool:
+        # Spread over a few straggler waits: fresh frames arrive while others wait for
+        # room, and while the acks of stragglers go out.
+        await asyncio.sleep(order.random() * 4 * STRAGGLER_WAIT)
+        return await settlement
+
+    async def step(acks: ChannelAcks) -> None:
+        settlements = [acks.nack(tag) for tag in nacked] + [acks.ack(tag) for tag in singles]
+        settlements += [acks.ack_many(batched[at : at + 7]) for at in range(0, len(batched), 7)]
+        order.shuffle(settlements)
+        assert all(await asyncio.gather(*(later(settlement) for settlement in settlements)))
+
+    try:
+        asyncio.run(settle(broker, name, step, count=count))
+        assert left_in(broker, name, len(nacked)) == sorted(str(tag).encode() for tag in nacked)
+    finally:
+        with broker.connection("test acks cleanup") as connection:
+            connection.channel().queue_delete(name)

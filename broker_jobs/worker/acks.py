@@ -10,6 +10,7 @@ job recorded as done is acked as a duplicate without running).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiormq.abc import AbstractChannel
@@ -21,16 +22,37 @@ log = logging.getLogger(__name__)
 #: (to ack), or left (not started: the broker is to give it back; never acked here).
 IN_HAND, RECORDED, LEFT = 0, 1, 2
 
+#: How long a recorded delivery behind one still in hand waits for a later
+#: ``multiple`` frame to cover it before it is acked on its own. Handler threads
+#: finish out of order: this lets one frame ack a batch of them (measured in
+#: docs/worker.md, "Speed"), at the cost of at most this long in the prefetch.
+STRAGGLER_WAIT = 0.05
+
+
+def _settled_twice(tag: int) -> None:
+    # A second frame for one tag is a channel error: the channel and every delivery in
+    # hand on it would be lost. Said, not sent.
+    log.warning("delivery %d was settled twice; the second settlement is ignored", tag)
+
 
 class ChannelAcks:
     """The unacked deliveries of one channel, in delivery order, and what each waits
     for: a ``multiple`` ack covers only an unbroken run of recorded deliveries from
-    the oldest, never one in hand or left."""
+    the oldest, never one in hand or left.
+
+    Frames are decided and sent one at a time (``_sending``), so they reach the broker
+    in the order they were decided: aiormq's write queue holds ten frames, and a frame
+    that waited for room can be overtaken by a later one. A ``multiple`` ack that
+    overtook the single ack (or nack) of a tag it covers would settle that tag twice:
+    a channel error, the channel and all its deliveries lost."""
 
     def __init__(self, channel: AbstractChannel) -> None:
         self.channel = channel
         self._unacked: dict[int, int] = {}
         self._lost = False
+        self._sending = asyncio.Lock()
+        self._straggler_timer: asyncio.TimerHandle | None = None
+        self._flushing: set[asyncio.Task[None]] = set()
 
     @property
     def lost(self) -> bool:
@@ -42,7 +64,15 @@ class ChannelAcks:
         self._lost = True
         in_hand = len(self._unacked)
         self._unacked.clear()
+        if self._straggler_timer is not None:
+            self._straggler_timer.cancel()
+            self._straggler_timer = None
         return in_hand
+
+    @property
+    def waiting(self) -> int:
+        """How many recorded deliveries wait for a frame to ack them."""
+        return sum(1 for state in self._unacked.values() if state == RECORDED)
 
     def taken(self, tag: int) -> None:
         """A delivery arrived: in hand until its outcome is recorded."""
@@ -59,27 +89,34 @@ class ChannelAcks:
     async def ack(self, tag: int) -> bool:
         """Ack one delivery whose outcome is recorded, in a frame of its own; False if
         its channel is lost (the broker redelivers it)."""
-        self._unacked.pop(tag, None)
-        if self.lost:
-            return False
-        await self.channel.basic_ack(tag)
-        return True
+        async with self._sending:
+            if self.lost:
+                return False
+            if self._unacked.pop(tag, None) is None:
+                _settled_twice(tag)
+                return True
+            await self.channel.basic_ack(tag)
+            return True
 
     async def nack(self, tag: int) -> bool:
         """Return one delivery to its queue; False if its channel is lost (the broker
         returns it by itself)."""
-        self._unacked.pop(tag, None)
-        if self.lost:
-            return False
-        await self.channel.basic_nack(tag, requeue=True)
-        return True
+        async with self._sending:
+            if self.lost:
+                return False
+            if self._unacked.pop(tag, None) is None:
+                _settled_twice(tag)
+                return True
+            await self.channel.basic_nack(tag, requeue=True)
+            return True
 
     async def ack_many(self, tags: list[int]) -> bool:
         """Ack deliveries whose outcomes are recorded: those that, with every delivery
-        before them on the channel, are recorded go in one ``multiple`` frame (an ack
-        frame per job cost a socket write and a GIL hand-off each); the others one by
-        one. A delivery in hand or left is never covered. False if the channel is lost
-        (nothing acked; the broker redelivers them)."""
+        before them on the channel, are recorded go in one ``multiple`` frame now (an
+        ack frame per job cost a socket write and a GIL hand-off each); the others
+        wait up to :data:`STRAGGLER_WAIT` for a later frame to cover them, then are
+        acked one by one. A delivery in hand or left is never covered. False if the
+        channel is lost (nothing acked; the broker redelivers them)."""
         unacked = self._unacked
         if self.lost:
             for tag in tags:
@@ -88,18 +125,34 @@ class ChannelAcks:
         for tag in tags:
             if tag in unacked:
                 unacked[tag] = RECORDED
-        covered = await self._ack_recorded_run()
-        for tag in tags:
-            # Looked at again after each await: a frame sent meanwhile may have covered
-            # it, and a second ack of one tag is a channel error (the channel is lost).
-            if tag > covered and unacked.get(tag) == RECORDED:
+        async with self._sending:
+            if self.lost:
+                return False
+            await self._ack_recorded_run()
+        if self._straggler_timer is None and any(unacked.get(tag) == RECORDED for tag in tags):
+            loop = asyncio.get_running_loop()
+            self._straggler_timer = loop.call_later(STRAGGLER_WAIT, self._ack_stragglers)
+        return True
+
+    async def flush(self) -> None:
+        """Ack every recorded delivery now (before the channel closes, say): the
+        unbroken run from the oldest in one frame, the others one by one."""
+        if self._straggler_timer is not None:
+            self._straggler_timer.cancel()
+            self._straggler_timer = None
+        async with self._sending:
+            if self.lost:
+                return
+            await self._ack_recorded_run()
+            unacked = self._unacked
+            for tag in [tag for tag, state in unacked.items() if state == RECORDED]:
                 del unacked[tag]
                 await self.channel.basic_ack(tag)
-        return True
 
     async def _ack_recorded_run(self) -> int:
         """Ack the unbroken run of recorded deliveries from the oldest in one
-        ``multiple`` frame; the last tag it covered (0: none)."""
+        ``multiple`` frame; the last tag it covered (0: none). Called holding
+        ``_sending``."""
         unacked = self._unacked
         covered = 0
         for tag, state in unacked.items():  # in delivery order
@@ -111,3 +164,16 @@ class ChannelAcks:
                 del unacked[next(iter(unacked))]
             await self.channel.basic_ack(covered, multiple=True)
         return covered
+
+    def _ack_stragglers(self) -> None:
+        self._straggler_timer = None
+        task = asyncio.get_running_loop().create_task(self._flush_quietly())
+        self._flushing.add(task)
+        task.add_done_callback(self._flushing.discard)
+
+    async def _flush_quietly(self) -> None:
+        try:
+            await self.flush()
+        except Exception as error:  # the channel went meanwhile: the broker redelivers
+            # them, and the ledger answers each copy (recorded: acked without running)
+            log.warning("acking recorded deliveries failed (%s); they will be redelivered", error)

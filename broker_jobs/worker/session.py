@@ -129,8 +129,11 @@ class Session:
                 await underlay.basic_cancel(tag)
 
     async def close(self) -> None:
-        """Close the connection (returning what it holds unacked to the queues)."""
+        """Ack what is recorded and waits for a frame (acks.STRAGGLER_WAIT), then close
+        the connection (returning what it holds unacked to the queues)."""
         with contextlib.suppress(Exception):  # a lost connection has nothing to close
+            if self.acks is not None:
+                await self.acks.flush()
             await self.connection.close()
 
     def _on_closed(self, closing: asyncio.Future[Any]) -> None:
