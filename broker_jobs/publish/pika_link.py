@@ -21,6 +21,9 @@ import pika.channel
 import pika.frame
 import pika.spec
 from pika.adapters.select_connection import SelectConnection
+from pika.adapters.utils.io_services_utils import (  # type: ignore[attr-defined]  # internals
+    _AsyncPlaintextTransport,
+)
 
 from broker_jobs.amqp.connecting import NodeUnreachable, first_answering
 from broker_jobs.envelope import WireMessage
@@ -195,6 +198,7 @@ class PikaLink:
         self, done: Callable[[], bool], deadline: float, extend_on_progress: float = 0.0
     ) -> bool:
         settled = self._settled_count()
+        self._connection.send_buffered()
         while not done():
             if self._state.closed is not None and self._channel is not None:
                 return False
@@ -321,6 +325,20 @@ class _OneWriteConnection(SelectConnection):
         self.bytes_sent += sum(len(frame) for frame in marshaled_frames)
         self.frames_sent += len(marshaled_frames)
         self._adapter_emit_data(b"".join(marshaled_frames))  # type: ignore[attr-defined]
+
+
+    def send_buffered(self) -> None:
+        """Send what is buffered now, without a turn of the loop: pika writes only
+        when the loop sees the socket writable, so a confirmed publish cost a turn
+        to send and another to read its confirm. Plain TCP only (a TLS transport
+        may need a read first); anything the socket does not take now waits for
+        the loop's writability watcher as before, and an error is left for the
+        loop to meet (pika's own handler closes the connection). Measured, single
+        confirmed publishes, A/B in one run, 6 rounds: 1,077 -> 1,097 jobs/s, 288 ->
+        277 us of CPU each. Pika's internals, like the method above."""
+        transport = getattr(self, "_transport", None)
+        if isinstance(transport, _AsyncPlaintextTransport) and transport.get_write_buffer_size():
+            transport._on_socket_writable()  # the loop's own handler for writability
 
 
 def _nothing() -> None:
