@@ -326,7 +326,6 @@ class _OneWriteConnection(SelectConnection):
         self.frames_sent += len(marshaled_frames)
         self._adapter_emit_data(b"".join(marshaled_frames))  # type: ignore[attr-defined]
 
-
     def send_buffered(self) -> None:
         """Send what is buffered now, without a turn of the loop: pika writes only
         when the loop sees the socket writable, so a confirmed publish cost a turn
