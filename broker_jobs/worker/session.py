@@ -4,9 +4,8 @@ its deliveries, and how it ended (lost, or a consumer cancelled by the broker).
 The queues are consumed on the channel's aiormq channel directly: aio-pika's
 ``Queue.consume`` runs each delivery's callback in a task of its own, one loop
 iteration after the delivery's own task (measured: part of the latency gap to a raw
-consumer). aiormq calls the callback as it reads the delivery and runs what it
-returns in a task: the callback takes the delivery at once and returns a coroutine
-that does nothing.
+consumer). The channel's reader calls the callback as it reads the delivery
+(worker.in_place): it takes the delivery at once.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import aio_pika
@@ -27,6 +26,7 @@ from pamqp import commands
 from broker_jobs.errors import WORKER_DECLARES, TopologyMissingError
 from broker_jobs.urls import mask_text
 from broker_jobs.worker.acks import ChannelAcks
+from broker_jobs.worker.in_place import InPlaceConsumer, deliver_in_place
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ class Session:
         self.acks = ChannelAcks(underlay)
         underlay.closing.add_done_callback(self._on_closed)
         underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
+        deliver_in_place(underlay)
         self._on_delivery = on_delivery
         await self.consume(queues)
 
@@ -82,17 +83,16 @@ class Session:
         acks, on_delivery, underlay = self.acks, self._on_delivery, self.acks.channel
         for queue, task in queues.items():
 
-            def take(delivered: DeliveredMessage, task: str = task) -> Coroutine[Any, Any, None]:
+            def take(delivered: DeliveredMessage, task: str = task) -> None:
                 if delivered.delivery_tag is not None:
                     acks.taken(delivered.delivery_tag)
                 try:
                     on_delivery(delivered, task, acks)
                 except Exception:  # not into aiormq's reader: that would close the channel
                     log.exception("taking a delivery from %s failed", task)
-                return _taken()
 
             try:
-                ok = await underlay.basic_consume(queue, take)
+                ok = await underlay.basic_consume(queue, InPlaceConsumer(take))
             except aio_pika.exceptions.ChannelNotFoundEntity as error:
                 raise TopologyMissingError(
                     mask_text(str(error.args[-1])), or_else=WORKER_DECLARES
@@ -170,5 +170,3 @@ def describe_loss(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-async def _taken() -> None:
-    """What a consumer callback hands aiormq to run: the delivery is taken already."""
