@@ -11,7 +11,9 @@ job recorded as done is acked as a duplicate without running).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Awaitable, Callable
 
 from aiormq.abc import AbstractChannel
 
@@ -89,25 +91,26 @@ class ChannelAcks:
     async def ack(self, tag: int) -> bool:
         """Ack one delivery whose outcome is recorded, in a frame of its own; False if
         its channel is lost (the broker redelivers it)."""
-        async with self._sending:
-            if self.lost:
-                return False
-            if self._unacked.pop(tag, None) is None:
-                _settled_twice(tag)
-                return True
-            await self.channel.basic_ack(tag)
-            return True
+        return await self._settle_one(tag, self.channel.basic_ack)
 
     async def nack(self, tag: int) -> bool:
         """Return one delivery to its queue; False if its channel is lost (the broker
         returns it by itself)."""
+        return await self._settle_one(
+            tag, functools.partial(self.channel.basic_nack, requeue=True)
+        )
+
+    async def _settle_one(self, tag: int, send: Callable[[int], Awaitable[object]]) -> bool:
+        """Send ``send(tag)`` (an ack or a nack) for one delivery in the books, in its
+        turn; False if the channel is lost. A tag not in the books was settled before:
+        said, never sent."""
         async with self._sending:
             if self.lost:
                 return False
             if self._unacked.pop(tag, None) is None:
                 _settled_twice(tag)
                 return True
-            await self.channel.basic_nack(tag, requeue=True)
+            await send(tag)
             return True
 
     async def ack_many(self, tags: list[int]) -> bool:
