@@ -131,9 +131,13 @@ class Session:
     async def close(self) -> None:
         """Ack what is recorded and waits for a frame (acks.STRAGGLER_WAIT), then close
         the connection (returning what it holds unacked to the queues)."""
-        with contextlib.suppress(Exception):  # a lost connection has nothing to close
-            if self.acks is not None:
+        if self.acks is not None:
+            # Apart from the close: a flush that fails (the channel went meanwhile; the
+            # broker redelivers those deliveries) must not leave the connection open,
+            # holding the rest of its deliveries.
+            with contextlib.suppress(Exception):
                 await self.acks.flush()
+        with contextlib.suppress(Exception):  # a lost connection has nothing to close
             await self.connection.close()
 
     def _on_closed(self, closing: asyncio.Future[Any]) -> None:
