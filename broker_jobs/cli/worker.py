@@ -23,6 +23,7 @@ from broker_jobs.store.base import DEFAULT_RETENTION, Store
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
 from broker_jobs.worker import Worker, WorkerSettings
+from broker_jobs.worker.loop_wake import WatchedLoop
 from broker_jobs.worker.success_summary import SUCCESS_LINES
 from broker_jobs.worker.supervisor import Supervisor, parse_processes
 
@@ -223,8 +224,10 @@ def run_worker(run: WorkerRun) -> None:
     configure_logging(run.log_level, run.log_format)
     try:
         app = load_app(run.app_path)
-        with open_store(run.store_url) as store:
-            outcomes = asyncio.run(_run(run.url, app, store, run.settings, run.metrics_port))
+        # A WatchedLoop: handler threads report to it without a self-pipe write
+        # while it is busy (broker_jobs/worker/loop_wake.py).
+        with open_store(run.store_url) as store, asyncio.Runner(loop_factory=WatchedLoop) as loop:
+            outcomes = loop.run(_run(run.url, app, store, run.settings, run.metrics_port))
     except HandlerStuckError as error:
         # At once: a stuck handler thread would hold up the interpreter's exit, and
         # its job's next attempt is due a few seconds from now.

@@ -34,7 +34,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from contextlib import suppress
 from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
@@ -54,6 +53,7 @@ from broker_jobs.worker.delivery import Delivery, decode_for_queue, delivered_wi
 from broker_jobs.worker.delivery_limit import at_delivery_limit
 from broker_jobs.worker.execution import RunLimit, run_async_handler
 from broker_jobs.worker.ledger_gate import LedgerGaveUp
+from broker_jobs.worker.loop_wake import LoopWake
 from broker_jobs.worker.observer import Run
 from broker_jobs.worker.overrun import LimitWatch, RunGuard
 from broker_jobs.worker.protocol import Runner
@@ -113,7 +113,7 @@ class FastPath:
 
     def __init__(self, runner: Runner) -> None:
         self._runner = runner
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: LoopWake | None = None
         #: Decoded deliveries waiting for this loop iteration's claim.
         self._arrived: list[_Item] = []
         #: Acks of duplicates and give-backs after a failed claim.
@@ -143,7 +143,7 @@ class FastPath:
         return self._in_hand > 0
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        self._wake = LoopWake(asyncio.get_running_loop())
         self._tasks = [
             asyncio.create_task(self._record(), name="broker-jobs recorder"),
             asyncio.create_task(self._renew_leases(), name="broker-jobs lease renewals"),
@@ -156,6 +156,8 @@ class FastPath:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._wake is not None:
+            self._wake.close()
 
     def deliver(self, delivered: DeliveredMessage, task: str, acks: ChannelAcks) -> None:
         """Take a delivery (the consumer's callback): decoded now, claimed with the
@@ -388,9 +390,8 @@ class FastPath:
             self._call_soon(self._take_reports)
 
     def _call_soon(self, callback: Callable[..., object], *args: object) -> None:
-        assert self._loop is not None  # set by start()
-        with suppress(RuntimeError):  # the loop is closed: the worker is gone
-            self._loop.call_soon_threadsafe(callback, *args)
+        assert self._wake is not None  # set by start()
+        self._wake.call_soon(callback, *args)
 
     def _take_reports(self) -> None:
         self._reports_called = False  # before taking: a report made now calls again
