@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("broker_jobs", "topology", "scheduler", "bench")
 
 #: The top-level modules of broker_jobs that are its core (one concept each: the
-#: task registry, the job envelope, errors, retries, due times, URLs), and the old
-#: paths of moved modules (they only alias the new ones).
+#: task registry, the job envelope, errors, retries, due times, URLs, the watched event
+#: loop), and the old paths of moved modules (they only alias the new ones).
 CORE = frozenset(
     {
         "app",
@@ -39,6 +39,7 @@ CORE = frozenset(
         "dead_letter",
         "version",
         "closing",
+        "watched_loop",
     }
 )
 

@@ -22,8 +22,8 @@ from broker_jobs.observe.worker_metrics import WorkerMetrics
 from broker_jobs.store.base import DEFAULT_RETENTION, Store
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
+from broker_jobs.watched_loop import WatchedLoop
 from broker_jobs.worker import Worker, WorkerSettings
-from broker_jobs.worker.loop_wake import WatchedLoop
 from broker_jobs.worker.success_summary import SUCCESS_LINES
 from broker_jobs.worker.supervisor import Supervisor, parse_processes
 
@@ -225,7 +225,7 @@ def run_worker(run: WorkerRun) -> None:
     try:
         app = load_app(run.app_path)
         # A WatchedLoop: handler threads report to it without a self-pipe write
-        # while it is busy (broker_jobs/worker/loop_wake.py).
+        # while it is busy (broker_jobs/watched_loop.py).
         with open_store(run.store_url) as store, asyncio.Runner(loop_factory=WatchedLoop) as loop:
             outcomes = loop.run(_run(run.url, app, store, run.settings, run.metrics_port))
     except HandlerStuckError as error:

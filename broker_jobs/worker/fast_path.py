@@ -46,6 +46,7 @@ from broker_jobs.clock import utc_now
 from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import Job
 from broker_jobs.store.base import Claim, ClaimOutcome, Output, StoreError
+from broker_jobs.watched_loop import call_soon_from_thread
 from broker_jobs.worker.acks import ChannelAcks
 from broker_jobs.worker.calling import bound_handler
 from broker_jobs.worker.claims import BUSY, RUN, claim_verdict
@@ -53,7 +54,6 @@ from broker_jobs.worker.delivery import Delivery, decode_for_queue, delivered_wi
 from broker_jobs.worker.delivery_limit import at_delivery_limit
 from broker_jobs.worker.execution import RunLimit, run_async_handler
 from broker_jobs.worker.ledger_gate import LedgerGaveUp
-from broker_jobs.worker.loop_wake import LoopWake
 from broker_jobs.worker.observer import Run
 from broker_jobs.worker.overrun import LimitWatch, RunGuard
 from broker_jobs.worker.protocol import Runner
@@ -113,7 +113,7 @@ class FastPath:
 
     def __init__(self, runner: Runner) -> None:
         self._runner = runner
-        self._wake: LoopWake | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: Decoded deliveries waiting for this loop iteration's claim.
         self._arrived: list[_Item] = []
         #: Acks of duplicates and give-backs after a failed claim.
@@ -143,7 +143,7 @@ class FastPath:
         return self._in_hand > 0
 
     def start(self) -> None:
-        self._wake = LoopWake(asyncio.get_running_loop())
+        self._loop = asyncio.get_running_loop()
         self._tasks = [
             asyncio.create_task(self._record(), name="broker-jobs recorder"),
             asyncio.create_task(self._renew_leases(), name="broker-jobs lease renewals"),
@@ -156,8 +156,6 @@ class FastPath:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._wake is not None:
-            self._wake.close()
 
     def deliver(self, delivered: DeliveredMessage, task: str, acks: ChannelAcks) -> None:
         """Take a delivery (the consumer's callback): decoded now, claimed with the
@@ -390,8 +388,8 @@ class FastPath:
             self._call_soon(self._take_reports)
 
     def _call_soon(self, callback: Callable[..., object], *args: object) -> None:
-        assert self._wake is not None  # set by start()
-        self._wake.call_soon(callback, *args)
+        assert self._loop is not None  # set by start()
+        call_soon_from_thread(self._loop, callback, *args)
 
     def _take_reports(self) -> None:
         self._reports_called = False  # before taking: a report made now calls again

@@ -1,4 +1,4 @@
-"""LoopWake: callbacks from other threads, a self-pipe write only while the loop sleeps."""
+"""call_soon_from_thread: a self-pipe write only while the loop sleeps."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker_jobs.worker.loop_wake import LoopWake, WatchedLoop
+from broker_jobs.watched_loop import WatchedLoop, call_soon_from_thread
 
 
 @pytest.fixture
@@ -35,10 +35,9 @@ def _count_self_pipe_writes(loop: asyncio.AbstractEventLoop) -> list[int]:
 def test_a_callback_from_a_thread_wakes_a_sleeping_loop(watched: asyncio.Runner) -> None:
     async def main() -> str:
         loop = asyncio.get_running_loop()
-        wake = LoopWake(loop)
         ran: asyncio.Future[str] = loop.create_future()
         # No timer and no I/O: the loop sleeps in select until the thread wakes it.
-        threading.Thread(target=wake.call_soon, args=(ran.set_result, "ran")).start()
+        threading.Thread(target=call_soon_from_thread, args=(loop, ran.set_result, "ran")).start()
         return await asyncio.wait_for(ran, 10)
 
     assert watched.run(main()) == "ran"
@@ -47,14 +46,13 @@ def test_a_callback_from_a_thread_wakes_a_sleeping_loop(watched: asyncio.Runner)
 def test_a_busy_loop_takes_callbacks_without_a_self_pipe_write(watched: asyncio.Runner) -> None:
     async def main() -> tuple[list[int], int]:
         loop = asyncio.get_running_loop()
-        wake = LoopWake(loop)
         writes = _count_self_pipe_writes(loop)
         ran: list[int] = []
         queued = threading.Event()
 
         def queue_from_a_thread() -> None:
             for index in range(100):
-                wake.call_soon(ran.append, index)
+                call_soon_from_thread(loop, ran.append, index)
             queued.set()
 
         thread = threading.Thread(target=queue_from_a_thread)
@@ -78,7 +76,6 @@ def test_no_callback_is_left_behind_a_sleeping_select(watched: asyncio.Runner) -
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
-        wake = LoopWake(loop)
         done = asyncio.Event()
         count = 0
 
@@ -93,7 +90,7 @@ def test_no_callback_is_left_behind_a_sleeping_select(watched: asyncio.Runner) -
         def queue(seed: int) -> None:
             pauses = random.Random(seed)
             for _ in range(per_thread):
-                wake.call_soon(one)
+                call_soon_from_thread(loop, one)
                 if pauses.random() < 0.05:
                     time.sleep(pauses.random() / 1000)  # the loop falls asleep
 
@@ -115,7 +112,6 @@ def test_a_failing_callback_is_reported_and_the_next_still_runs(
         loop = asyncio.get_running_loop()
         errors: list[BaseException] = []
         loop.set_exception_handler(lambda _loop, context: errors.append(context["exception"]))
-        wake = LoopWake(loop)
         ran: list[str] = []
         done = asyncio.Event()
 
@@ -123,9 +119,9 @@ def test_a_failing_callback_is_reported_and_the_next_still_runs(
             raise ValueError("a bug")
 
         def queue() -> None:
-            wake.call_soon(fail)
-            wake.call_soon(ran.append, "next")
-            wake.call_soon(done.set)
+            call_soon_from_thread(loop, fail)
+            call_soon_from_thread(loop, ran.append, "next")
+            call_soon_from_thread(loop, done.set)
 
         threading.Thread(target=queue).start()
         await asyncio.wait_for(done.wait(), 10)
@@ -141,7 +137,7 @@ def test_any_other_loop_gets_call_soon_threadsafe() -> None:
         loop = asyncio.get_running_loop()
         writes = _count_self_pipe_writes(loop)
         ran: asyncio.Future[str] = loop.create_future()
-        threading.Thread(target=LoopWake(loop).call_soon, args=(ran.set_result, "ran")).start()
+        threading.Thread(target=call_soon_from_thread, args=(loop, ran.set_result, "ran")).start()
         return await asyncio.wait_for(ran, 10), writes
 
     result, writes = asyncio.run(main())
@@ -152,6 +148,5 @@ def test_any_other_loop_gets_call_soon_threadsafe() -> None:
 def test_a_callback_after_the_loop_closed_is_dropped() -> None:
     for factory in (WatchedLoop, asyncio.new_event_loop):
         loop = factory()
-        wake = LoopWake(loop)
         loop.close()
-        wake.call_soon(print, "never")  # no error: the worker is gone
+        call_soon_from_thread(loop, print, "never")  # no error: the worker is gone
