@@ -16,6 +16,7 @@ worker embedded in an application's own loop) it is ``call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import selectors
 from collections import deque
 from collections.abc import Callable
@@ -66,15 +67,18 @@ class WatchedLoop(asyncio.SelectorEventLoop):
 
     def __init__(self) -> None:
         self._watched = _WatchedSelector(self._schedule_from_threads)
-        self._from_threads: deque[tuple[Callable[..., object], tuple[Any, ...]]] = deque()
+        self._from_threads: deque[
+            tuple[contextvars.Context, Callable[..., object], tuple[Any, ...]]
+        ] = deque()
         super().__init__(self._watched)
 
     def call_soon_from_thread(self, callback: Callable[..., object], *args: Any) -> None:
-        """``call_soon_threadsafe``, writing to the self-pipe only if the loop sleeps;
-        RuntimeError once the loop is closed."""
+        """``call_soon_threadsafe``, writing to the self-pipe only if the loop sleeps:
+        the callback runs in a copy of the caller's context, as there; RuntimeError once
+        the loop is closed."""
         if self.is_closed():
             raise RuntimeError("Event loop is closed")
-        self._from_threads.append((callback, args))
+        self._from_threads.append((contextvars.copy_context(), callback, args))
         if self._watched.waiting:
             self.call_soon_threadsafe(self._run_from_threads)
 
@@ -87,9 +91,9 @@ class WatchedLoop(asyncio.SelectorEventLoop):
     def _run_from_threads(self) -> None:
         calls = self._from_threads
         while calls:
-            callback, args = calls.popleft()
+            context, callback, args = calls.popleft()
             try:
-                callback(*args)
+                context.run(callback, *args)
             except Exception as error:  # as the loop treats a failing callback of its own
                 self.call_exception_handler(
                     {"message": f"callback {callback!r} failed", "exception": error}

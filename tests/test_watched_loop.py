@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 import threading
 import time
@@ -130,6 +131,34 @@ def test_a_failing_callback_is_reported_and_the_next_still_runs(
     ran, errors = watched.run(main())
     assert ran == ["next"]
     assert [str(error) for error in errors] == ["a bug"]
+
+
+def test_a_callback_runs_in_its_callers_context(watched: asyncio.Runner) -> None:
+    """As with call_soon_threadsafe: a context variable the calling thread set is
+    what the callback sees, on a busy loop and on a sleeping one alike."""
+    job = contextvars.ContextVar("job", default="none")
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        seen: list[str] = []
+        done = asyncio.Event()
+
+        def from_thread(name: str, last: bool) -> None:
+            job.set(name)
+            call_soon_from_thread(loop, lambda: seen.append(job.get()))
+            if last:
+                call_soon_from_thread(loop, done.set)
+
+        busy = threading.Thread(target=from_thread, args=("busy", False))
+        busy.start()
+        busy.join()  # the loop was not in select: queued without a wake-up
+        await asyncio.sleep(0)
+        threading.Thread(target=from_thread, args=("asleep", True)).start()
+        await asyncio.wait_for(done.wait(), 10)
+        return seen
+
+    assert watched.run(main()) == ["busy", "asleep"]
+    assert job.get() == "none"
 
 
 def test_any_other_loop_gets_call_soon_threadsafe() -> None:
