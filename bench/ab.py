@@ -34,6 +34,7 @@ import json
 import os
 import resource
 import secrets
+import shlex
 import signal
 import statistics
 import subprocess
@@ -114,6 +115,9 @@ class Options:
     seconds: float
     store: str
     queue_type: str
+    #: Worker options for this checkout's side only (``--this-args "--prefetch 160"``):
+    #: a setting measured against the same code with ``--base HEAD``.
+    this_args: str = ""
 
 
 @dataclass(frozen=True)
@@ -143,8 +147,8 @@ class Side:
     """One side's worker on a fresh namespace: its app module written to a directory
     of its own, the handlers' starts and waits read back when the worker has exited."""
 
-    def __init__(self, options: Options, url: str, tree: Path) -> None:
-        self.options, self.url, self.tree = options, url, tree
+    def __init__(self, options: Options, url: str, tree: Path, args: Sequence[str] = ()) -> None:
+        self.options, self.url, self.tree, self.args = options, url, tree, tuple(args)
         namespace = f"benchab{secrets.token_hex(4)}"
         self.app = App(namespace=namespace)
         self.app.declare(TASK, Noop, queue=QueueOptions(queue_type=QueueType(options.queue_type)))
@@ -162,7 +166,7 @@ class Side:
         store_url = "memory://" if store == "memory" else f"sqlite:///{self.workdir / 'ledger.db'}"
         return [
             sys.executable, "-m", "broker_jobs", "worker", "--url", self.url,
-            "--store", store_url, "--concurrency", "8", *extra, "ab_app:app",
+            "--store", store_url, "--concurrency", "8", *self.args, *extra, "ab_app:app",
         ]  # fmt: skip
 
     @property
@@ -244,8 +248,10 @@ def steady(side: Side) -> float:
     return statistics.median(side.recorded(worker.returncode, stderr)["waits"]) * 1000
 
 
-def measure(options: Options, url: str, node: RabbitNode | None, tree: Path) -> Figures:
-    side = Side(options, url, tree)
+def measure(
+    options: Options, url: str, node: RabbitNode | None, tree: Path, args: Sequence[str] = ()
+) -> Figures:
+    side = Side(options, url, tree, args)
     try:
         jobs_per_s, worker_us, broker_us = drain(side, node)
         latency = steady(side)
@@ -273,14 +279,16 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
         queue_type=options.queue_type,
         steady=f"{options.rate:g} jobs/s for {options.seconds:g} s, one confirmed publish each",
         worker="broker-jobs worker --concurrency 8 (default log level and prefetch)",
+        this_args=options.this_args or "none",
     )
     print_config("The worker, this checkout against --base, side by side", config, 12)
     with tempfile.TemporaryDirectory(prefix="bench-ab-base-") as base_dir:
         trees = {THIS: REPO, BASE: export(options.base, Path(base_dir))}
+        args = {THIS: shlex.split(options.this_args), BASE: []}
         rounds: list[dict[str, Figures]] = []
         for number in range(options.rounds):
             order = (THIS, BASE) if number % 2 == 0 else (BASE, THIS)
-            found = {side: measure(options, url, node, trees[side]) for side in order}
+            found = {side: measure(options, url, node, trees[side], args[side]) for side in order}
             rounds.append(found)
             print(f"round {number + 1}: " + "; ".join(_line(side, found[side]) for side in order))
     return summary(config, rounds)
@@ -327,6 +335,12 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--store", default="memory", choices=("memory", "sqlite"))
     parser.add_argument(
         "--queue-type", default="classic", choices=[kind.value for kind in QueueType]
+    )
+    parser.add_argument(
+        "--this-args",
+        default="",
+        help='worker options for this checkout\'s side only, e.g. "--prefetch 160" with'
+        " --base HEAD: a setting side by side with the default",
     )
     return from_args(Options, parser.parse_args(argv))
 
