@@ -29,7 +29,6 @@ The last line of the output is one JSON object with every figure.
 from __future__ import annotations
 
 import asyncio
-import logging
 import statistics
 import sys
 import tempfile
@@ -45,11 +44,10 @@ from bench.common import (
     add_number,
     bench_parser,
     describe_broker,
-    measure_on_broker,
+    measure_workers_on_broker,
     print_config,
 )
 from bench.figures import round_order, spread
-from bench.throughput.__main__ import QuietNoTimeLimit
 from bench.throughput.handlers import (
     TASK,
     Settled,
@@ -333,9 +331,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    logging.getLogger("broker_jobs.worker.daemon").addFilter(QuietNoTimeLimit())
-    measure_on_broker(options.url, lambda url, node: bench(options, url, node))
-    return 0
+    return measure_workers_on_broker(options.url, lambda url, node: bench(options, url, node))
 
 
 if __name__ == "__main__":

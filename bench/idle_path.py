@@ -18,7 +18,6 @@ The last line of the output is one JSON object with every figure.
 from __future__ import annotations
 
 import contextlib
-import logging
 import multiprocessing
 import secrets
 import statistics
@@ -37,10 +36,9 @@ from bench.common import (
     bench_parser,
     describe_broker,
     from_args,
-    measure_on_broker,
+    measure_workers_on_broker,
     print_config,
 )
-from bench.throughput.__main__ import QuietNoTimeLimit
 from broker_jobs import App, Publisher, QueueOptions
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.testing.rabbit_node import RabbitNode
@@ -251,9 +249,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    logging.getLogger("broker_jobs.worker.daemon").addFilter(QuietNoTimeLimit())
-    measure_on_broker(options.url, lambda url, node: bench(options, url, node))
-    return 0
+    return measure_workers_on_broker(options.url, lambda url, node: bench(options, url, node))
 
 
 if __name__ == "__main__":

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import functools
-import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from bench.common import Admin, measure_on_broker, print_config
+from bench.common import Admin, measure_workers_on_broker, print_config
 from bench.throughput.options import Options, parse_args
 from bench.throughput.report import (
     describe_config,
@@ -35,19 +34,9 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
     return summary(config, results)
 
 
-class QuietNoTimeLimit(logging.Filter):
-    """The no-op tasks have no time limit on purpose: drop the worker's warning."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "has no time limit" not in str(record.msg)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    # On the logger that logs it: a logger's filters skip records its children pass up.
-    logging.getLogger("broker_jobs.worker.daemon").addFilter(QuietNoTimeLimit())
-    measure_on_broker(options.url, functools.partial(bench, options))
-    return 0
+    return measure_workers_on_broker(options.url, functools.partial(bench, options))
 
 
 if __name__ == "__main__":
