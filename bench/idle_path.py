@@ -79,8 +79,9 @@ class Stamps:
     def __init__(self) -> None:
         self.at: dict[int, dict[str, float]] = {}
 
-    def mark(self, step: str, n: int) -> None:
-        self.at.setdefault(n, {}).setdefault(step, time.monotonic())
+    def mark(self, step: str, n: int, at: float | None = None) -> None:
+        """Job ``n`` reached ``step`` now (or ``at``); the first time counts."""
+        self.at.setdefault(n, {}).setdefault(step, time.monotonic() if at is None else at)
 
     def medians(self, skip: int) -> dict[str, float]:
         rows = [row for n, row in self.at.items() if n >= skip and "started" in row]
@@ -115,7 +116,8 @@ def stamped_fast_path(stamps: Stamps) -> Iterator[None]:
     originals = {name: getattr(path, name) for name in ("deliver", "_fast", "_start", "_run")}
 
     def deliver(self: Any, delivered: Any, task: str, acks: Any) -> None:
-        stamps.mark("deliver", Idle.model_validate_json(delivered.body).n)
+        at = time.monotonic()  # before the body is parsed for the job's number
+        stamps.mark("deliver", Idle.model_validate_json(delivered.body).n, at)
         originals["deliver"](self, delivered, task, acks)
 
     def fast(self: Any, delivered: Any, task: str, acks: Any) -> Any:
@@ -180,17 +182,20 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
     print_config("Where an idle worker's publish-to-start time goes", config, 10)
     worker = Worker(url, app, StampedStore(stamps), WorkerSettings(concurrency=8))
     loop = WatchedLoop()
-    serving = threading.Thread(target=loop.run_until_complete, args=(worker.run(),))
+    # A daemon thread: a worker that does not stop cannot hold the process at its exit.
+    serving = threading.Thread(target=loop.run_until_complete, args=(worker.run(),), daemon=True)
     try:
         with stamped_fast_path(stamps):
             serving.start()
-            _wait_consuming(url, app)
-            _publish_from_another_process(url, app.namespace, options, stamps)
-            deadline = time.monotonic() + 30
-            while len(_started(stamps)) < options.jobs and time.monotonic() < deadline:
-                time.sleep(0.05)
-            loop.call_soon_threadsafe(worker.stop)
-            serving.join(60)
+            try:
+                _wait_consuming(url, app)
+                _publish_from_another_process(url, app.namespace, options, stamps)
+                deadline = time.monotonic() + 30
+                while len(_started(stamps)) < options.jobs and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            finally:  # also when the publisher or the wait failed
+                loop.call_soon_threadsafe(worker.stop)
+                serving.join(60)
     finally:
         if not serving.is_alive():
             loop.close()

@@ -129,8 +129,8 @@ class Session:
                 await underlay.basic_cancel(tag)
 
     async def close(self) -> None:
-        """Ack what is recorded and waits for a frame (acks.STRAGGLER_WAIT), then close
-        the connection (returning what it holds unacked to the queues)."""
+        """Ack what is recorded and waiting for a frame (acks.STRAGGLER_WAIT), then
+        close the connection (returning what it holds unacked to the queues)."""
         if self.acks is not None:
             # Apart from the close: a flush that fails (the channel went meanwhile; the
             # broker redelivers those deliveries) must not leave the connection open,
@@ -172,5 +172,3 @@ def describe_loss(error: BaseException) -> str:
             return f"{type(error).__name__} {code} {mask_text(str(text))}"
     text = mask_text(str(error)).strip()
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
