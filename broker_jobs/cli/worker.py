@@ -72,7 +72,10 @@ class WorkerRun:
 )
 @click.option("--concurrency", default=4, show_default=True, help="Jobs run at once.")
 @click.option(
-    "--prefetch", type=int, help="Unacked deliveries held (default 2 x concurrency + 64)."
+    "--prefetch",
+    type=int,
+    help="Unacked deliveries held per queue (default 2 x concurrency + 64, twice that"
+    " while jobs run short: docs/worker.md, Prefetch); a value given is kept as given.",
 )
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty (tests, batch jobs).")
 @click.option("--grace", default=30.0, show_default=True, help="Seconds to finish jobs on SIGTERM.")

@@ -3,6 +3,7 @@
     daemon      Worker: sessions over a kept-up link, shutdown, burst mode, pruning
     link        the connection to the broker: failover, backoff, outage logging
     session     one connection's consuming: channel, consumers, how it ended
+    prefetch_boost  each queue consumed twice while jobs run short
     in_place    deliveries taken as aiormq reads them (no task per delivery)
     protocol    the execution protocol, one delivery at a time (Runner)
     fast_path   the same protocol for the common delivery, in batches (FastPath)

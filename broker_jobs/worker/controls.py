@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 from broker_jobs.clock import utc_now
@@ -31,7 +31,7 @@ from broker_jobs.observe.failure_streak import FailureStreak
 from broker_jobs.store.base import Store
 from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.worker.protocol import Runner
-from broker_jobs.worker.session import Session
+from broker_jobs.worker.session import Session, change_quietly
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +83,8 @@ class ControlWatch:
         if session is None:
             return
         now = self.consumed()
-        await _quietly(session.stop_consuming(q for q in consumed if q not in now))
-        await _quietly(session.consume({q: t for q, t in now.items() if q not in consumed}))
+        await change_quietly(session.stop_consuming(q for q in consumed if q not in now))
+        await change_quietly(session.consume({q: t for q, t in now.items() if q not in consumed}))
 
     async def read(self) -> None:
         """Read the pauses and stop requests now and act on what changed."""
@@ -113,7 +113,7 @@ class ControlWatch:
         queues = [q for q, t in self._queues.items() if t == task]
         session = self.session
         if session is not None:  # first no new deliveries, then none in hand starts
-            await _quietly(session.stop_consuming(queues))
+            await change_quietly(session.stop_consuming(queues))
         self._runner.paused = self._runner.paused | {task}
         log.warning(
             "worker %s: task %s is paused (by %s since %s): its jobs do not start here"
@@ -127,7 +127,8 @@ class ControlWatch:
         self._runner.paused = self._runner.paused - {task}
         session = self.session
         if session is not None:
-            await _quietly(session.consume({q: t for q, t in self._queues.items() if t == task}))
+            queues = {q: t for q, t in self._queues.items() if t == task}
+            await change_quietly(session.consume(queues))
         log.warning("worker %s: task %s is resumed: consuming it again", self._worker_id, task)
 
     async def _heed(self, stop: StopRequest) -> None:
@@ -166,12 +167,3 @@ class ControlWatch:
             return None
         self._streak.worked("worker %s: the paused tasks are read again", self._worker_id)
         return found
-
-
-async def _quietly(step: Awaitable[None]) -> None:
-    """A consumer change on a session that may be going: its loss ends the session,
-    and the next one consumes what is not paused then."""
-    try:
-        await step
-    except Exception as error:  # the session's own watcher reports the loss
-        log.debug("changing consumers failed (the session is going?): %s", error)

@@ -49,6 +49,7 @@ from broker_jobs.worker.execution import Executor
 from broker_jobs.worker.fast_path import FastPath
 from broker_jobs.worker.link import BrokerLink, ExpectedDisconnects
 from broker_jobs.worker.observer import JobObserver
+from broker_jobs.worker.prefetch_boost import PrefetchBoost
 from broker_jobs.worker.protocol import Runner
 from broker_jobs.worker.session import Cancelled, Lost, Session, SessionEnded, describe_loss
 from broker_jobs.worker.settings import ProtocolSettings, WorkerSettings
@@ -230,6 +231,8 @@ class Worker:
             every=settings.heartbeat_every,
             on_stop=lambda _: self.stop(),
         )
+        if settings.prefetch is None:  # the default prefetch follows the pace
+            chores.append(asyncio.create_task(self._boost(runner, fast_path, controls).run()))
         await controls.read()  # a new worker starts paused, or stops
         following = asyncio.create_task(controls.run())
         heartbeat = self._heartbeat(runner, fast_path)
@@ -289,6 +292,17 @@ class Worker:
                 self._tasks,
                 each_success=settings.success_lines == "each",
             ),
+        )
+
+    def _boost(self, runner: Runner, fast_path: FastPath, controls: ControlWatch) -> PrefetchBoost:
+        """Each queue consumed twice while jobs run short (worker.prefetch_boost)."""
+        counts = runner.outcomes.counts
+        return PrefetchBoost(
+            self._settings.prefetch_count,
+            session=lambda: controls.session,
+            completed=lambda: sum(counts.values()),
+            working=fast_path.wait_working,
+            is_working=lambda: fast_path.busy,
         )
 
     def _heartbeat(self, runner: Runner, fast_path: FastPath) -> Heartbeat:

@@ -130,6 +130,7 @@ class FastPath:
         self._in_hand = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._working = asyncio.Event()  # the opposite of _idle
         self._tasks: list[asyncio.Task[None]] = []
         #: Claimed jobs not settled yet (running, or waiting for a handler thread).
         self._claimed_jobs: set[_Item] = set()
@@ -172,9 +173,14 @@ class FastPath:
         self._idle.clear()
         self._arrived.append(item)
         if self._in_hand == 1:  # nothing else in hand: no batch to wait for, claim now
+            self._working.set()
             self._claim_arrived()
         elif len(self._arrived) == 1:  # busy: this loop turn's arrivals in one claim
             asyncio.get_running_loop().call_soon(self._claim_arrived)
+
+    async def wait_working(self) -> None:
+        """Wait until a delivery is in hand."""
+        await self._working.wait()
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until every claimed job settled; False after ``timeout`` seconds."""
@@ -547,6 +553,7 @@ class FastPath:
         self._in_hand -= 1
         if self._in_hand == 0:
             self._idle.set()
+            self._working.clear()
 
 
 async def _not_started() -> str | None:

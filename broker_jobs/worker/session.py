@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, NamedTuple
 
 import aio_pika
 import aio_pika.abc
@@ -50,6 +50,13 @@ class Cancelled(SessionEnded):
         super().__init__(f"the broker cancelled the consumer of {queue}")
 
 
+class _Consumer(NamedTuple):
+    queue: str
+    task: str
+    #: A second consumer of its queue, for a deeper buffer (worker.prefetch_boost).
+    boost: bool
+
+
 class Session:
     """Consumes the task queues on one connection until it ends."""
 
@@ -57,7 +64,13 @@ class Session:
         self.connection = connection
         self.channel: aio_pika.abc.AbstractChannel | None = None
         self.acks: ChannelAcks | None = None
-        self._consumers: dict[str, str] = {}  # consumer tag -> queue
+        self._consumers: dict[str, _Consumer] = {}  # by consumer tag
+        #: Consumers change one step at a time (a pause, a resume, a boost, the stop):
+        #: a boost must not consume a queue a pause is cancelling.
+        self._changing = asyncio.Lock()
+        #: Each queue is consumed twice (see :meth:`boost`).
+        self.boosted = False
+        self._cancelled = False
         self._on_delivery: OnDelivery | None = None
         self._ended: asyncio.Future[SessionEnded] = asyncio.get_running_loop().create_future()
 
@@ -77,7 +90,50 @@ class Session:
 
     async def consume(self, queues: dict[str, str]) -> None:
         """Consume ``queues`` (queue name -> task) on the open channel: at the start,
-        and when a paused task is resumed."""
+        and when a paused task is resumed (twice each while boosted)."""
+        async with self._changing:
+            if self._cancelled:
+                return
+            await self._consume(queues, boost=False)
+            if self.boosted:
+                await self._consume(queues, boost=True)
+
+    async def stop_consuming(self, queues: Iterable[str]) -> None:
+        """Cancel the consumers of ``queues`` (a paused task's): no more deliveries
+        from them once the broker confirmed (those in hand stay in hand)."""
+        names = set(queues)
+        async with self._changing:
+            await self._cancel([tag for tag, c in self._consumers.items() if c.queue in names])
+
+    def queues_consumed(self) -> int:
+        """How many queues are consumed (once or twice each)."""
+        return len({c.queue for c in self._consumers.values()})
+
+    async def boost(self) -> None:
+        """Consume each queue consumed now a second time, with the channel's prefetch:
+        twice the deliveries in hand (worker.prefetch_boost)."""
+        async with self._changing:
+            if self.boosted or self._cancelled:
+                return
+            self.boosted = True
+            await self._consume({c.queue: c.task for c in self._consumers.values()}, boost=True)
+
+    async def unboost(self) -> None:
+        """Cancel the second consumers; what they delivered stays in hand and runs."""
+        async with self._changing:
+            if not self.boosted:
+                return
+            self.boosted = False
+            await self._cancel([tag for tag, c in self._consumers.items() if c.boost])
+
+    async def cancel_consumers(self) -> None:
+        """No new deliveries (a graceful stop); a lost channel has none anyway."""
+        async with self._changing:
+            self._cancelled = True
+            with contextlib.suppress(*aio_pika.exceptions.CONNECTION_EXCEPTIONS):
+                await self._cancel(list(self._consumers))
+
+    async def _consume(self, queues: dict[str, str], *, boost: bool) -> None:
         assert self.acks is not None  # opened
         assert self._on_delivery is not None
         acks, on_delivery, underlay = self.acks, self._on_delivery, self.acks.channel
@@ -98,18 +154,14 @@ class Session:
                     mask_text(str(error.args[-1])), or_else=WORKER_DECLARES
                 ) from None
             assert ok.consumer_tag is not None  # the broker always names the consumer
-            self._consumers[ok.consumer_tag] = queue
+            self._consumers[ok.consumer_tag] = _Consumer(queue, task, boost)
 
-    async def stop_consuming(self, queues: Iterable[str]) -> None:
-        """Cancel the consumers of ``queues`` (a paused task's): no more deliveries
-        from them once the broker confirmed (those in hand stay in hand)."""
+    async def _cancel(self, tags: list[str]) -> None:
         underlay = self.acks.channel if self.acks is not None else None
-        names = set(queues)
-        for tag, queue in list(self._consumers.items()):
-            if queue in names:
-                del self._consumers[tag]  # before the cancel: not the broker's cancel
-                if underlay is not None and not underlay.is_closed:
-                    await underlay.basic_cancel(tag)
+        for tag in tags:
+            del self._consumers[tag]  # before the cancel: not the broker's cancel
+            if underlay is not None and not underlay.is_closed:
+                await underlay.basic_cancel(tag)
 
     async def ended(self) -> SessionEnded:
         """Wait until the session ends: :class:`Lost` or :class:`Cancelled`."""
@@ -118,15 +170,6 @@ class Session:
     def end(self, why: SessionEnded) -> None:
         if not self._ended.done():
             self._ended.set_result(why)
-
-    async def cancel_consumers(self) -> None:
-        """No new deliveries (a graceful stop); a lost channel has none anyway."""
-        underlay = self.acks.channel if self.acks is not None else None
-        if underlay is None or underlay.is_closed:
-            return
-        for tag in list(self._consumers):
-            with contextlib.suppress(*aio_pika.exceptions.CONNECTION_EXCEPTIONS):
-                await underlay.basic_cancel(tag)
 
     async def close(self) -> None:
         """Ack what is recorded and waiting for a frame (acks.STRAGGLER_WAIT), then
@@ -149,9 +192,18 @@ class Session:
         self.end(Lost(cause))
 
     def _on_cancel(self, frame: commands.Basic.Cancel) -> None:
-        queue = self._consumers.pop(frame.consumer_tag or "", None)
-        if queue is not None:
-            self.end(Cancelled(queue))
+        consumer = self._consumers.pop(frame.consumer_tag or "", None)
+        if consumer is not None:
+            self.end(Cancelled(consumer.queue))
+
+
+async def change_quietly(step: Awaitable[None]) -> None:
+    """A consumer change on a session that may be going: its loss ends the session,
+    and the next one consumes what is not paused then."""
+    try:
+        await step
+    except Exception as error:  # the session's own watcher reports the loss
+        log.debug("changing consumers failed (the session is going?): %s", error)
 
 
 #: A connection aiormq closed by cancelling its reader: its heartbeat found no frame

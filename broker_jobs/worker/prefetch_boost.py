@@ -1,0 +1,129 @@
+"""A prefetch that follows the pace: each queue consumed twice while jobs run short.
+
+The prefetch (``2 x concurrency + 64`` deliveries per consumer by default) is what the
+worker holds unacked: jobs running, jobs waiting for a handler thread, and finished
+jobs waiting for their outcome's record and ack. A drain of short jobs runs through
+that buffer faster than the broker refills it after each batch of acks (the event loop
+waits in ``select`` for 13 % (memory store) to 34 % (SQLite) of a drain); twice the
+buffer drained 1.05x (memory) to 1.14x (SQLite, quorum queue) faster (docs/worker.md,
+"Speed"). But every delivery in hand counts against the broker's consumer_timeout
+from the moment it was delivered, and the deeper the buffer, the longer its last job
+waits behind long ones. So the buffer is deep only while it is quick to run through.
+
+RabbitMQ fixes a consumer's prefetch when it starts consuming, so the worker deepens
+its buffer by consuming each of its queues a second time (with the same prefetch:
+twice the deliveries in hand, :meth:`Session.boost`), and cancels those second
+consumers to go back (what they delivered stays in hand and runs). The rule, looked at
+every :data:`TICK` while the worker has work:
+
+- boost when the last tick's jobs completed at a pace that runs through the whole deep
+  buffer within a second (``2 x prefetch x queues`` a second: at ``--concurrency 8``
+  and the default prefetch, 160 jobs a second, jobs of 50 ms or less on average);
+- stop boosting when the last second's jobs completed at less than half that pace,
+  or the worker ran out of work.
+
+An explicit ``--prefetch`` is kept as given (never boosted). A new session (after a
+reconnect) starts unboosted. Each change is logged at DEBUG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+from broker_jobs.worker.session import Session, change_quietly
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two looks at the pace while the worker has work (or is boosted).
+TICK = 0.25
+#: Ticks in the pace that ends a boost: a second's.
+WINDOW = 4
+
+
+class BoostRule:
+    """Whether the worker should be boosted, from the completions of its last ticks."""
+
+    def __init__(self, prefetch: int, tick: float = TICK, window: int = WINDOW) -> None:
+        self._prefetch = prefetch
+        self._tick = tick
+        self._recent: deque[int] = deque(maxlen=window)
+
+    def deep(self, queues: int) -> int:
+        """Deliveries in hand at most while boosted: each queue's two consumers'."""
+        return 2 * self._prefetch * queues
+
+    def decide(self, boosted: bool, completed: int, queues: int) -> bool:
+        """Whether to be boosted after a tick in which ``completed`` jobs completed,
+        ``queues`` queues being consumed."""
+        self._recent.append(completed)
+        if queues == 0:
+            return False
+        per_second = self.deep(queues)  # the deep buffer, run through within a second
+        if not boosted:
+            return completed / self._tick >= per_second
+        seconds = len(self._recent) * self._tick
+        return sum(self._recent) / seconds >= per_second / 2
+
+    def forget(self) -> None:
+        """The worker ran out of work: the next pace starts afresh."""
+        self._recent.clear()
+
+
+class PrefetchBoost:
+    """Boosts the session consuming now (``session()``) by :class:`BoostRule`:
+    ``completed()`` counts the jobs completed ever; ``working()`` returns once the
+    worker has deliveries in hand."""
+
+    def __init__(
+        self,
+        prefetch: int,
+        *,
+        session: Callable[[], Session | None],
+        completed: Callable[[], int],
+        working: Callable[[], Awaitable[None]],
+        is_working: Callable[[], bool],
+        tick: float = TICK,
+    ) -> None:
+        self._rule = BoostRule(prefetch, tick)
+        self._session = session
+        self._completed = completed
+        self._working = working
+        self._is_working = is_working
+        self._tick = tick
+
+    async def run(self) -> None:
+        """Follow the pace until cancelled."""
+        count = self._completed()
+        while True:
+            session = self._session()
+            if not self._is_working() and (session is None or not session.boosted):
+                self._rule.forget()
+                await self._working()
+                count = self._completed()
+            await asyncio.sleep(self._tick)
+            now = self._completed()
+            completed, count = now - count, now
+            session = self._session()
+            if session is not None:
+                await self.follow(session, completed)
+
+    async def follow(self, session: Session, completed: int) -> None:
+        """Boost ``session``, or end its boost, after a tick in which ``completed``
+        jobs completed."""
+        boosted = session.boosted
+        queues = session.queues_consumed()
+        if self._rule.decide(boosted, completed, queues) == boosted:
+            return
+        pace = completed / self._tick
+        if boosted:
+            log.debug("jobs complete at %.0f/s: each queue consumed once again", pace)
+            await change_quietly(session.unboost())
+        else:
+            log.debug(
+                "jobs complete at %.0f/s: each queue consumed twice (%d deliveries in hand"
+                " at most)", pace, self._rule.deep(queues),
+            )  # fmt: skip
+            await change_quietly(session.boost())

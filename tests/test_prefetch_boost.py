@@ -1,0 +1,228 @@
+"""The prefetch that follows the pace (worker.prefetch_boost): each queue consumed a
+second time while jobs run short, once again when they slow down or run out; the
+consumers of a session change one step at a time, and what a cancelled second
+consumer delivered stays in hand and is acked like the rest."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+
+import aio_pika
+import pika
+import pytest
+
+from broker_jobs import App, JobRequest, Publisher
+from broker_jobs.store import MemoryStore, Status
+from broker_jobs.worker.acks import ChannelAcks
+from broker_jobs.worker.prefetch_boost import BoostRule, PrefetchBoost
+from broker_jobs.worker.session import Session
+from tests.support import Broker, run_burst_worker
+from tests.test_worker import Add
+
+PREFETCH = 10
+DEADLINE = 30.0
+
+
+def test_the_rule_boosts_at_the_pace_that_runs_through_the_deep_buffer_within_a_second() -> None:
+    rule = BoostRule(prefetch=80, tick=0.25, window=4)
+    assert rule.deep(queues=1) == 160
+    assert rule.deep(queues=3) == 480
+    assert rule.decide(False, 39, queues=1) is False  # 156 a second: not quite
+    assert rule.decide(False, 40, queues=1) is True  # 160 a second
+    assert rule.decide(False, 40, queues=2) is False  # two queues: 320 a second needed
+
+
+def test_the_rule_ends_a_boost_below_half_the_pace_over_a_second() -> None:
+    rule = BoostRule(prefetch=80, tick=0.25, window=4)
+    assert rule.decide(False, 100, queues=1) is True
+    # Boosted: one slow tick in a fast second keeps it (80 a second is half of 160)...
+    assert rule.decide(True, 0, queues=1) is True
+    assert rule.decide(True, 0, queues=1) is True
+    assert rule.decide(True, 0, queues=1) is True  # 100 in the last second: still >= 80
+    # ...a second below half ends it.
+    assert rule.decide(True, 19, queues=1) is False  # 19 in the last second
+    rule.forget()
+    assert rule.decide(True, 19, queues=1) is False  # 76 a second
+    assert rule.decide(False, 5, queues=0) is False  # nothing consumed: nothing to boost
+
+
+@pytest.fixture
+def queues(broker: Broker, namespace: str) -> Iterator[dict[str, str]]:
+    """Two queues of their own (queue -> task), deleted afterwards."""
+    names = {f"{namespace}.a": "a", f"{namespace}.b": "b"}
+    with contextlib.closing(broker.connection("test queues")) as connection:
+        channel = connection.channel()
+        for queue in names:
+            channel.queue_declare(queue)
+        yield names
+        for queue in names:
+            channel.queue_delete(queue)
+
+
+def consumers(broker: Broker, queue: str) -> int:
+    with contextlib.closing(broker.connection("test consumers")) as connection:
+        method = connection.channel().queue_declare(queue, passive=True).method
+        return int(method.consumer_count)
+
+
+def publish(broker: Broker, queue: str, count: int) -> None:
+    with contextlib.closing(broker.connection("test publish")) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for n in range(count):
+            channel.basic_publish("", queue, str(n).encode())
+
+
+async def open_session(
+    broker: Broker, queues: dict[str, str]
+) -> tuple[Session, list[tuple[int, str, ChannelAcks]], asyncio.Event]:
+    """A session consuming ``queues``: the deliveries it took (tag, task, acks), and
+    an event set at each."""
+    taken: list[tuple[int, str, ChannelAcks]] = []
+    arrived = asyncio.Event()
+
+    def on_delivery(delivered: aio_pika.abc.DeliveredMessage, task: str, acks: ChannelAcks) -> None:
+        taken.append((delivered.delivery_tag or 0, task, acks))
+        arrived.set()
+
+    session = Session(await aio_pika.connect(broker.url))
+    await session.open(dict(queues), PREFETCH, on_delivery)
+    return session, taken, arrived
+
+
+async def take_at_least(taken: list[object], count: int, arrived: asyncio.Event) -> None:
+    async def wait() -> None:
+        while len(taken) < count:
+            arrived.clear()
+            await arrived.wait()
+
+    await asyncio.wait_for(wait(), DEADLINE)
+
+
+def test_a_boost_consumes_each_queue_twice_with_the_same_prefetch(
+    broker: Broker, queues: dict[str, str]
+) -> None:
+    a = next(iter(queues))
+
+    async def scenario() -> None:
+        session, taken, arrived = await open_session(broker, queues)
+        try:
+            assert [consumers(broker, q) for q in queues] == [1, 1]
+            publish(broker, a, 3 * PREFETCH)
+            await take_at_least(taken, PREFETCH, arrived)
+            await session.boost()
+            assert session.boosted
+            assert session.queues_consumed() == 2
+            assert [consumers(broker, q) for q in queues] == [2, 2]
+            # The second consumer brings as many again (nothing was acked).
+            await take_at_least(taken, 2 * PREFETCH, arrived)
+            await session.unboost()
+            assert [consumers(broker, q) for q in queues] == [1, 1]
+            # What the cancelled consumer delivered is still in hand: acked, it leaves
+            # the queue, and the remaining consumer brings the rest.
+            assert session.acks is not None
+            for tag, _, _ in list(taken):
+                await session.acks.channel.basic_ack(tag)
+            await take_at_least(taken, 3 * PREFETCH, arrived)
+            assert {task for _, task, _ in taken} == {"a"}
+        finally:
+            await session.close()
+        assert consumers(broker, a) == 0
+        with contextlib.closing(broker.connection("test depth")) as connection:
+            left = connection.channel().queue_declare(a, passive=True).method.message_count
+        assert left == PREFETCH  # the last ten, never acked, returned with the connection
+
+    asyncio.run(scenario())
+
+
+def test_pause_resume_and_stop_while_boosted_touch_every_consumer_of_the_queue(
+    broker: Broker, queues: dict[str, str]
+) -> None:
+    a = next(iter(queues))
+
+    async def scenario() -> None:
+        session, _, _ = await open_session(broker, queues)
+        try:
+            await session.boost()
+            await session.boost()  # once is enough
+            assert [consumers(broker, q) for q in queues] == [2, 2]
+            await session.stop_consuming([a])  # a pause cancels both of a's consumers
+            assert [consumers(broker, q) for q in queues] == [0, 2]
+            await session.consume({a: "a"})  # the resume, boosted like the rest
+            assert [consumers(broker, q) for q in queues] == [2, 2]
+            await session.unboost()
+            await session.unboost()
+            assert [consumers(broker, q) for q in queues] == [1, 1]
+            await session.boost()
+            await session.cancel_consumers()  # the graceful stop: none at all...
+            assert [consumers(broker, q) for q in queues] == [0, 0]
+            await session.boost()  # ...and none after it
+            await session.consume({a: "a"})
+            assert [consumers(broker, q) for q in queues] == [0, 0]
+        finally:
+            await session.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_boost_follows_the_pace_of_completions(broker: Broker, queues: dict[str, str]) -> None:
+    """Tick by tick (a tick of 0.25 s; two queues of prefetch 10: the deep buffer is
+    40, 10 completions a tick)."""
+
+    async def scenario() -> None:
+        session, _, _ = await open_session(broker, queues)
+        idle = asyncio.Event()
+        boost = PrefetchBoost(
+            PREFETCH,
+            session=lambda: session,
+            completed=lambda: 0,
+            working=idle.wait,
+            is_working=idle.is_set,
+        )
+        try:
+            await boost.follow(session, 9)
+            assert not session.boosted
+            await boost.follow(session, 10)
+            assert session.boosted
+            assert [consumers(broker, q) for q in queues] == [2, 2]
+            await boost.follow(session, 0)
+            await boost.follow(session, 1)
+            assert session.boosted  # 20 in the last second: half the pace, still boosted
+            await boost.follow(session, 0)
+            assert not session.boosted  # 11 in the last second
+            assert [consumers(broker, q) for q in queues] == [1, 1]
+        finally:
+            await session.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_at_the_default_prefetch_boosts_through_a_drain_and_runs_each_job_once(
+    broker: Broker,
+    make_app: Callable[[], App],
+    connection: pika.BlockingConnection,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = make_app()
+    ran: list[str] = []
+
+    @app.task("boost.job")
+    def job(payload: Add) -> None:
+        ran.append(payload.key)
+
+    count = 2000
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish_many([JobRequest("boost.job", {"key": f"k{n}"}) for n in range(count)])
+    store = MemoryStore()
+    caplog.set_level(logging.DEBUG, logger="broker_jobs.worker.prefetch_boost")
+    # concurrency 1: prefetch 66, the boost at 132 jobs a second
+    counts = run_burst_worker(broker, app, store, concurrency=1)
+    assert counts["succeeded"] == count
+    assert sorted(ran) == sorted(f"k{n}" for n in range(count))  # each once
+    assert {status: n for status, n in store.counts().items() if n} == {Status.SUCCEEDED: count}
+    assert any("each queue consumed twice" in r.getMessage() for r in caplog.records)
+    queue = app.names.task_queue("boost.job")
+    assert connection.channel().queue_declare(queue, passive=True).method.message_count == 0
