@@ -8,18 +8,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 import aio_pika
 import pika
 import pytest
 
-from broker_jobs import App, JobRequest, Publisher
+from broker_jobs import App, JobRequest, Publisher, Worker, WorkerSettings
 from broker_jobs.store import MemoryStore, Status
+from broker_jobs.worker import prefetch_boost
 from broker_jobs.worker.acks import ChannelAcks
 from broker_jobs.worker.prefetch_boost import BoostRule, PrefetchBoost
 from broker_jobs.worker.session import Session
-from tests.support import Broker, run_burst_worker
+from tests.support import Broker, run_burst_worker, wait_until
 from tests.test_worker import Add
 
 PREFETCH = 10
@@ -175,12 +178,14 @@ def test_the_boost_follows_the_pace_of_completions(broker: Broker, queues: dict[
     async def scenario() -> None:
         session, _, _ = await open_session(broker, queues)
         idle = asyncio.Event()
+        ended: list[list[str]] = []
         boost = PrefetchBoost(
             PREFETCH,
             session=lambda: session,
             completed=lambda: 0,
             working=idle.wait,
             is_working=idle.is_set,
+            on_unboost=lambda tags, after: ended.append(tags),
         )
         try:
             await boost.follow(session, 9)
@@ -193,6 +198,7 @@ def test_the_boost_follows_the_pace_of_completions(broker: Broker, queues: dict[
             assert session.boosted  # 20 in the last second: half the pace, still boosted
             await boost.follow(session, 0)
             assert not session.boosted  # 11 in the last second
+            assert [len(tags) for tags in ended] == [2]  # the two second consumers
             assert [consumers(broker, q) for q in queues] == [1, 1]
         finally:
             await session.close()
@@ -225,4 +231,58 @@ def test_a_worker_at_the_default_prefetch_boosts_through_a_drain_and_runs_each_j
     assert {status: n for status, n in store.counts().items() if n} == {Status.SUCCEEDED: count}
     assert any("each queue consumed twice" in r.getMessage() for r in caplog.records)
     queue = app.names.task_queue("boost.job")
+    assert connection.channel().queue_declare(queue, passive=True).method.message_count == 0
+
+
+def test_what_an_ended_boost_left_waiting_goes_back_to_its_queue_when_jobs_turn_long(
+    broker: Broker,
+    make_app: Callable[[], App],
+    connection: pika.BlockingConnection,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Short jobs boost the worker; then one job blocks its only thread: the pace
+    falls, the boost ends, and what its second consumer delivered is returned (the
+    worker keeps one consumer's buffer); released, every job runs once."""
+    monkeypatch.setattr(prefetch_boost, "LEFTOVER_WAIT", 0.5)
+    app = make_app()
+    ran: list[str] = []
+    release = threading.Event()
+
+    @app.task("turns.long")
+    def job(payload: Add) -> None:
+        ran.append(payload.key)
+        if payload.key == "block":
+            release.wait(60)
+
+    keys = [f"a{n}" for n in range(3000)] + ["block"] + [f"b{n}" for n in range(500)]
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish_many([JobRequest("turns.long", {"key": key}) for key in keys])
+    store = MemoryStore()
+    caplog.set_level(logging.INFO, logger="broker_jobs.worker.fast_path")
+    # concurrency 1: prefetch 66; a lease of 3 s sweeps every 0.5 s
+    settings = WorkerSettings(concurrency=1, lease=3, burst=True)
+    worker = Worker(broker.url, app, store, settings)
+    counts: list[Counter[str]] = []
+    thread = threading.Thread(target=lambda: counts.append(asyncio.run(worker.run())))
+    thread.start()
+    try:
+        returned = wait_until(
+            lambda: next(
+                (r for r in caplog.records if "returned to their queues" in r.getMessage()), None
+            ),
+            within=DEADLINE,
+            what="the ended boost's deliveries returned",
+        )
+        assert returned.getMessage().split()[0].isdigit()
+    finally:
+        release.set()
+        thread.join(DEADLINE)
+    assert not thread.is_alive()
+    [outcomes] = counts
+    assert outcomes["succeeded"] == len(keys)
+    assert outcomes["returned"] >= 1
+    assert sorted(ran) == sorted(keys)  # each once, the returned ones too
+    assert {status: n for status, n in store.counts().items() if n} == {Status.SUCCEEDED: len(keys)}
+    queue = app.names.task_queue("turns.long")
     assert connection.channel().queue_declare(queue, passive=True).method.message_count == 0

@@ -303,6 +303,7 @@ class Worker:
             completed=lambda: sum(counts.values()),
             working=fast_path.wait_working,
             is_working=lambda: fast_path.busy,
+            on_unboost=fast_path.boost_ended,
         )
 
     def _heartbeat(self, runner: Runner, fast_path: FastPath) -> Heartbeat:

@@ -33,12 +33,13 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
 from aiormq.abc import DeliveredMessage
+from pamqp import commands
 from pydantic import BaseModel
 
 from broker_jobs.app import TaskSpec
@@ -136,6 +137,13 @@ class FastPath:
         self._claimed_jobs: set[_Item] = set()
         #: Sync jobs whose handler did not return within the overrun grace.
         self._stuck_jobs: set[_Item] = set()
+        #: Sync jobs handed to the handler threads and not started: whoever removes
+        #: one (the thread that starts it, or the loop returning it) owns it.
+        self._waiting: set[_Item] = set()
+        #: Consumer tags of ended boosts (worker.prefetch_boost): when their
+        #: deliveries still waiting for a thread go back to the queue (monotonic).
+        self._ended_boosts: dict[str, float] = {}
+        self._leftover_wait = 0.0
         #: Deliveries taken, ever (burst mode waits for a first one a while).
         self.received = 0
 
@@ -332,16 +340,22 @@ class FastPath:
             if claim.outcome is ClaimOutcome.CLAIMED and not item.spec.is_async
         ]
         calls = [functools.partial(self._run, item) for item in starting]
+        self._waiting.update(starting)
         try:
             self._runner.executor.post_all(calls, [item.job.priority for item in starting])
         except RuntimeError:  # the pool is shut down: the worker is exiting
+            self._waiting.difference_update(starting)
             for item in starting:
                 self._report(item, _SKIPPED)
 
     def _run(self, item: _Item) -> None:
         """On a handler thread: run the job, unless the worker is stopping or the
         delivery's channel is lost (a job not started gives its claim back and stays
-        unacked; the broker returns it)."""
+        unacked; the broker returns it), or the loop took it back (:meth:`boost_ended`)."""
+        try:
+            self._waiting.remove(item)  # atomic: the loop may be taking it back
+        except KeyError:
+            return  # returned to its queue by the loop
         if item.must_not_start(self._runner):
             self._report(item, _SKIPPED)
             return
@@ -425,15 +439,74 @@ class FastPath:
         """Every sixth of the lease, renew the lease of each claimed job (running, or
         waiting for a thread) last renewed a third of the lease ago or more: renewed
         between a third and half of the lease after the last time, one sweep for all
-        (a timer per job cost ~7 % of the loop's time at 4,000 jobs/s)."""
+        (a timer per job cost ~7 % of the loop's time at 4,000 jobs/s). The same sweep
+        returns what ended boosts left waiting (:meth:`boost_ended`)."""
         lease = self._runner.settings.lease
         while True:
             await asyncio.sleep(lease / 6)
-            due = time.monotonic() - lease / 3
+            now = time.monotonic()
+            due = now - lease / 3
             for item in list(self._claimed_jobs):
                 renewed = item.renewed_at
                 if renewed is not None and renewed <= due and item.renewing is None:
                     item.renewing = asyncio.create_task(self._renew(item))
+            if self._ended_boosts:
+                self._return_leftovers(now)
+
+    def boost_ended(self, tags: Iterable[str], after: float) -> None:
+        """The second consumers ``tags`` were cancelled (worker.prefetch_boost): their
+        deliveries still waiting for a handler thread ``after`` seconds from now go
+        back to the queue. They were taken while jobs ran short; if jobs turned long,
+        the deep buffer would keep them waiting toward the broker's consumer_timeout,
+        and the remaining consumer's own buffer is the bound the worker keeps."""
+        self._leftover_wait = after
+        self._ended_boosts.update(dict.fromkeys(tags, time.monotonic() + after))
+
+    def _return_leftovers(self, now: float) -> None:
+        if self._runner.ledger.is_down:
+            # Our outage, not the jobs': nothing goes back for it, and the wait
+            # starts again once the ledger answers.
+            self._ended_boosts = dict.fromkeys(self._ended_boosts, now + self._leftover_wait)
+            return
+        ended = {tag for tag, at in self._ended_boosts.items() if at <= now}
+        if not ended:
+            return
+        for tag in ended:
+            del self._ended_boosts[tag]
+        returned = 0
+        for item in list(self._waiting):
+            if _consumer_tag(item.delivered) not in ended:
+                continue
+            try:
+                self._waiting.remove(item)  # atomic: a thread may be starting it
+            except KeyError:
+                continue  # started (or starting): it runs
+            self._return_late(item)
+            returned += 1
+        if returned:
+            log.info(
+                "%d deliveries taken while jobs ran short still wait for a handler thread:"
+                " returned to their queues (docs/worker.md, Prefetch)", returned,
+            )  # fmt: skip
+
+    def _return_late(self, item: _Item) -> None:
+        """A job left waiting by an ended boost: its claim given back, then its
+        delivery returned to the queue (another worker, or this one's remaining
+        consumer, takes it in turn)."""
+        item.settled = True
+        self._claimed_jobs.discard(item)
+        if item.renewing is not None:
+            item.renewing.cancel()
+        runner = self._runner
+
+        async def back() -> None:
+            try:
+                await runner.release(item.job, item.holder)
+                await runner.settling.give_back(item.acks, item.tag, item.task)
+            finally:
+                self._release(item)
+
+        self._spawn(back())
 
     async def _renew(self, item: _Item) -> None:
         runner = self._runner
@@ -554,6 +627,11 @@ class FastPath:
         if self._in_hand == 0:
             self._idle.set()
             self._working.clear()
+
+
+def _consumer_tag(delivered: DeliveredMessage) -> str | None:
+    delivery = delivered.delivery
+    return delivery.consumer_tag if isinstance(delivery, commands.Basic.Deliver) else None
 
 
 async def _not_started() -> str | None:

@@ -20,7 +20,12 @@ every :data:`TICK` while the worker has work:
   buffer within a second (``2 x prefetch x queues`` a second: at ``--concurrency 8``
   and the default prefetch, 160 jobs a second, jobs of 50 ms or less on average);
 - stop boosting when the last second's jobs completed at less than half that pace,
-  or the worker ran out of work.
+  or the worker ran out of work. What the second consumers delivered stays in hand;
+  their deliveries still waiting for a handler thread :data:`LEFTOVER_WAIT` seconds
+  later go back to the queue (``FastPath.boost_ended``): if jobs turned long, the
+  worker is back to the bound of its one consumer per queue, at the cost of one
+  delivery (of a quorum queue's limit) for each job returned. A ledger outage
+  restarts that wait (nothing goes back for our own outage).
 
 An explicit ``--prefetch`` is kept as given (never boosted). A new session (after a
 reconnect) starts unboosted. Each change is logged at DEBUG.
@@ -41,6 +46,10 @@ log = logging.getLogger(__name__)
 TICK = 0.25
 #: Ticks in the pace that ends a boost: a second's.
 WINDOW = 4
+#: Seconds after a boost ended when its deliveries still waiting for a handler
+#: thread go back to the queue: long enough for a pause of the pace (a busy machine, a
+#: slow second) to pass, short beside the broker's consumer_timeout.
+LEFTOVER_WAIT = 30.0
 
 
 class BoostRule:
@@ -75,7 +84,8 @@ class BoostRule:
 class PrefetchBoost:
     """Boosts the session consuming now (``session()``) by :class:`BoostRule`:
     ``completed()`` counts the jobs completed ever; ``working()`` returns once the
-    worker has deliveries in hand."""
+    worker has deliveries in hand; ``on_unboost(tags, after)`` hears of the second
+    consumers cancelled, and when their waiting deliveries go back."""
 
     def __init__(
         self,
@@ -85,6 +95,7 @@ class PrefetchBoost:
         completed: Callable[[], int],
         working: Callable[[], Awaitable[None]],
         is_working: Callable[[], bool],
+        on_unboost: Callable[[list[str], float], None],
         tick: float = TICK,
     ) -> None:
         self._rule = BoostRule(prefetch, tick)
@@ -92,6 +103,7 @@ class PrefetchBoost:
         self._completed = completed
         self._working = working
         self._is_working = is_working
+        self._on_unboost = on_unboost
         self._tick = tick
 
     async def run(self) -> None:
@@ -120,10 +132,13 @@ class PrefetchBoost:
         pace = completed / self._tick
         if boosted:
             log.debug("jobs complete at %.0f/s: each queue consumed once again", pace)
-            await change_quietly(session.unboost())
+            await change_quietly(self._unboost(session))
         else:
             log.debug(
                 "jobs complete at %.0f/s: each queue consumed twice (%d deliveries in hand"
                 " at most)", pace, self._rule.deep(queues),
             )  # fmt: skip
             await change_quietly(session.boost())
+
+    async def _unboost(self, session: Session) -> None:
+        self._on_unboost(await session.unboost(), LEFTOVER_WAIT)

@@ -118,13 +118,16 @@ class Session:
             self.boosted = True
             await self._consume({c.queue: c.task for c in self._consumers.values()}, boost=True)
 
-    async def unboost(self) -> None:
-        """Cancel the second consumers; what they delivered stays in hand and runs."""
+    async def unboost(self) -> list[str]:
+        """Cancel the second consumers (their tags returned); what they delivered
+        stays in hand."""
         async with self._changing:
             if not self.boosted:
-                return
+                return []
             self.boosted = False
-            await self._cancel([tag for tag, c in self._consumers.items() if c.boost])
+            tags = [tag for tag, c in self._consumers.items() if c.boost]
+            await self._cancel(tags)
+            return tags
 
     async def cancel_consumers(self) -> None:
         """No new deliveries (a graceful stop); a lost channel has none anyway."""
