@@ -116,7 +116,7 @@ def test_a_boost_consumes_each_queue_twice_with_the_same_prefetch(
             assert [consumers(broker, q) for q in queues] == [1, 1]
             publish(broker, a, 3 * PREFETCH)
             await take_at_least(taken, PREFETCH, arrived)
-            await session.boost()
+            await session.boost(PREFETCH)
             assert session.boosted
             assert session.queues_consumed() == 2
             assert [consumers(broker, q) for q in queues] == [2, 2]
@@ -149,8 +149,8 @@ def test_pause_resume_and_stop_while_boosted_touch_every_consumer_of_the_queue(
     async def scenario() -> None:
         session, _, _ = await open_session(broker, queues)
         try:
-            await session.boost()
-            await session.boost()  # once is enough
+            await session.boost(PREFETCH)
+            await session.boost(PREFETCH)  # once is enough
             assert [consumers(broker, q) for q in queues] == [2, 2]
             await session.stop_consuming([a])  # a pause cancels both of a's consumers
             assert [consumers(broker, q) for q in queues] == [0, 2]
@@ -159,16 +159,44 @@ def test_pause_resume_and_stop_while_boosted_touch_every_consumer_of_the_queue(
             await session.unboost()
             await session.unboost()
             assert [consumers(broker, q) for q in queues] == [1, 1]
-            await session.boost()
+            await session.boost(PREFETCH)
             await session.cancel_consumers()  # the graceful stop: none at all...
             assert [consumers(broker, q) for q in queues] == [0, 0]
-            await session.boost()  # ...and none after it
+            await session.boost(PREFETCH)  # ...and none after it
             await session.consume({a: "a"})
             assert [consumers(broker, q) for q in queues] == [0, 0]
         finally:
             await session.close()
 
     asyncio.run(scenario())
+
+
+def test_a_deeper_second_consumer_has_its_own_prefetch_and_the_first_keeps_the_base(
+    broker: Broker, queues: dict[str, str]
+) -> None:
+    """RabbitMQ gives a consumer the channel's prefetch of the moment it starts: the
+    boost's consumers get theirs, and a queue resumed while boosted gets both again."""
+    node = broker.controllable()
+    a = next(iter(queues))
+
+    async def scenario() -> str:
+        session, _, _ = await open_session(broker, queues)
+        try:
+            await session.boost(3 * PREFETCH)
+            await session.stop_consuming([a])
+            await session.consume({a: "a"})
+            return await asyncio.to_thread(
+                node.ctl, "list_consumers", "-q", "--no-table-headers", "queue_name",
+                "prefetch_count",
+            )  # fmt: skip
+        finally:
+            await session.close()
+
+    listed = asyncio.run(scenario())
+    rows = [line.split() for line in listed.splitlines()]
+    assert sorted((queue, int(n)) for queue, n in rows if queue in queues) == sorted(
+        (queue, n) for queue in queues for n in (PREFETCH, 3 * PREFETCH)
+    )
 
 
 def test_the_boost_follows_the_pace_of_completions(broker: Broker, queues: dict[str, str]) -> None:

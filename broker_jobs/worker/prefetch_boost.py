@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 TICK = 0.25
 #: Ticks in the pace that ends a boost: a second's.
 WINDOW = 4
+#: The second consumer's prefetch, in prefetches.
+DEPTH = 1
 #: Seconds after a boost ended when its deliveries still waiting for a handler
 #: thread go back to the queue: long enough for a pause of the pace (a busy machine, a
 #: slow second) to pass, short beside the broker's consumer_timeout.
@@ -55,14 +57,18 @@ LEFTOVER_WAIT = 30.0
 class BoostRule:
     """Whether the worker should be boosted, from the completions of its last ticks."""
 
-    def __init__(self, prefetch: int, tick: float = TICK, window: int = WINDOW) -> None:
+    def __init__(
+        self, prefetch: int, tick: float = TICK, window: int = WINDOW, depth: int = DEPTH
+    ) -> None:
         self._prefetch = prefetch
         self._tick = tick
         self._recent: deque[int] = deque(maxlen=window)
+        #: The second consumer's prefetch.
+        self.boost_prefetch = depth * prefetch
 
     def deep(self, queues: int) -> int:
         """Deliveries in hand at most while boosted: each queue's two consumers'."""
-        return 2 * self._prefetch * queues
+        return (self._prefetch + self.boost_prefetch) * queues
 
     def decide(self, boosted: bool, completed: int, queues: int) -> bool:
         """Whether to be boosted after a tick in which ``completed`` jobs completed,
@@ -138,7 +144,7 @@ class PrefetchBoost:
                 "jobs complete at %.0f/s: each queue consumed twice (%d deliveries in hand"
                 " at most)", pace, self._rule.deep(queues),
             )  # fmt: skip
-            await change_quietly(session.boost())
+            await change_quietly(session.boost(self._rule.boost_prefetch))
 
     async def _unboost(self, session: Session) -> None:
         self._on_unboost(await session.unboost(), LEFTOVER_WAIT)

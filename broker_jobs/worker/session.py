@@ -68,8 +68,10 @@ class Session:
         #: Consumers change one step at a time (a pause, a resume, a boost, the stop):
         #: a boost must not consume a queue a pause is cancelling.
         self._changing = asyncio.Lock()
-        #: Each queue is consumed twice (see :meth:`boost`).
-        self.boosted = False
+        #: Each queue is consumed twice (see :meth:`boost`): the second consumer's
+        #: prefetch, 0 while not boosted.
+        self._boost_prefetch = 0
+        self._prefetch = 0
         self._cancelled = False
         self._on_delivery: OnDelivery | None = None
         self._ended: asyncio.Future[SessionEnded] = asyncio.get_running_loop().create_future()
@@ -79,6 +81,7 @@ class Session:
         Returned dead letters raise (no dead-letter queue): never ack what was dropped."""
         channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
         self.channel = channel
+        self._prefetch = prefetch
         await channel.set_qos(prefetch_count=prefetch)
         underlay = await channel.get_underlay_channel()
         self.acks = ChannelAcks(underlay)
@@ -109,13 +112,17 @@ class Session:
         """How many queues are consumed (once or twice each)."""
         return len({c.queue for c in self._consumers.values()})
 
-    async def boost(self) -> None:
-        """Consume each queue consumed now a second time, with the channel's prefetch:
-        twice the deliveries in hand (worker.prefetch_boost)."""
+    @property
+    def boosted(self) -> bool:
+        return self._boost_prefetch > 0
+
+    async def boost(self, prefetch: int) -> None:
+        """Consume each queue consumed now a second time, with ``prefetch``: a deeper
+        buffer (worker.prefetch_boost)."""
         async with self._changing:
             if self.boosted or self._cancelled:
                 return
-            self.boosted = True
+            self._boost_prefetch = prefetch
             await self._consume({c.queue: c.task for c in self._consumers.values()}, boost=True)
 
     async def unboost(self) -> list[str]:
@@ -124,7 +131,7 @@ class Session:
         async with self._changing:
             if not self.boosted:
                 return []
-            self.boosted = False
+            self._boost_prefetch = 0
             tags = [tag for tag, c in self._consumers.items() if c.boost]
             await self._cancel(tags)
             return tags
@@ -137,6 +144,19 @@ class Session:
                 await self._cancel(list(self._consumers))
 
     async def _consume(self, queues: dict[str, str], *, boost: bool) -> None:
+        """Consume ``queues``; ``boost``: second consumers, with the boost's prefetch
+        (RabbitMQ gives a consumer the channel's prefetch of the moment it starts)."""
+        if not boost or self._boost_prefetch == self._prefetch:
+            await self._consume_all(queues, boost=boost)
+            return
+        assert self.channel is not None  # opened
+        await self.channel.set_qos(prefetch_count=self._boost_prefetch)
+        try:
+            await self._consume_all(queues, boost=True)
+        finally:
+            await self.channel.set_qos(prefetch_count=self._prefetch)
+
+    async def _consume_all(self, queues: dict[str, str], *, boost: bool) -> None:
         assert self.acks is not None  # opened
         assert self._on_delivery is not None
         acks, on_delivery, underlay = self.acks, self._on_delivery, self.acks.channel
