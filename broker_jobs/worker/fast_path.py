@@ -475,8 +475,8 @@ class FastPath:
             del self._ended_boosts[tag]
         returned = 0
         for item in list(self._waiting):
-            if _consumer_tag(item.delivered) not in ended:
-                continue
+            if item.acks.lost or _consumer_tag(item.delivered) not in ended:
+                continue  # (a lost channel's: left, its thread gives the claim back)
             try:
                 self._waiting.remove(item)  # atomic: a thread may be starting it
             except KeyError:
