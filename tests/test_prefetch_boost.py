@@ -30,7 +30,8 @@ DEADLINE = 30.0
 
 
 def test_the_rule_boosts_at_the_pace_that_runs_through_the_deep_buffer_within_a_second() -> None:
-    rule = BoostRule(prefetch=80, tick=0.25, window=4)
+    assert BoostRule(prefetch=80).deep(queues=1) == 320  # the default: a second consumer of 240
+    rule = BoostRule(prefetch=80, tick=0.25, window=4, depth=1)
     assert rule.deep(queues=1) == 160
     assert rule.deep(queues=3) == 480
     assert rule.decide(False, 39, queues=1) is False  # 156 a second: not quite
@@ -39,7 +40,7 @@ def test_the_rule_boosts_at_the_pace_that_runs_through_the_deep_buffer_within_a_
 
 
 def test_the_rule_ends_a_boost_below_half_the_pace_over_a_second() -> None:
-    rule = BoostRule(prefetch=80, tick=0.25, window=4)
+    rule = BoostRule(prefetch=80, tick=0.25, window=4, depth=1)
     assert rule.decide(False, 100, queues=1) is True
     # Boosted: one slow tick in a fast second keeps it (80 a second is half of 160)...
     assert rule.decide(True, 0, queues=1) is True
@@ -200,8 +201,8 @@ def test_a_deeper_second_consumer_has_its_own_prefetch_and_the_first_keeps_the_b
 
 
 def test_the_boost_follows_the_pace_of_completions(broker: Broker, queues: dict[str, str]) -> None:
-    """Tick by tick (a tick of 0.25 s; two queues of prefetch 10: the deep buffer is
-    40, 10 completions a tick)."""
+    """Tick by tick (a tick of 0.25 s; two queues of prefetch 10, second consumers of
+    30: the deep buffer is 80, 20 completions a tick)."""
 
     async def scenario() -> None:
         session, _, _ = await open_session(broker, queues)
@@ -216,16 +217,16 @@ def test_the_boost_follows_the_pace_of_completions(broker: Broker, queues: dict[
             on_unboost=lambda tags, after: ended.append(tags),
         )
         try:
-            await boost.follow(session, 9)
+            await boost.follow(session, 19)
             assert not session.boosted
-            await boost.follow(session, 10)
+            await boost.follow(session, 20)
             assert session.boosted
             assert [consumers(broker, q) for q in queues] == [2, 2]
             await boost.follow(session, 0)
             await boost.follow(session, 1)
-            assert session.boosted  # 20 in the last second: half the pace, still boosted
+            assert session.boosted  # 40 in the last second: half the pace, still boosted
             await boost.follow(session, 0)
-            assert not session.boosted  # 11 in the last second
+            assert not session.boosted  # 21 in the last second
             assert [len(tags) for tags in ended] == [2]  # the two second consumers
             assert [consumers(broker, q) for q in queues] == [1, 1]
         finally:
@@ -252,12 +253,12 @@ def test_a_worker_at_the_default_prefetch_boosts_through_a_drain_and_runs_each_j
         publisher.publish_many([JobRequest("boost.job", {"key": f"k{n}"}) for n in range(count)])
     store = MemoryStore()
     caplog.set_level(logging.DEBUG, logger="broker_jobs.worker.prefetch_boost")
-    # concurrency 1: prefetch 66, the boost at 132 jobs a second
+    # concurrency 1: prefetch 66, the boost at 264 jobs a second
     counts = run_burst_worker(broker, app, store, concurrency=1)
     assert counts["succeeded"] == count
     assert sorted(ran) == sorted(f"k{n}" for n in range(count))  # each once
     assert {status: n for status, n in store.counts().items() if n} == {Status.SUCCEEDED: count}
-    assert any("each queue consumed twice" in r.getMessage() for r in caplog.records)
+    assert any("each queue consumed a second time" in r.getMessage() for r in caplog.records)
     queue = app.names.task_queue("boost.job")
     assert connection.channel().queue_declare(queue, passive=True).method.message_count == 0
 

@@ -157,8 +157,8 @@ class BjFamily(FamilyBase):
             "worker": f"broker-jobs worker --concurrency {CONCURRENCY} --store memory://"
             " at its defaults (log level INFO: a summary line a second of the successes,"
             " a line per failure), default"
-            f" --prefetch (2 x concurrency + 64 = {2 * CONCURRENCY + 64}, each queue consumed"
-            " twice while jobs run short: docs/worker.md, Prefetch); --processes 2 when"
+            f" --prefetch (2 x concurrency + 64 = {2 * CONCURRENCY + 64}, a second consumer"
+            " of 3 x that while jobs run short: docs/worker.md, Prefetch); --processes 2 when"
             " the command has it; ledger rows: --store sqlite:///... (WAL, synchronous=FULL)"
             " and postgresql://... (a throwaway cluster, fsync off); the memory store keeps"
             " the last 50,000 finished jobs, ~40 MB of the rss row (docs/store.md)",

@@ -74,7 +74,7 @@ class WorkerRun:
 @click.option(
     "--prefetch",
     type=int,
-    help="Unacked deliveries held per queue (default 2 x concurrency + 64, twice that"
+    help="Unacked deliveries held per queue (default 2 x concurrency + 64, 4 x that"
     " while jobs run short: docs/worker.md, Prefetch); a value given is kept as given.",
 )
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty (tests, batch jobs).")

@@ -1,4 +1,4 @@
-"""A prefetch that follows the pace: each queue consumed twice while jobs run short.
+"""A prefetch that follows the pace: a second, deeper consumer per queue for short jobs.
 
 The prefetch (``2 x concurrency + 64`` deliveries per consumer by default) is what the
 worker holds unacked: jobs running, jobs waiting for a handler thread, and finished
@@ -6,19 +6,22 @@ jobs waiting for their outcome's record and ack. A drain of short jobs runs thro
 that buffer faster than the broker refills it after each batch of acks (the event loop
 waits in ``select`` for 13 % (memory store) to 34 % (SQLite) of a drain); twice the
 buffer drained 1.05x (memory) to 1.14x (SQLite, quorum queue) faster (docs/worker.md,
-"Speed"). But every delivery in hand counts against the broker's consumer_timeout
-from the moment it was delivered, and the deeper the buffer, the longer its last job
-waits behind long ones. So the buffer is deep only while it is quick to run through.
+"Speed"), four times (the second consumer with :data:`DEPTH` = 3 prefetches) 1.07x
+more again with the SQLite ledger. But every delivery in hand counts against the
+broker's consumer_timeout from the moment it was delivered, and the deeper the
+buffer, the longer its last job waits behind long ones. So the buffer is deep only
+while it is quick to run through.
 
 RabbitMQ fixes a consumer's prefetch when it starts consuming, so the worker deepens
-its buffer by consuming each of its queues a second time (with the same prefetch:
-twice the deliveries in hand, :meth:`Session.boost`), and cancels those second
-consumers to go back (what they delivered stays in hand and runs). The rule, looked at
-every :data:`TICK` while the worker has work:
+its buffer by consuming each of its queues a second time (with ``DEPTH`` times the
+prefetch: four times the deliveries in hand, :meth:`Session.boost`), and cancels
+those second consumers to go back. The rule, looked at every :data:`TICK` while the
+worker has work:
 
 - boost when the last tick's jobs completed at a pace that runs through the whole deep
-  buffer within a second (``2 x prefetch x queues`` a second: at ``--concurrency 8``
-  and the default prefetch, 160 jobs a second, jobs of 50 ms or less on average);
+  buffer within a second (``(1 + DEPTH) x prefetch x queues`` a second: at
+  ``--concurrency 8`` and the default prefetch, 320 jobs a second, jobs of 25 ms or
+  less on average);
 - stop boosting when the last second's jobs completed at less than half that pace,
   or the worker ran out of work. What the second consumers delivered stays in hand;
   their deliveries still waiting for a handler thread :data:`LEFTOVER_WAIT` seconds
@@ -46,8 +49,9 @@ log = logging.getLogger(__name__)
 TICK = 0.25
 #: Ticks in the pace that ends a boost: a second's.
 WINDOW = 4
-#: The second consumer's prefetch, in prefetches.
-DEPTH = 1
+#: The second consumer's prefetch, in prefetches (measured, docs/worker.md "Speed":
+#: 1 gave drain 1.118x with the SQLite ledger; 3, 1.072x more again).
+DEPTH = 3
 #: Seconds after a boost ended when its deliveries still waiting for a handler
 #: thread go back to the queue: long enough for a pause of the pace (a busy machine, a
 #: slow second) to pass, short beside the broker's consumer_timeout.
@@ -141,8 +145,8 @@ class PrefetchBoost:
             await change_quietly(self._unboost(session))
         else:
             log.debug(
-                "jobs complete at %.0f/s: each queue consumed twice (%d deliveries in hand"
-                " at most)", pace, self._rule.deep(queues),
+                "jobs complete at %.0f/s: each queue consumed a second time (%d deliveries"
+                " in hand at most)", pace, self._rule.deep(queues),
             )  # fmt: skip
             await change_quietly(session.boost(self._rule.boost_prefetch))
 
