@@ -295,7 +295,8 @@ class Worker:
         )
 
     def _boost(self, runner: Runner, fast_path: FastPath, controls: ControlWatch) -> PrefetchBoost:
-        """Each queue consumed twice while jobs run short (worker.prefetch_boost)."""
+        """Each queue consumed a second time, deeper, while jobs run short
+        (worker.prefetch_boost)."""
         counts = runner.outcomes.counts
         return PrefetchBoost(
             self._settings.prefetch_count,

@@ -68,7 +68,7 @@ class Session:
         #: Consumers change one step at a time (a pause, a resume, a boost, the stop):
         #: a boost must not consume a queue a pause is cancelling.
         self._changing = asyncio.Lock()
-        #: Each queue is consumed twice (see :meth:`boost`): the second consumer's
+        #: Each queue is consumed a second time (see :meth:`boost`): the second consumers'
         #: prefetch, 0 while not boosted.
         self._boost_prefetch = 0
         self._prefetch = 0
