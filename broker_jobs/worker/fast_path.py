@@ -473,10 +473,10 @@ class FastPath:
             return
         for tag in ended:
             del self._ended_boosts[tag]
-        returned = 0
+        runner, returned = self._runner, 0
         for item in list(self._waiting):
-            if item.acks.lost or _consumer_tag(item.delivered) not in ended:
-                continue  # (a lost channel's: left, its thread gives the claim back)
+            if item.must_not_start(runner) or _consumer_tag(item.delivered) not in ended:
+                continue  # (stopping, paused, a lost channel: its thread settles it)
             try:
                 self._waiting.remove(item)  # atomic: a thread may be starting it
             except KeyError:
