@@ -3,7 +3,9 @@ the worker of two source trees (this checkout, and ``--base REV`` exported from 
 in interleaved rounds on one broker.
 
 Each round, for each side (their order alternates round by round): ``--jobs`` no-op
-jobs are published (pipelined confirms, this process, untimed) to a fresh namespace,
+jobs are published (pipelined confirms, untimed) to a fresh namespace by that side's
+own publisher (``bench/ab_publish.py`` run with the side's code: a change of what a job
+carries on the wire shows in the worker's figures),
 then one ``broker-jobs worker --burst`` process of that side drains them, started as a
 user starts it: default log level (INFO, the success summary line), default prefetch,
 ``--concurrency 8``, ``--store`` as given. Measured per side and round:
@@ -15,9 +17,10 @@ user starts it: default log level (INFO, the success summary line), default pref
 - **broker CPU per job** (µs): the broker's Erlang VM (``/proc``) during the drain, when
   the broker is a throwaway node of this run (an ack with ``multiple`` saves it work).
 
-- **latency p50** (ms): then the worker runs (not in burst mode) while this process
-  publishes one confirmed job every 1/``--rate`` s for ``--seconds``: the median of the
-  handler's start minus the publish call (``time.time()``, one machine).
+- **latency p50** (ms): then the worker runs (not in burst mode) while the side's
+  publisher publishes one confirmed job every 1/``--rate`` s for ``--seconds``: the
+  median of the handler's start minus the publish call (``time.time()``, one machine;
+  the side's own publish path is in it).
 
 The report gives each side's medians, and the median over rounds of each round's
 ratio this / base (jobs/s: above 1 is faster; CPU: below 1 is cheaper).
@@ -47,8 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
+from bench.ab_publish import TASK, Noop
 from bench.common import (
     REPO,
     Admin,
@@ -60,12 +62,13 @@ from bench.common import (
     print_config,
 )
 from bench.costs import process_cpu
-from broker_jobs import App, JobRequest, Publisher, QueueOptions
+from broker_jobs import App, QueueOptions
 from broker_jobs.testing.rabbit_node import RabbitNode
 from topology.model import QueueType
 
-TASK = "bench.ab"
 THIS, BASE = "this", "base"
+#: Run as a script with a side's code first on the path (not imported from here).
+PUBLISH_SCRIPT = Path(__file__).with_name("ab_publish.py")
 FIGURES = (
     ("jobs_per_s", "jobs/s"),
     ("worker_us", "µs/job"),
@@ -97,12 +100,6 @@ APP_SOURCE = textwrap.dedent(
             json.dump({{"starts": starts, "waits": waits}}, out)
     """
 )
-
-
-class Noop(BaseModel):
-    n: int
-    #: When the job was handed to the publisher (``time.time()``), for the latency.
-    sent: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -173,6 +170,14 @@ class Side:
     def env(self) -> dict[str, str]:
         return {**os.environ, "PYTHONPATH": os.pathsep.join([str(self.workdir), str(self.tree)])}
 
+    def publisher(self, mode: str, *figures: float) -> list[str]:
+        """The command of this side's publisher (``bench/ab_publish.py``): ``burst``
+        (jobs) or ``steady`` (rate, seconds)."""
+        return [
+            sys.executable, str(PUBLISH_SCRIPT), mode, self.url, self.app.namespace,
+            self.options.queue_type, *(f"{figure:g}" for figure in figures),
+        ]  # fmt: skip
+
     def recorded(self, returncode: int, stderr: str) -> dict[str, list[float]]:
         """What the handlers recorded, once the worker exited (``returncode``)."""
         if returncode != 0 or not self.report.exists():
@@ -190,8 +195,7 @@ def drain(side: Side, node: RabbitNode | None) -> tuple[float, float, float | No
     """Publish the jobs, then drain them with one burst worker: jobs/s, worker and
     broker CPU per job (µs; the broker's None on a broker of someone else's)."""
     jobs = side.options.jobs
-    with Publisher(side.url, side.app) as publisher:
-        publisher.publish_many([JobRequest(TASK, {"n": n}) for n in range(jobs)])
+    subprocess.run(side.publisher("burst", jobs), env=side.env, check=True)
     beam = node.beam_pid() if node is not None else None
     broker_before = process_cpu(beam) if beam else 0.0
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -232,14 +236,9 @@ def steady(side: Side) -> float:
                 if worker.poll() is not None or time.monotonic() > deadline:
                     break  # its exit code and output say why, below
                 time.sleep(0.05)
-            count = round(options.rate * options.seconds)
-            with Publisher(side.url, side.app) as publisher:
-                began = time.perf_counter()
-                for n in range(count):
-                    pause = began + n / options.rate - time.perf_counter()
-                    if pause > 0:
-                        time.sleep(pause)
-                    publisher.publish(TASK, {"n": n, "sent": time.time()})
+            subprocess.run(
+                side.publisher("steady", options.rate, options.seconds), env=side.env, check=True
+            )
             while admin.depth(queue) > 0 and worker.poll() is None:
                 time.sleep(0.05)
     finally:

@@ -1,0 +1,61 @@
+"""The publishing of one side of ``bench.ab``, run with that side's code.
+
+``bench.ab`` runs this file as a script (not as ``bench.ab_publish``) with the side's
+tree first on ``PYTHONPATH``, so the jobs a side's worker drains were built and
+encoded by that side's publisher: a change of what a job carries on the wire shows in
+the worker's figures, and the steady phase's publish-to-start time includes the
+side's own publish. It imports only the public ``broker_jobs`` API, which every
+revision compared has.
+
+    python bench/ab_publish.py burst URL NAMESPACE QUEUE_TYPE JOBS
+    python bench/ab_publish.py steady URL NAMESPACE QUEUE_TYPE RATE SECONDS
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from pydantic import BaseModel
+
+from broker_jobs import App, JobRequest, Publisher, QueueOptions
+
+#: The task and payload of ``bench.ab`` (its ``TASK`` and ``Noop``).
+TASK = "bench.ab"
+
+
+class Noop(BaseModel):
+    n: int
+    sent: float = 0.0
+
+
+def burst(publisher: Publisher, jobs: int) -> None:
+    """``jobs`` jobs in one pipelined batch."""
+    publisher.publish_many([JobRequest(TASK, {"n": n}) for n in range(jobs)])
+
+
+def steady(publisher: Publisher, rate: float, seconds: float) -> None:
+    """One confirmed publish every 1/``rate`` s for ``seconds``, each carrying the
+    time it was handed to the publisher."""
+    began = time.perf_counter()
+    for n in range(round(rate * seconds)):
+        pause = began + n / rate - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        publisher.publish(TASK, {"n": n, "sent": time.time()})
+
+
+def main(argv: list[str]) -> int:
+    mode, url, namespace, queue_type, *figures = argv
+    app = App(namespace=namespace)
+    app.declare(TASK, Noop, queue=QueueOptions(queue_type=queue_type))  # type: ignore[arg-type]
+    with Publisher(url, app) as publisher:
+        if mode == "burst":
+            burst(publisher, int(figures[0]))
+        else:
+            steady(publisher, float(figures[0]), float(figures[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
