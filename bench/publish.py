@@ -183,10 +183,8 @@ def raw_properties() -> dict[str, Any]:
         "message_id": job_id,
         "type": TASK,
         "timestamp": int(now.timestamp()),
+        # A job without a key: its other headers are at their default, left out.
         "headers": {
-            n.HEADER_WIRE_VERSION: n.WIRE_VERSION,
-            n.HEADER_IDEMPOTENCY_KEY: job_id,
-            n.HEADER_ATTEMPT: 1,
             n.HEADER_CREATED_AT: now.isoformat(timespec="microseconds").replace("+00:00", "Z"),
         },
     }

@@ -117,12 +117,13 @@ def encode(job: Job) -> WireMessage:
     """Serialise ``job``. Raises ``TypeError``/``ValueError`` only for a payload that
     is not JSON; callers turn that into a ``PayloadEncodingError``."""
     body = json.dumps(job.payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    headers: dict[str, Any] = {
-        n.HEADER_WIRE_VERSION: n.WIRE_VERSION,
-        n.HEADER_IDEMPOTENCY_KEY: job.idempotency_key,
-        n.HEADER_ATTEMPT: job.attempt,
-        n.HEADER_CREATED_AT: _iso(job.created_at),
-    }
+    # Headers at their wire default (version 1, the key equal to the id, attempt 1)
+    # are left out: every consumer reads an absent header as its default.
+    headers: dict[str, Any] = {n.HEADER_CREATED_AT: _iso(job.created_at)}
+    if job.idempotency_key != job.id:
+        headers[n.HEADER_IDEMPOTENCY_KEY] = job.idempotency_key
+    if job.attempt != 1:
+        headers[n.HEADER_ATTEMPT] = job.attempt
     if job.due_at is not None:
         headers[n.HEADER_DUE_AT] = _iso(job.due_at)
     if job.priority is not Priority.NORMAL:

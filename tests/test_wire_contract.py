@@ -113,14 +113,12 @@ def test_library_jobs_carry_the_documented_properties(
     assert properties.type == "image.resize"
     assert properties.timestamp == int(job.created_at.timestamp())
     # RabbitMQ adds its own x- headers (x-delivery-count on quorum queues).
+    # Headers at their default (wire version 1, attempt 1, a key equal to the id) are
+    # left out: the page says a consumer reads an absent header as its default.
     ours = {k: v for k, v in properties.headers.items() if not k.startswith("x-")}
     assert ours == {
-        "bj-wire-version": 1,
         "bj-idempotency-key": "key-7",
-        "bj-attempt": 1,
-        "bj-created-at": job.created_at.isoformat(timespec="microseconds").replace(
-            "+00:00", "Z"
-        ),
+        "bj-created-at": job.created_at.isoformat(timespec="microseconds").replace("+00:00", "Z"),
     }
 
 
