@@ -26,13 +26,20 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from broker_jobs import App, JobRequest, Publisher
+from broker_jobs import App, Job, JobRequest, Publisher
 from broker_jobs.errors import HandlerStuckError
 from broker_jobs.retry import RetryPolicy
 from broker_jobs.store.base import Status
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.worker import Worker, WorkerSettings
-from broker_jobs.worker.overrun import EXIT_HANDLER_STUCK
+from broker_jobs.worker.observer import JobObserver
+from broker_jobs.worker.overrun import (
+    EXIT_HANDLER_STUCK,
+    LimitWatch,
+    Overruns,
+    RunGuard,
+    TimeLimitInterrupt,
+)
 from broker_jobs.worker.supervisor import Verdict, judge_exit
 from tests.support import Broker, app_from, run_burst_worker
 from topology import Topology
@@ -302,3 +309,34 @@ def test_the_worker_command_exits_70_on_a_stuck_handler_and_its_supervisor_resta
     assert done.returncode == 70, done.stderr
     assert "stuck past their time limit" in done.stderr
     assert judge_exit(70, ran_for=30, stopping=False) is Verdict.RESTART
+
+
+def test_a_limit_armed_late_counts_from_the_handlers_start() -> None:
+    """The fast path arms a handler's limit when the loop gets to it (one call for all
+    the threads' reports and limits): the deadline is the handler's start plus the
+    limit, however late the arming. A 30 s limit armed 31 s after its start fires at
+    once; counted from the arming it would not fire within the 10 s waited here."""
+
+    async def scenario() -> bool:
+        overruns = Overruns(grace=60, observer=JobObserver("jobs", "w1"))
+        guard = RunGuard()
+        watch = LimitWatch(30, Job(task="t.spin"), overruns, guard)
+        interrupted, done = threading.Event(), threading.Event()
+
+        def spin() -> None:
+            try:
+                while not done.is_set():
+                    time.sleep(0.001)
+            except TimeLimitInterrupt:
+                interrupted.set()
+
+        loop = asyncio.get_running_loop()
+        running = loop.run_in_executor(None, guard.call, spin)
+        watch.arm(time.monotonic() - 31)
+        ended = await loop.run_in_executor(None, interrupted.wait, 10)
+        done.set()  # not interrupted: the handler returns
+        watch.outcome(None)
+        await running
+        return ended
+
+    assert asyncio.run(scenario())

@@ -18,6 +18,7 @@ import inspect
 import logging
 import queue
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -232,7 +233,7 @@ class Executor:
 
         def on_thread() -> Any:
             if watch is not None:
-                loop.call_soon_threadsafe(watch.arm)
+                loop.call_soon_threadsafe(watch.arm, time.monotonic())
             with run:
                 return guard.call(handler, payload)
 

@@ -124,6 +124,9 @@ class FastPath:
         #: What handler threads report (an error, None for success, or _SKIPPED),
         #: taken on the loop: one wake-up for all reports made meanwhile.
         self._reports: deque[tuple[_Item, object]] = deque()
+        #: Time limits of handlers started on threads, to arm on the loop: taken with
+        #: the reports, after them, so a run that ended meanwhile gets no timer.
+        self._to_arm: deque[tuple[LimitWatch, float]] = deque()
         self._reports_called = False
         self._finished: list[tuple[_Item, BaseException | None]] = []
         self._done = asyncio.Event()
@@ -366,7 +369,8 @@ class FastPath:
         # is replaced).
         item.watch = watch = limit.watch(guard, functools.partial(self._stuck_jobs.add, item))
         if watch is not None:
-            self._call_soon(watch.arm)
+            self._to_arm.append((watch, time.monotonic()))
+            self._take_soon()
         call = bound_handler(item.spec, item.job, runner.settings.worker_id, runner.follow_ups)
         item.run = run = runner.observer.run(item.job)
         try:
@@ -403,6 +407,11 @@ class FastPath:
     def _report(self, item: _Item, outcome: object) -> None:
         """From any thread: the job's outcome, for the loop."""
         self._reports.append((item, outcome))
+        self._take_soon()
+
+    def _take_soon(self) -> None:
+        """From any thread: have the loop take the reports and time limits, with one
+        call for all those made until it does (a call per job cost a wake-up each)."""
         if not self._reports_called:
             self._reports_called = True
             self._call_soon(self._take_reports)
@@ -421,6 +430,10 @@ class FastPath:
             else:
                 assert outcome is None or isinstance(outcome, BaseException)
                 self._settle(item, outcome)
+        to_arm = self._to_arm
+        while to_arm:
+            watch, started = to_arm.popleft()
+            watch.arm(started)  # a run settled above is ended: no timer
 
     def settle_stuck(self) -> None:
         """The worker replaces itself: each stuck job's attempt failed by its time

@@ -28,6 +28,7 @@ import asyncio
 import ctypes
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -206,10 +207,10 @@ class Overruns:
 
 
 class LimitWatch:
-    """One sync run's time limit, kept on the event loop. :meth:`arm` when the handler
-    starts on its thread (the limit never counts the wait for a thread); at the limit
-    the handler is interrupted, and ``grace`` seconds later, still not returned, it is
-    stuck (``stuck`` is set, ``on_stuck()`` called; the worker replaces itself).
+    """One sync run's time limit, kept on the event loop. :meth:`arm` with the time
+    the handler started on its thread (the limit never counts the wait for a thread);
+    at the limit the handler is interrupted, and ``grace`` seconds later, still not
+    returned, it is stuck (``stuck`` is set, ``on_stuck()`` called; the worker replaces itself).
     :meth:`outcome` says what the attempt's outcome is once it ends, or once it is
     settled without its handler."""
 
@@ -232,11 +233,14 @@ class LimitWatch:
         #: Set when the handler is stuck past its limit and the grace.
         self.stuck = asyncio.Event()
 
-    def arm(self) -> None:
-        """On the loop, once the handler started: the limit counts from now."""
+    def arm(self, started: float) -> None:
+        """On the loop: the limit counts from ``started`` (``time.monotonic()`` when
+        the handler started on its thread), however late the loop gets to it. A run
+        that already ended gets no timer."""
         if not self._ended:
             loop = asyncio.get_running_loop()
-            self._timers.append(loop.call_later(self.seconds, self._at_limit))
+            remaining = max(started + self.seconds - time.monotonic(), 0.0)
+            self._timers.append(loop.call_later(remaining, self._at_limit))
 
     def _at_limit(self) -> None:
         if self._ended or not self._guard.interrupt():
