@@ -506,10 +506,7 @@ class FastPath:
         """A job left waiting by an ended boost: its claim given back, then its
         delivery returned to the queue (another worker, or this one's remaining
         consumer, takes it in turn)."""
-        item.settled = True
-        self._claimed_jobs.discard(item)
-        if item.renewing is not None:
-            item.renewing.cancel()
+        self._unclaim(item)
         runner = self._runner
 
         async def back() -> None:
@@ -543,8 +540,9 @@ class FastPath:
         self._done.set()
 
     def _give_claim_back(self, item: _Item) -> None:
-        item.settled = True
-        self._claimed_jobs.discard(item)
+        """A job not started: its claim given back, its delivery left unsettled (the
+        broker returns it when its channel goes)."""
+        self._unclaim(item)
         runner = self._runner
 
         async def release() -> str | None:
@@ -555,6 +553,14 @@ class FastPath:
             return None  # left unsettled: the broker gives it back
 
         runner.spawn(item.message, item.task, release())
+
+    def _unclaim(self, item: _Item) -> None:
+        """``item`` will not run here: settled for this path, out of the claimed jobs
+        (the lease sweep's), its renewal in flight stopped; its claim is released next."""
+        item.settled = True
+        self._claimed_jobs.discard(item)
+        if item.renewing is not None:
+            item.renewing.cancel()
 
     # -- the recorder: successes in one store call, then acks ---------------------------
 
