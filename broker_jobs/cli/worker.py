@@ -23,7 +23,7 @@ from broker_jobs.store.base import DEFAULT_RETENTION, Store
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
 from broker_jobs.watched_loop import WatchedLoop
-from broker_jobs.worker import Worker, WorkerSettings
+from broker_jobs.worker import Worker, WorkerSettings, frame_reading
 from broker_jobs.worker.success_summary import SUCCESS_LINES
 from broker_jobs.worker.supervisor import Supervisor, parse_processes
 
@@ -248,12 +248,15 @@ def run_worker(run: WorkerRun) -> None:
 async def _run(
     url: BrokerURLs, app: App, store: Store, settings: WorkerSettings, metrics_port: int | None
 ) -> dict[str, int]:
-    if metrics_port is None:
-        worker = Worker(url, app, store, settings)
+    # The worker's own process: aiormq reads whole frames in one step
+    # (broker_jobs/worker/frame_reading.py), as the WatchedLoop above is its own loop.
+    with frame_reading.reading_whole_frames():
+        if metrics_port is None:
+            worker = Worker(url, app, store, settings)
+            worker.install_signal_handlers()
+            return dict(await worker.run())
+        registry = process_registry()
+        worker = Worker(url, app, store, settings, metrics=WorkerMetrics(registry))
         worker.install_signal_handlers()
-        return dict(await worker.run())
-    registry = process_registry()
-    worker = Worker(url, app, store, settings, metrics=WorkerMetrics(registry))
-    worker.install_signal_handlers()
-    async with serving(registry, Health(worker.readiness), metrics_port):
-        return dict(await worker.run())
+        async with serving(registry, Health(worker.readiness), metrics_port):
+            return dict(await worker.run())

@@ -1,0 +1,111 @@
+"""Whole frames taken from the connection's read buffer in one step.
+
+aiormq reads every AMQP frame with three awaited ``readexactly`` calls into a
+``BytesIO`` under an ``asyncio.Lock`` (``FrameReceiver.get_frame``), then unmarshals
+it: a delivery is three frames (method, content header, body). A busy worker's
+socket reads bring many deliveries at once, so most frames are already whole in the
+connection's ``StreamReader`` buffer when asked for: :func:`whole_frame` slices such
+a frame out and unmarshals it directly. Anything else (a frame not wholly read yet,
+the connection's first frame, end of file, a read error, a bad frame end) takes
+aiormq's own path, which waits, raises and reports as before.
+
+:func:`reading_whole_frames` puts it on aiormq's ``FrameReceiver`` class for a block
+(``broker-jobs worker`` runs its worker inside one), so it serves every aiormq
+connection of the process meanwhile: it changes how a frame is read, never which
+frame or what it holds. It relies on asyncio's ``StreamReader`` internals (``_buffer``,
+``_exception``, ``_maybe_resume_transport``, which ``readexactly`` itself uses) and on
+aiormq's ``FrameReceiver`` attributes; where one is missing nothing is installed.
+tests/test_frame_reading.py fails if the replacement stops taking effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pamqp.frame
+from aiormq.connection import FrameReceiver
+from aiormq.exceptions import InvalidFrameError
+from pamqp.exceptions import PAMQPException
+
+log = logging.getLogger(__name__)
+
+#: Frame type (octet), channel (short), payload size (long): AMQP 0-9-1, 2.3.5.
+_FRAME_HEADER = struct.Struct(">BHI")
+_FRAME_END = 0xCE
+#: The header, the payload, the frame-end octet.
+_OVERHEAD = _FRAME_HEADER.size + 1
+
+#: ``(bytes read, channel, frame)``, as ``pamqp.frame.unmarshal`` returns it.
+ReceivedFrame = tuple[int, int, Any]
+
+
+def whole_frame(receiver: Any) -> ReceivedFrame | None:
+    """The next frame of ``receiver`` (an aiormq ``FrameReceiver``) if it is wholly
+    in its reader's buffer and nothing else is reading; None otherwise (the caller
+    takes aiormq's path)."""
+    reader = getattr(receiver, "reader", None)
+    if not isinstance(reader, asyncio.StreamReader) or not receiver.started:
+        return None
+    if receiver.lock.locked() or reader._exception is not None:  # type: ignore[attr-defined]
+        return None
+    buffer: bytearray = reader._buffer  # type: ignore[attr-defined]
+    if len(buffer) < _OVERHEAD:
+        return None
+    _, _, size = _FRAME_HEADER.unpack_from(buffer)
+    end = size + _OVERHEAD
+    if len(buffer) < end or buffer[end - 1] != _FRAME_END:
+        return None
+    data = bytes(memoryview(buffer)[:end])
+    del buffer[:end]
+    reader._maybe_resume_transport()  # type: ignore[attr-defined]  # as readexactly does
+    try:
+        return pamqp.frame.unmarshal(data)
+    except PAMQPException as error:  # what aiormq's own path raises
+        raise InvalidFrameError(str(error)) from error
+
+
+@contextmanager
+def reading_whole_frames() -> Iterator[bool]:
+    """Inside the block, every aiormq connection of this process reads whole frames
+    in one step (yields False, nothing changed, where aiormq or asyncio lack what it
+    needs). Nested blocks leave it to the outermost; its end puts aiormq's method
+    back. Enter it with the event loop running."""
+    aiormq_way = FrameReceiver.get_frame
+    if getattr(aiormq_way, "reads_whole_frames", False):
+        yield True
+        return
+    if not _has_stream_internals():
+        log.debug("asyncio's StreamReader lacks what whole_frame needs: aiormq's path runs")
+        yield False
+        return
+    FrameReceiver.get_frame = _reading_whole_frames(aiormq_way)  # type: ignore[method-assign,assignment]
+    try:
+        yield True
+    finally:
+        FrameReceiver.get_frame = aiormq_way  # type: ignore[method-assign]
+
+
+def _has_stream_internals() -> bool:
+    probe = asyncio.StreamReader()
+    return all(
+        hasattr(probe, name) for name in ("_buffer", "_exception", "_maybe_resume_transport")
+    )
+
+
+def _reading_whole_frames(
+    aiormq_way: Callable[[Any], Awaitable[ReceivedFrame]],
+) -> Callable[[Any], Awaitable[ReceivedFrame]]:
+    async def get_frame(self: Any) -> ReceivedFrame:
+        frame = whole_frame(self)
+        if frame is not None:
+            return frame
+        return await aiormq_way(self)
+
+    get_frame.reads_whole_frames = True  # type: ignore[attr-defined]
+    get_frame.__wrapped__ = aiormq_way  # type: ignore[attr-defined]
+    return get_frame
