@@ -20,7 +20,10 @@ user starts it: default log level (INFO, the success summary line), default pref
 - **latency p50** (ms): then the worker runs (not in burst mode) while the side's
   publisher publishes one confirmed job every 1/``--rate`` s for ``--seconds``: the
   median of the handler's start minus the publish call (``time.time()``, one machine;
-  the side's own publish path is in it).
+  the side's own publish path is in it);
+- **single publish** (/s, and µs of the publisher's CPU each): then, no worker
+  running, the side's publisher publishes ``--publishes`` jobs one by one, each
+  waiting for its confirm.
 
 The report gives each side's medians, and the median over rounds of each round's
 ratio this / base (jobs/s: above 1 is faster; CPU: below 1 is cheaper).
@@ -74,6 +77,8 @@ FIGURES = (
     ("worker_us", "µs/job"),
     ("broker_us", "µs/job"),
     ("latency_p50_ms", "ms"),
+    ("publish_per_s", "/s"),
+    ("publish_cpu_us", "µs"),
 )
 
 APP_SOURCE = textwrap.dedent(
@@ -110,6 +115,7 @@ class Options:
     rounds: int
     rate: float
     seconds: float
+    publishes: int
     store: str
     queue_type: str
     #: Worker options for this checkout's side only (``--this-args "--prefetch 160"``):
@@ -125,6 +131,10 @@ class Figures:
     worker_us: float
     broker_us: float | None
     latency_p50_ms: float
+    #: Confirmed publishes one by one, no worker running: a second, and the
+    #: publisher's CPU per publish (µs).
+    publish_per_s: float
+    publish_cpu_us: float
 
 
 def export(rev: str, into: Path) -> Path:
@@ -247,6 +257,20 @@ def steady(side: Side) -> float:
     return statistics.median(side.recorded(worker.returncode, stderr)["waits"]) * 1000
 
 
+def single_publish(side: Side) -> dict[str, float]:
+    """No worker running: the side's publisher publishes ``--publishes`` jobs one by
+    one, each waiting for its confirm (its rate, and its CPU per publish)."""
+    done = subprocess.run(
+        side.publisher("single", side.options.publishes),
+        env=side.env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    found: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
 def measure(
     options: Options, url: str, node: RabbitNode | None, tree: Path, args: Sequence[str] = ()
 ) -> Figures:
@@ -254,9 +278,12 @@ def measure(
     try:
         jobs_per_s, worker_us, broker_us = drain(side, node)
         latency = steady(side)
+        published = single_publish(side)
     finally:
         side.delete()
-    return Figures(jobs_per_s, worker_us, broker_us, latency)
+    return Figures(
+        jobs_per_s, worker_us, broker_us, latency, published["per_s"], published["cpu_us"]
+    )
 
 
 def ratios(rounds: list[dict[str, Figures]], figure: str) -> list[float] | None:
@@ -277,6 +304,7 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
         store=options.store,
         queue_type=options.queue_type,
         steady=f"{options.rate:g} jobs/s for {options.seconds:g} s, one confirmed publish each",
+        single=f"{options.publishes} confirmed publishes one by one, no worker running",
         worker="broker-jobs worker --concurrency 8 (default log level and prefetch)",
         this_args=options.this_args or "none",
     )
@@ -297,7 +325,8 @@ def _line(side: str, found: Figures) -> str:
     broker = "" if found.broker_us is None else f", broker {found.broker_us:.0f} µs/job"
     return (
         f"{side} {found.jobs_per_s:,.0f} jobs/s, worker {found.worker_us:.0f} µs/job{broker},"
-        f" latency p50 {found.latency_p50_ms:.2f} ms"
+        f" latency p50 {found.latency_p50_ms:.2f} ms, single publish"
+        f" {found.publish_per_s:,.0f}/s ({found.publish_cpu_us:.0f} µs CPU each)"
     )
 
 
@@ -328,6 +357,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser = bench_parser("ab", __doc__)
     parser.add_argument("--base", required=True, help="the git revision to compare with")
     add_number(parser, "--jobs", int, 20_000, "jobs per drain")
+    add_number(parser, "--publishes", int, 2_000, "single confirmed publishes per round")
     add_number(parser, "--rounds", int, 6, "rounds (each side once per round)")
     add_number(parser, "--rate", float, 200, "jobs/s of the steady phase")
     add_number(parser, "--seconds", float, 5, "the steady phase's length")

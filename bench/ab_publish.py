@@ -9,10 +9,12 @@ revision compared has.
 
     python bench/ab_publish.py burst URL NAMESPACE QUEUE_TYPE JOBS
     python bench/ab_publish.py steady URL NAMESPACE QUEUE_TYPE RATE SECONDS
+    python bench/ab_publish.py single URL NAMESPACE QUEUE_TYPE JOBS   # prints JSON
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -45,6 +47,17 @@ def steady(publisher: Publisher, rate: float, seconds: float) -> None:
         publisher.publish(TASK, {"n": n, "sent": time.time()})
 
 
+def single(publisher: Publisher, jobs: int) -> dict[str, float]:
+    """``jobs`` confirmed publishes one by one (after one untimed, which connects):
+    publishes a second, and this process's CPU per publish (µs)."""
+    publisher.publish(TASK, {"n": -1})
+    began, cpu = time.perf_counter(), time.process_time()
+    for n in range(jobs):
+        publisher.publish(TASK, {"n": n})
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
+    return {"per_s": jobs / elapsed, "cpu_us": cpu * 1e6 / jobs}
+
+
 def main(argv: list[str]) -> int:
     mode, url, namespace, queue_type, *figures = argv
     app = App(namespace=namespace)
@@ -52,6 +65,8 @@ def main(argv: list[str]) -> int:
     with Publisher(url, app) as publisher:
         if mode == "burst":
             burst(publisher, int(figures[0]))
+        elif mode == "single":
+            print(json.dumps(single(publisher, int(figures[0]))))
         else:
             steady(publisher, float(figures[0]), float(figures[1]))
     return 0
