@@ -13,8 +13,9 @@ aiormq's own path, which waits, raises and reports as before.
 (``broker-jobs worker`` runs its worker inside one), so it serves every aiormq
 connection of the process meanwhile: it changes how a frame is read, never which
 frame or what it holds. It relies on asyncio's ``StreamReader`` internals (``_buffer``,
-``_exception``, ``_maybe_resume_transport``, which ``readexactly`` itself uses) and on
-aiormq's ``FrameReceiver`` attributes; where one is missing nothing is installed.
+``_exception``, ``_maybe_resume_transport``, which ``readexactly`` itself uses: where
+one is missing nothing is installed) and on aiormq's ``FrameReceiver`` attributes
+(``reader``, ``started``, ``lock``: where one is missing, aiormq's path reads).
 tests/test_frame_reading.py fails if the replacement stops taking effect.
 """
 
@@ -48,10 +49,14 @@ def whole_frame(receiver: Any) -> ReceivedFrame | None:
     """The next frame of ``receiver`` (an aiormq ``FrameReceiver``) if it is wholly
     in its reader's buffer and nothing else is reading; None otherwise (the caller
     takes aiormq's path)."""
+    # getattr: an aiormq without these attributes takes its own path, never fails here.
     reader = getattr(receiver, "reader", None)
-    if not isinstance(reader, asyncio.StreamReader) or not receiver.started:
+    lock = getattr(receiver, "lock", None)
+    if not isinstance(reader, asyncio.StreamReader) or not getattr(receiver, "started", False):
         return None
-    if receiver.lock.locked() or reader._exception is not None:  # type: ignore[attr-defined]
+    if not isinstance(lock, asyncio.Lock) or lock.locked():
+        return None
+    if reader._exception is not None:  # type: ignore[attr-defined]
         return None
     buffer: bytearray = reader._buffer  # type: ignore[attr-defined]
     if len(buffer) < _OVERHEAD:
