@@ -6,6 +6,7 @@ import asyncio
 import importlib
 import os
 import socket
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -231,6 +232,22 @@ def app_from(directory: Path, module: str) -> App:
         sys.modules.pop(module, None)
     assert isinstance(app, App)
     return app
+
+
+def worker_command(
+    broker: Broker, directory: Path, app_path: str, *options: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m broker_jobs worker`` on ``app_path`` (a module of ``directory``),
+    run to its end (at most 120 s), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "broker_jobs", "worker", "--url", broker.url, app_path, *options],
+        check=False,
+        cwd=directory,
+        env={"PYTHONPATH": str(directory), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def importable_app(

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +21,7 @@ from pamqp.header import ContentHeader
 
 from broker_jobs import JobRequest, Publisher
 from broker_jobs.worker import frame_reading
-from tests.support import Broker, app_from
+from tests.support import Broker, app_from, worker_command
 from topology import Topology
 
 BODY = b'{"n":1}'
@@ -161,18 +159,7 @@ def test_the_worker_command_runs_each_job_once_through_it(
         publisher.publish_many(
             [JobRequest("frames.blob", {"n": n, "blob": large.get(n, "")}) for n in range(2_000)]
         )
-    done = subprocess.run(
-        [
-            sys.executable, "-m", "broker_jobs", "worker", "--url", broker.url, "frames_app:app",
-            "--store", "memory://", "--burst",
-        ],
-        check=False,
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )  # fmt: skip
+    done = worker_command(broker, tmp_path, "frames_app:app", "--store", "memory://", "--burst")
     assert done.returncode == 0, done.stderr
     ran = [
         tuple(map(int, line.split()))

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -41,7 +39,7 @@ from broker_jobs.worker.overrun import (
     TimeLimitInterrupt,
 )
 from broker_jobs.worker.supervisor import Verdict, judge_exit
-from tests.support import Broker, app_from, run_burst_worker
+from tests.support import Broker, app_from, run_burst_worker, worker_command
 from topology import Topology
 
 #: Publish delays that send a job down each path.
@@ -294,18 +292,9 @@ def test_the_worker_command_exits_70_on_a_stuck_handler_and_its_supervisor_resta
     with Publisher(broker.url, stuck_app) as publisher:
         publisher.publish("stuck.cli", {"key": "s"})
     store = tmp_path / "ledger.db"
-    done = subprocess.run(
-        [
-            sys.executable, "-m", "broker_jobs", "worker", "--url", broker.url, "stuck_app:app",
-            "--store", f"sqlite:///{store}", "--overrun-grace", "0.5",
-        ],
-        check=False,
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )  # fmt: skip
+    done = worker_command(
+        broker, tmp_path, "stuck_app:app", "--store", f"sqlite:///{store}", "--overrun-grace", "0.5"
+    )
     assert done.returncode == 70, done.stderr
     assert "stuck past their time limit" in done.stderr
     assert judge_exit(70, ran_for=30, stopping=False) is Verdict.RESTART
