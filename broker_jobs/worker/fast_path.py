@@ -127,7 +127,7 @@ class FastPath:
         #: Time limits of handlers started on threads, to arm on the loop: taken with
         #: the reports, after them, so a run that ended meanwhile gets no timer.
         self._to_arm: deque[tuple[LimitWatch, float]] = deque()
-        self._reports_called = False
+        self._take_called = False
         self._finished: list[tuple[_Item, BaseException | None]] = []
         self._done = asyncio.Event()
         #: Deliveries taken from the queue and not yet settled or left.
@@ -412,8 +412,8 @@ class FastPath:
     def _take_soon(self) -> None:
         """From any thread: have the loop take the reports and time limits, with one
         call for all those made until it does (a call per job cost a wake-up each)."""
-        if not self._reports_called:
-            self._reports_called = True
+        if not self._take_called:
+            self._take_called = True
             self._call_soon(self._take_reports)
 
     def _call_soon(self, callback: Callable[..., object], *args: object) -> None:
@@ -421,7 +421,7 @@ class FastPath:
         call_soon_from_thread(self._loop, callback, *args)
 
     def _take_reports(self) -> None:
-        self._reports_called = False  # before taking: a report made now calls again
+        self._take_called = False  # before taking: a report made now calls again
         reports = self._reports
         while reports:
             item, outcome = reports.popleft()
