@@ -303,20 +303,17 @@ class JobFactory:
     def build(self, task: TaskRef, payload: Payload, **options: Unpack[JobOptions]) -> Prepared:
         """Validate, encode and route one job; raises a :class:`JobError` subclass
         (``TypeError`` for an option ``publish`` does not take)."""
-        check_keywords("publish", options, JOB_OPTIONS)
         task = task_name(task)
         data = self._payload_data(task, payload)
         now = utc_now()
-        fields: dict[str, Any] = {
-            "task": task,
-            "payload": data,
-            "created_at": now,
-            "due_at": due_time(now, options.get("delay"), options.get("eta")),
-        }
-        for option, field_name in _OPTION_FIELDS.items():
-            if value := options.get(option):
-                fields[field_name] = value
-        fields["priority"] = self._priority(task, options.get("priority"))
+        fields: dict[str, Any] = {"task": task, "payload": data, "created_at": now}
+        if options:  # most publishes give none
+            check_keywords("publish", options, JOB_OPTIONS)
+            fields["due_at"] = due_time(now, options.get("delay"), options.get("eta"))
+            for option, field_name in _OPTION_FIELDS.items():
+                if value := options.get(option):
+                    fields[field_name] = value
+            fields["priority"] = self._priority(task, options.get("priority"))
         try:
             job = Job.model_validate(fields)
         except ValidationError as error:
