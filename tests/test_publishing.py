@@ -256,27 +256,6 @@ def test_a_message_goes_to_the_socket_as_one_buffer_at_once(broker: Broker, app:
         link.close()
 
 
-def test_waiting_for_confirms_leaves_no_timer_behind(broker: Broker, app: App) -> None:
-    """A confirm's wait (10 s by default) is longer than pika's poll ever sleeps, so
-    it sets no timer of its own: a timer per wait stayed in pika's heap, cancelled,
-    until its deadline passed (``PikaLink._turn``; pika's internals: this fails if
-    pika changes them)."""
-    from broker_jobs.envelope import Job, encode  # noqa: PLC0415
-    from broker_jobs.publish.pika_link import PikaLink  # noqa: PLC0415
-    from broker_jobs.urls import BrokerURL  # noqa: PLC0415
-
-    link = PikaLink(BrokerURL(broker.url), connect_timeout=10, connection_name="test")
-    try:
-        heap = link._connection.ioloop._timer._timeout_heap  # type: ignore[attr-defined]
-        timers_before = len(heap)
-        for _ in range(20):
-            delivery = link.publish("", "nowhere.at.all", encode(Job(task="greet.hello")))
-            assert link.wait(lambda d=delivery: d.settled, 10.0)
-        assert len(heap) == timers_before
-    finally:
-        link.close()
-
-
 def test_a_link_keeps_the_first_reason_it_closed_for(broker: Broker, namespace: str) -> None:
     """A publish to a missing exchange closes the channel (404), and the link then
     closes its connection: the connection's "normal shutdown", which may be read in

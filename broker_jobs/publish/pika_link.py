@@ -11,7 +11,6 @@ stop waiting at a deadline. It is not thread-safe; the publisher serialises call
 from __future__ import annotations
 
 import contextlib
-import math
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -217,12 +216,6 @@ class PikaLink:
         """One pass of the I/O loop, sleeping at most ``timeout`` seconds."""
         loop = self._connection.ioloop
         self._last_turn = time.monotonic()
-        if timeout >= _longest_poll(loop):
-            # pika's poll wakes by then anyway (a confirm's wait, 10 s by default): a
-            # timer of ours cost a heap entry per turn, kept until its deadline passed.
-            loop.poll()
-            loop.process_timeouts()
-            return
         # A timer bounds the poll: without one pika sleeps up to 5 s per pass.
         wake = loop.call_later(max(timeout, 0.0), _nothing)
         try:
@@ -376,15 +369,6 @@ def _send_now(sock: socket.socket, data: bytes) -> int:
         return sock.send(data)
     except OSError:
         return 0
-
-
-def _longest_poll(loop: Any) -> float:
-    """The longest a pass of pika's I/O loop sleeps without a timer of ours (its
-    ``_MAX_POLL_TIMEOUT``, 5 s): infinite where this pika lacks it, so a timer is set
-    for every wait."""
-    poller = getattr(loop, "_poller", None)
-    longest = getattr(poller, "_MAX_POLL_TIMEOUT", None)
-    return float(longest) if isinstance(longest, int | float) else math.inf
 
 
 def _nothing() -> None:
