@@ -179,12 +179,10 @@ def test_publish_many_validates_everything_before_sending_anything(
     with pytest.raises(PayloadValidationError):
         publisher.publish_many([good, JobRequest("image.resize", {"url": "u"})])
     with pytest.raises(JobError, match="same id"):
-        publisher.publish_many(
-            [
-                JobRequest("image.resize", {"url": "u", "width": 1}, job_id="dup"),
-                JobRequest("image.resize", {"url": "v", "width": 2}, job_id="dup"),
-            ]
-        )
+        publisher.publish_many([
+            JobRequest("image.resize", {"url": "u", "width": 1}, job_id="dup"),
+            JobRequest("image.resize", {"url": "v", "width": 2}, job_id="dup"),
+        ])
     assert drain(connection, app.names.task_queue("image.resize")) == []
 
 
