@@ -20,7 +20,8 @@ user starts it: default log level (INFO, the success summary line), default pref
 - **latency p50** (ms): then the worker runs (not in burst mode) while the side's
   publisher publishes one confirmed job every 1/``--rate`` s for ``--seconds``: the
   median of the handler's start minus the publish call (``time.time()``, one machine;
-  the side's own publish path is in it);
+  the side's own publish path is in it); and the **worker's CPU per job** meanwhile
+  (µs, ``/proc``: a worker taking jobs one at a time, as most run, not in a burst);
 - **single publish** (/s, and µs of the publisher's CPU each): then, no worker
   running, the side's publisher publishes ``--publishes`` jobs one by one, each
   waiting for its confirm.
@@ -77,6 +78,7 @@ FIGURES = (
     ("worker_us", "µs/job"),
     ("broker_us", "µs/job"),
     ("latency_p50_ms", "ms"),
+    ("steady_worker_us", "µs/job"),
     ("publish_per_s", "/s"),
     ("publish_cpu_us", "µs"),
 )
@@ -131,6 +133,8 @@ class Figures:
     worker_us: float
     broker_us: float | None
     latency_p50_ms: float
+    #: The worker's CPU per job (µs) while jobs come one at a time (the steady phase).
+    steady_worker_us: float
     #: Confirmed publishes one by one, no worker running: a second, and the
     #: publisher's CPU per publish (µs).
     publish_per_s: float
@@ -230,9 +234,10 @@ def drain(side: Side, node: RabbitNode | None) -> tuple[float, float, float | No
     )
 
 
-def steady(side: Side) -> float:
+def steady(side: Side) -> tuple[float, float]:
     """The worker running, one confirmed publish every 1/rate s for the phase: the
-    median of publish call to handler start (ms)."""
+    median of publish call to handler start (ms), and the worker's CPU per job (µs)
+    from the phase's first publish until its queue is empty."""
     options = side.options
     worker = subprocess.Popen(
         side.command(), cwd=side.workdir, env=side.env, stdout=subprocess.DEVNULL,
@@ -246,15 +251,19 @@ def steady(side: Side) -> float:
                 if worker.poll() is not None or time.monotonic() > deadline:
                     break  # its exit code and output say why, below
                 time.sleep(0.05)
+            cpu_before = process_cpu(worker.pid)
             subprocess.run(
                 side.publisher("steady", options.rate, options.seconds), env=side.env, check=True
             )
             while admin.depth(queue) > 0 and worker.poll() is None:
                 time.sleep(0.05)
+            # (an exited worker has no /proc entry: its exit code says why, below)
+            cpu = process_cpu(worker.pid) - cpu_before if worker.poll() is None else 0.0
     finally:
         worker.send_signal(signal.SIGTERM)  # the jobs it holds and has not started: left
         _, stderr = worker.communicate(timeout=60)
-    return statistics.median(side.recorded(worker.returncode, stderr)["waits"]) * 1000
+    waits = side.recorded(worker.returncode, stderr)["waits"]
+    return statistics.median(waits) * 1000, cpu * 1e6 / len(waits)
 
 
 def single_publish(side: Side) -> dict[str, float]:
@@ -277,12 +286,18 @@ def measure(
     side = Side(options, url, tree, args)
     try:
         jobs_per_s, worker_us, broker_us = drain(side, node)
-        latency = steady(side)
+        latency, steady_worker_us = steady(side)
         published = single_publish(side)
     finally:
         side.delete()
     return Figures(
-        jobs_per_s, worker_us, broker_us, latency, published["per_s"], published["cpu_us"]
+        jobs_per_s,
+        worker_us,
+        broker_us,
+        latency,
+        steady_worker_us,
+        published["per_s"],
+        published["cpu_us"],
     )
 
 
@@ -325,7 +340,8 @@ def _line(side: str, found: Figures) -> str:
     broker = "" if found.broker_us is None else f", broker {found.broker_us:.0f} µs/job"
     return (
         f"{side} {found.jobs_per_s:,.0f} jobs/s, worker {found.worker_us:.0f} µs/job{broker},"
-        f" latency p50 {found.latency_p50_ms:.2f} ms, single publish"
+        f" latency p50 {found.latency_p50_ms:.2f} ms (worker {found.steady_worker_us:.0f}"
+        " µs/job), single publish"
         f" {found.publish_per_s:,.0f}/s ({found.publish_cpu_us:.0f} µs CPU each)"
     )
 
