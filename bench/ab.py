@@ -251,19 +251,24 @@ def steady(side: Side) -> tuple[float, float]:
                 if worker.poll() is not None or time.monotonic() > deadline:
                     break  # its exit code and output say why, below
                 time.sleep(0.05)
-            cpu_before = process_cpu(worker.pid)
+            cpu_before = _cpu(worker)
             subprocess.run(
                 side.publisher("steady", options.rate, options.seconds), env=side.env, check=True
             )
             while admin.depth(queue) > 0 and worker.poll() is None:
                 time.sleep(0.05)
-            # (an exited worker has no /proc entry: its exit code says why, below)
-            cpu = process_cpu(worker.pid) - cpu_before if worker.poll() is None else 0.0
+            cpu = _cpu(worker) - cpu_before
     finally:
         worker.send_signal(signal.SIGTERM)  # the jobs it holds and has not started: left
         _, stderr = worker.communicate(timeout=60)
     waits = side.recorded(worker.returncode, stderr)["waits"]
     return statistics.median(waits) * 1000, cpu * 1e6 / len(waits)
+
+
+def _cpu(worker: subprocess.Popen[str]) -> float:
+    """The worker's CPU seconds so far; 0 once it exited (no /proc entry left: its
+    exit code and output say why, where its figures are read)."""
+    return process_cpu(worker.pid) if worker.poll() is None else 0.0
 
 
 def single_publish(side: Side) -> dict[str, float]:

@@ -330,9 +330,13 @@ class _OneWriteConnection(SelectConnection):
         # What pika's own method counts, for its statistics.
         self.bytes_sent += sum(len(frame) for frame in marshaled_frames)
         self.frames_sent += len(marshaled_frames)
-        data = marshaled_frames[0] if len(marshaled_frames) == 1 else b"".join(marshaled_frames)
-        transport = self._idle_plain_transport()
-        if transport is not None:
+        data = b"".join(marshaled_frames)  # one frame: the same bytes, not a copy
+        transport = self._plain_transport()
+        if (
+            transport is not None
+            and transport._state == transport._STATE_ACTIVE
+            and not transport.get_write_buffer_size()  # else it goes behind what waits
+        ):
             data = data[_send_now(transport._sock, data) :]
             if not data:
                 return
@@ -344,21 +348,15 @@ class _OneWriteConnection(SelectConnection):
         anything the socket does not take now waits for the loop's writability
         watcher as before, and an error is left for the loop to meet (pika's own
         handler closes the connection)."""
-        transport = getattr(self, "_transport", None)
-        if isinstance(transport, _AsyncPlaintextTransport) and transport.get_write_buffer_size():
+        transport = self._plain_transport()
+        if transport is not None and transport.get_write_buffer_size():
             transport._on_socket_writable()  # the loop's own handler for writability
 
-    def _idle_plain_transport(self) -> _AsyncPlaintextTransport | None:
-        """The transport, when data can go straight to its socket: plain TCP, open,
-        nothing buffered before it (which would have to go first)."""
+    def _plain_transport(self) -> _AsyncPlaintextTransport | None:
+        """The transport when it is plain TCP (none before connecting; a TLS one may
+        need a read before a write, so it keeps pika's own path)."""
         transport = getattr(self, "_transport", None)
-        if (
-            isinstance(transport, _AsyncPlaintextTransport)
-            and transport._state == transport._STATE_ACTIVE
-            and not transport.get_write_buffer_size()
-        ):
-            return transport
-        return None
+        return transport if isinstance(transport, _AsyncPlaintextTransport) else None
 
 
 def _send_now(sock: socket.socket, data: bytes) -> int:
