@@ -10,6 +10,7 @@
     claims      what a claim's answer says: run, busy, or skip (both paths)
     settling    renew, record successes, ack, give back, leave (both paths)
     acks        when and how a recorded delivery is acked, per channel
+    direct_frames  acks written to the transport at once when nothing waits
     execution   handler threads, running a handler under its limit and lease
     observer    each job's outcome line and metrics; the wrapper of handler calls
     dead_letters  a dead job's message and its reason

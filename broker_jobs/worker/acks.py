@@ -11,11 +11,12 @@ job recorded as done is acked as a duplicate without running).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from collections.abc import Awaitable, Callable
 
 from aiormq.abc import AbstractChannel
+from pamqp import commands
+
+from broker_jobs.worker.direct_frames import DirectFrames, Settlement
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +47,12 @@ class ChannelAcks:
     in the order they were decided: aiormq's write queue holds ten frames, and a frame
     that waited for room can be overtaken by a later one. A ``multiple`` ack that
     overtook the single ack (or nack) of a tag it covers would settle that tag twice:
-    a channel error, the channel and all its deliveries lost."""
+    a channel error, the channel and all its deliveries lost. A frame with nothing
+    queued before it is written at once (:class:`DirectFrames`)."""
 
     def __init__(self, channel: AbstractChannel) -> None:
         self.channel = channel
+        self._direct = DirectFrames(channel)
         self._unacked: dict[int, int] = {}
         self._lost = False
         self._sending = asyncio.Lock()
@@ -91,27 +94,36 @@ class ChannelAcks:
     async def ack(self, tag: int) -> bool:
         """Ack one delivery whose outcome is recorded, in a frame of its own; False if
         its channel is lost (the broker redelivers it)."""
-        return await self._settle_one(tag, self.channel.basic_ack)
+        return await self._settle_one(commands.Basic.Ack(delivery_tag=tag))
 
     async def nack(self, tag: int) -> bool:
         """Return one delivery to its queue; False if its channel is lost (the broker
         returns it by itself)."""
-        return await self._settle_one(
-            tag, functools.partial(self.channel.basic_nack, requeue=True)
-        )
+        return await self._settle_one(commands.Basic.Nack(delivery_tag=tag, requeue=True))
 
-    async def _settle_one(self, tag: int, send: Callable[[int], Awaitable[object]]) -> bool:
-        """Send ``send(tag)`` (an ack or a nack) for one delivery in the books, in its
-        turn; False if the channel is lost. A tag not in the books was settled before:
-        said, never sent."""
+    async def _settle_one(self, frame: Settlement) -> bool:
+        """Send ``frame`` (an ack or a nack) for one delivery in the books, in its turn;
+        False if the channel is lost. A tag not in the books was settled before: said,
+        never sent."""
         async with self._sending:
             if self.lost:
                 return False
-            if self._unacked.pop(tag, None) is None:
-                _settled_twice(tag)
+            if self._unacked.pop(frame.delivery_tag, None) is None:
+                _settled_twice(frame.delivery_tag)
                 return True
-            await send(tag)
+            await self._send(frame)
             return True
+
+    async def _send(self, frame: Settlement) -> None:
+        """Send ``frame``: at once where nothing waits before it, else the aiormq way
+        (returns once it is written). Called holding ``_sending``."""
+        if self._direct.write(frame):
+            return
+        channel = self.channel
+        if isinstance(frame, commands.Basic.Ack):
+            await channel.basic_ack(frame.delivery_tag, multiple=frame.multiple)
+        else:
+            await channel.basic_nack(frame.delivery_tag, requeue=frame.requeue)
 
     async def ack_many(self, tags: list[int]) -> bool:
         """Ack deliveries whose outcomes are recorded: those that, with every delivery
@@ -150,7 +162,7 @@ class ChannelAcks:
             unacked = self._unacked
             for tag in [tag for tag, state in unacked.items() if state == RECORDED]:
                 del unacked[tag]
-                await self.channel.basic_ack(tag)
+                await self._send(commands.Basic.Ack(delivery_tag=tag))
 
     async def _ack_recorded_run(self) -> int:
         """Ack the unbroken run of recorded deliveries from the oldest in one
@@ -165,7 +177,7 @@ class ChannelAcks:
         if covered:
             while unacked and next(iter(unacked)) <= covered:
                 del unacked[next(iter(unacked))]
-            await self.channel.basic_ack(covered, multiple=True)
+            await self._send(commands.Basic.Ack(delivery_tag=covered, multiple=True))
         return covered
 
     def _ack_stragglers(self) -> None:

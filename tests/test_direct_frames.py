@@ -1,0 +1,98 @@
+"""Settlement frames written to the transport at once (broker_jobs.worker.direct_frames),
+on a real broker: an ack with nothing queued before it is written there and then, and
+settles its delivery; a frame already in aiormq's write queue, or a closed channel,
+leaves the frame to aiormq's path. Fails if the installed aiormq's internals stop
+taking the direct write."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import aio_pika
+import pytest
+from aiormq.abc import ChannelFrame
+from pamqp import commands
+from pamqp.heartbeat import Heartbeat
+
+from broker_jobs.worker.acks import ChannelAcks
+from broker_jobs.worker.direct_frames import DirectFrames
+from tests.support import Broker, wait_until
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture
+def queue(broker: Broker, namespace: str) -> Iterator[str]:
+    name = f"{namespace}.direct-frames"
+    with broker.connection("test direct frames setup") as connection:
+        channel = connection.channel()
+        channel.queue_declare(name, durable=True)
+        for number in range(1, 4):
+            channel.basic_publish("", name, str(number).encode())
+    yield name
+    with broker.connection("test direct frames cleanup") as connection:
+        connection.channel().queue_delete(name)
+
+
+def back_in(broker: Broker, queue: str, expected: int) -> list[bytes]:
+    """The bodies back in ``queue`` once it holds ``expected`` (the broker requeues a
+    closed channel's unacked deliveries on its own time)."""
+    with broker.connection("test direct frames check") as connection:
+        channel = connection.channel()
+        wait_until(
+            lambda: channel.queue_declare(queue, passive=True).method.message_count >= expected,
+            within=10,
+            what=f"{expected} deliveries back in {queue}",
+        )
+        bodies = []
+        while True:
+            method, _properties, body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                return sorted(bodies)
+            bodies.append(body)
+
+
+def test_an_ack_with_nothing_queued_is_written_at_once_and_a_queued_frame_goes_first(
+    broker: Broker, queue: str
+) -> None:
+    """Delivery 1 is acked directly (nothing in aiormq's write queue); while a frame
+    waits in that queue, the ack of 2 is not written directly (it would overtake the
+    frame) and goes the aiormq way through ChannelAcks; 3 stays unacked and comes back
+    when the channel closes. A closed channel takes no direct write."""
+
+    async def settle() -> tuple[bool, bool, bool]:
+        connection = await aio_pika.connect(broker.url)
+        async with connection:
+            channel = await connection.channel()
+            await channel.set_qos(prefetch_count=3)
+            underlay = await channel.get_underlay_channel()
+            acks = ChannelAcks(underlay)
+            direct = DirectFrames(underlay)
+            taken = asyncio.Queue[int]()
+
+            async def take(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                assert message.delivery_tag is not None
+                acks.taken(message.delivery_tag)
+                taken.put_nowait(message.delivery_tag)
+
+            await (await channel.get_queue(queue)).consume(take)
+            tags = [await asyncio.wait_for(taken.get(), 30) for _ in range(3)]
+            assert tags == [1, 2, 3]
+            write_queue = underlay.connection.write_queue
+            acked_at_once = direct.write(commands.Basic.Ack(delivery_tag=1))
+            assert write_queue.empty(), "the direct ack went through aiormq's queue"
+            acks.forget(1)  # settled above, outside the books
+            # A frame waits in aiormq's queue (no loop turn has let its writer take it).
+            write_queue.put_nowait(ChannelFrame.marshall(0, [Heartbeat()]))
+            overtook = direct.write(commands.Basic.Ack(delivery_tag=2))
+            assert await acks.ack(2)  # the aiormq way, after the queued frame
+            await channel.close()
+            after_close = direct.write(commands.Basic.Ack(delivery_tag=3))
+        return acked_at_once, overtook, after_close
+
+    acked_at_once, overtook, after_close = asyncio.run(settle())
+    assert acked_at_once, "this aiormq lacks what DirectFrames needs: acks take its queue"
+    assert not overtook
+    assert not after_close
+    assert back_in(broker, queue, 1) == [b"3"]
