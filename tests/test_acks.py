@@ -9,6 +9,8 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import aio_pika
 import pytest
+from aiormq.abc import ChannelFrame
+from pamqp.heartbeat import Heartbeat
 
 from broker_jobs.worker.acks import STRAGGLER_WAIT, ChannelAcks
 from tests.support import Broker, wait_until
@@ -181,3 +183,32 @@ def test_concurrent_single_and_multiple_settlements_never_settle_a_tag_twice(
     finally:
         with broker.connection("test acks cleanup") as connection:
             connection.channel().queue_delete(name)
+
+
+def test_acks_at_once_settle_now_or_change_nothing_where_they_would_wait(
+    broker: Broker, queue: str
+) -> None:
+    """``ack_at_once`` and ``ack_many_at_once`` settle here and now when nothing of the
+    channel is being sent: 1 alone, then 2 and 3 in one ``multiple`` frame. While a
+    frame waits in aiormq's write queue, or another settlement holds the channel's
+    turn, they answer None and leave the books as they were: 4 is still in hand
+    (acked later, the ordinary way), 5 never settled comes back."""
+
+    async def step(acks: ChannelAcks) -> None:
+        assert acks.ack_at_once(1) is True
+        assert acks.ack_many_at_once([2, 3]) is True
+        assert acks.waiting == 0
+        write_queue = acks.channel.connection.write_queue
+        write_queue.put_nowait(ChannelFrame.marshall(0, [Heartbeat()]))
+        assert acks.ack_at_once(4) is None
+        assert acks.ack_many_at_once([4]) is None
+        assert acks.waiting == 0  # 4 is still in hand: not marked recorded
+        async with asyncio.timeout(10):
+            while not write_queue.empty():  # until aiormq's writer takes the queued frame
+                await asyncio.sleep(0)
+        async with acks._sending:  # another settlement's turn
+            assert acks.ack_at_once(4) is None
+        assert await acks.ack(4)
+
+    asyncio.run(settle(broker, queue, step))
+    assert left_in(broker, queue, 1) == [b"5"]

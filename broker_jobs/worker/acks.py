@@ -48,7 +48,9 @@ class ChannelAcks:
     that waited for room can be overtaken by a later one. A ``multiple`` ack that
     overtook the single ack (or nack) of a tag it covers would settle that tag twice:
     a channel error, the channel and all its deliveries lost. A frame with nothing
-    queued before it is written at once (:class:`DirectFrames`)."""
+    queued before it is written at once (:class:`DirectFrames`); :meth:`ack_at_once`
+    and :meth:`ack_many_at_once` settle without awaiting anything where that needs
+    no waiting, and change nothing where it would."""
 
     def __init__(self, channel: AbstractChannel) -> None:
         self.channel = channel
@@ -96,6 +98,16 @@ class ChannelAcks:
         its channel is lost (the broker redelivers it)."""
         return await self._settle_one(commands.Basic.Ack(delivery_tag=tag))
 
+    def ack_at_once(self, tag: int) -> bool | None:
+        """:meth:`ack`, here and now; None where it would wait (a frame of the channel
+        being sent, or one queued in aiormq's write queue): nothing done then."""
+        if not self._can_send_now():
+            return None
+        taken = self._take(tag)
+        if taken:
+            self._direct.write(commands.Basic.Ack(delivery_tag=tag))  # writable, checked above
+        return taken is not False
+
     async def nack(self, tag: int) -> bool:
         """Return one delivery to its queue; False if its channel is lost (the broker
         returns it by itself)."""
@@ -103,16 +115,27 @@ class ChannelAcks:
 
     async def _settle_one(self, frame: Settlement) -> bool:
         """Send ``frame`` (an ack or a nack) for one delivery in the books, in its turn;
-        False if the channel is lost. A tag not in the books was settled before: said,
-        never sent."""
+        False if the channel is lost."""
         async with self._sending:
-            if self.lost:
-                return False
-            if self._unacked.pop(frame.delivery_tag, None) is None:
-                _settled_twice(frame.delivery_tag)
-                return True
-            await self._send(frame)
-            return True
+            taken = self._take(frame.delivery_tag)
+            if taken:
+                await self._send(frame)
+            return taken is not False
+
+    def _take(self, tag: int) -> bool | None:
+        """Take ``tag`` out of the books to settle it: False if the channel is lost;
+        None if it is not in the books (settled before: said, never sent)."""
+        if self.lost:
+            return False
+        if self._unacked.pop(tag, None) is None:
+            _settled_twice(tag)
+            return None
+        return True
+
+    def _can_send_now(self) -> bool:
+        """No frame of this channel is being sent, and one written now goes to the
+        transport at once (until the loop runs something else)."""
+        return not self._sending.locked() and self._direct.writable
 
     async def _send(self, frame: Settlement) -> None:
         """Send ``frame``: at once where nothing waits before it, else the aiormq way
@@ -132,6 +155,31 @@ class ChannelAcks:
         wait up to :data:`STRAGGLER_WAIT` for a later frame to cover them, then are
         acked one by one. A delivery in hand or left is never covered. False if the
         channel is lost (nothing acked; the broker redelivers them)."""
+        if not self._recorded(tags):
+            return False
+        async with self._sending:
+            if self.lost:
+                return False
+            await self._ack_recorded_run()
+        self._wait_for_stragglers(tags)
+        return True
+
+    def ack_many_at_once(self, tags: list[int]) -> bool | None:
+        """:meth:`ack_many`, here and now; None where it would wait (as
+        :meth:`ack_at_once`): nothing done then."""
+        if not self._can_send_now():
+            return None
+        if not self._recorded(tags):
+            return False
+        covered = self._take_recorded_run()
+        if covered:  # writable, checked above
+            self._direct.write(commands.Basic.Ack(delivery_tag=covered, multiple=True))
+        self._wait_for_stragglers(tags)
+        return True
+
+    def _recorded(self, tags: list[int]) -> bool:
+        """Mark ``tags`` recorded in the books; False if the channel is lost (they
+        leave the books: nothing of a lost channel is acked)."""
         unacked = self._unacked
         if self.lost:
             for tag in tags:
@@ -140,14 +188,15 @@ class ChannelAcks:
         for tag in tags:
             if tag in unacked:
                 unacked[tag] = RECORDED
-        async with self._sending:
-            if self.lost:
-                return False
-            await self._ack_recorded_run()
+        return True
+
+    def _wait_for_stragglers(self, tags: list[int]) -> None:
+        """Those of ``tags`` no frame covered yet are acked alone after
+        :data:`STRAGGLER_WAIT`, unless a later ``multiple`` frame covers them first."""
+        unacked = self._unacked
         if self._straggler_timer is None and any(unacked.get(tag) == RECORDED for tag in tags):
             loop = asyncio.get_running_loop()
             self._straggler_timer = loop.call_later(STRAGGLER_WAIT, self._ack_stragglers)
-        return True
 
     async def flush(self) -> None:
         """Ack every recorded delivery now (before the channel closes, say): the
@@ -164,10 +213,16 @@ class ChannelAcks:
                 del unacked[tag]
                 await self._send(commands.Basic.Ack(delivery_tag=tag))
 
-    async def _ack_recorded_run(self) -> int:
+    async def _ack_recorded_run(self) -> None:
         """Ack the unbroken run of recorded deliveries from the oldest in one
-        ``multiple`` frame; the last tag it covered (0: none). Called holding
-        ``_sending``."""
+        ``multiple`` frame. Called holding ``_sending``."""
+        covered = self._take_recorded_run()
+        if covered:
+            await self._send(commands.Basic.Ack(delivery_tag=covered, multiple=True))
+
+    def _take_recorded_run(self) -> int:
+        """Take the unbroken run of recorded deliveries from the oldest out of the
+        books; the last tag of the run (0: none), for one ``multiple`` frame."""
         unacked = self._unacked
         covered = 0
         for tag, state in unacked.items():  # in delivery order
@@ -177,7 +232,6 @@ class ChannelAcks:
         if covered:
             while unacked and next(iter(unacked)) <= covered:
                 del unacked[next(iter(unacked))]
-            await self._send(commands.Basic.Ack(delivery_tag=covered, multiple=True))
         return covered
 
     def _ack_stragglers(self) -> None:

@@ -40,22 +40,33 @@ class DirectFrames:
         #: there; aiormq's path is taken for that connection's life).
         self._found: tuple[asyncio.Task[Any], asyncio.StreamWriter | None] | None = None
 
+    @property
+    def writable(self) -> bool:
+        """Whether a frame written now goes to the transport at once (nothing is due
+        before it); it stays so until the loop next runs something else."""
+        return self._idle_writer() is not None
+
     def write(self, frame: Settlement) -> bool:
         """Write ``frame`` now if nothing is due before it; False: not written (send it
         the aiormq way)."""
+        writer = self._idle_writer()
+        if writer is None:
+            return False
+        writer.write(pamqp.frame.marshal(frame, self._channel.number))
+        return True
+
+    def _idle_writer(self) -> asyncio.StreamWriter | None:
+        """The connection's ``StreamWriter`` if the channel is open and nothing waits
+        in aiormq's write queue; None otherwise."""
         channel = self._channel
         closing = getattr(channel, "_Channel__close_event", None)
         if not isinstance(closing, asyncio.Event) or closing.is_set() or channel.is_closed:
-            return False
+            return None
         connection = channel.connection
         queue = getattr(connection, "write_queue", None)
         if connection.is_closed or not isinstance(queue, asyncio.Queue) or not queue.empty():
-            return False
-        writer = self._writer(getattr(connection, "_writer_task", None))
-        if writer is None:
-            return False
-        writer.write(pamqp.frame.marshal(frame, channel.number))
-        return True
+            return None
+        return self._writer(getattr(connection, "_writer_task", None))
 
     def _writer(self, task: object) -> asyncio.StreamWriter | None:
         """The ``StreamWriter`` of the connection's running writer task, if open."""

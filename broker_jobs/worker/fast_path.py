@@ -15,7 +15,9 @@ bench/throughput/). Here they flow in batches:
       -> handlers run under their time limit and lease; the loop hears of their
          outcomes with one wake-up per batch
       -> the successes recorded: ONE store call per batch
-      -> then those deliveries acked (one ``multiple`` frame where it can)
+      -> then those deliveries acked (one ``multiple`` frame where it can); where
+         the store records at once and the ack frame can be written at once, both
+         in the loop turn that took the outcomes, else by the recorder task
 
 The protocol is the runner's: every ack follows its recorded outcome; a claimed job
 waiting for a handler thread has its lease renewed like a running one, and on
@@ -434,6 +436,7 @@ class FastPath:
         while to_arm:
             watch, started = to_arm.popleft()
             watch.arm(started)  # a run settled above is ended: no timer
+        self._succeed_at_once()
 
     def settle_stuck(self) -> None:
         """The worker replaces itself: each stuck job's attempt failed by its time
@@ -582,20 +585,49 @@ class FastPath:
                 if succeeded:
                     await self._succeed(succeeded)
 
-    async def _succeed(self, items: list[_Item]) -> None:
-        settling = self._runner.settling
+    def _succeed_at_once(self) -> None:
+        """The successes just reported, recorded and acked in this loop turn where
+        neither needs waiting (a store that records at once, an ack written at once),
+        not a turn later by the recorder: a worker given jobs one at a time saves a
+        loop turn per job. Anything else (a failure, an output to keep, a store or an
+        ack that would wait) is left to the recorder."""
+        finished = self._finished
+        if not finished or any(
+            error is not None or item.output is not None for item, error in finished
+        ):
+            return
+        items = [item for item, _ in finished]
         try:
-            await settling.record_successes(
-                [Finished(item.job, item.holder, item.run, item.output) for item in items]
-            )
+            recorded = self._runner.settling.record_at_once(_successes(items))
+        except Exception:  # the recorder meets it again, and returns the deliveries
+            return
+        if recorded is None:
+            return
+        self._finished = []
+        self._done.clear()
+        for acks, group in _by_channel(items):
+            settled = _settled(group)
+            if self._runner.settling.ack_at_once(acks, settled):
+                for item in group:
+                    self._release(item)
+            else:  # a frame is being sent: this one waits its turn
+                self._spawn(self._ack(acks, group))
+
+    async def _succeed(self, items: list[_Item]) -> None:
+        try:
+            await self._runner.settling.record_successes(_successes(items))
         except Exception:
             log.exception("recording %d successes failed; returning them", len(items))
             await self._give_back(items)
             return
-        # Usually one channel; after a reconnect, jobs of the lost one finish too.
-        for acks, group in groupby(items, key=lambda item: item.acks):
-            await settling.ack(acks, [Settled(item.tag, item.task, "succeeded") for item in group])
-        for item in items:  # settled only now: a stopping worker waits for the acks
+        for acks, group in _by_channel(items):
+            await self._ack(acks, group)
+
+    async def _ack(self, acks: ChannelAcks, items: list[_Item]) -> None:
+        """Ack recorded successes of one channel; only then are they settled (a
+        stopping worker waits for the acks)."""
+        await self._runner.settling.ack(acks, _settled(items))
+        for item in items:
             self._release(item)
 
     async def _succeed_with_follow_ups(self, item: _Item) -> None:
@@ -646,6 +678,20 @@ class FastPath:
         if self._in_hand == 0:
             self._idle.set()
             self._working.clear()
+
+
+def _successes(items: list[_Item]) -> list[Finished]:
+    return [Finished(item.job, item.holder, item.run, item.output) for item in items]
+
+
+def _settled(items: list[_Item]) -> list[Settled]:
+    return [Settled(item.tag, item.task, "succeeded") for item in items]
+
+
+def _by_channel(items: list[_Item]) -> list[tuple[ChannelAcks, list[_Item]]]:
+    """``items`` grouped by the channel they came from: usually one; after a
+    reconnect, jobs of the lost one finish too."""
+    return [(acks, list(group)) for acks, group in groupby(items, key=lambda item: item.acks)]
 
 
 def _consumer_tag(delivered: DeliveredMessage) -> str | None:

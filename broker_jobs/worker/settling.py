@@ -99,6 +99,15 @@ class Settling:
         self._observer.renewed(job.task)
         return True
 
+    def record_at_once(self, finished: Sequence[Finished]) -> list[Finished] | None:
+        """:meth:`record_successes` here and now, in one store call, where the store
+        can do it without waiting and no success keeps an output; None otherwise
+        (nothing recorded: await :meth:`record_successes`). Raises what the store raises."""
+        if any(done.output is not None for done in finished):
+            return None
+        lost = self._store.try_succeed_many([(d.job.idempotency_key, d.holder) for d in finished])
+        return None if lost is None else self._successes(finished, lost)
+
     async def record_successes(self, finished: Sequence[Finished]) -> list[Finished]:
         """Record the successes in one store call: at once on the loop where the store
         can do it without waiting, else on the store's thread, held through a ledger
@@ -122,6 +131,11 @@ class Settling:
             )
         if keeping:
             lost += await self._recorded(self._store.succeed_many_keeping, keeping)
+        return self._successes(finished, lost)
+
+    def _successes(self, finished: Sequence[Finished], lost: list[str]) -> list[Finished]:
+        """Of ``finished``, now recorded, those that were still theirs to record:
+        those whose lease was taken over (the keys in ``lost``) are said, and left out."""
         observer = self._observer
         if lost:
             lost_keys = set(lost)
@@ -147,9 +161,33 @@ class Settling:
             else:
                 acked = await acks.ack_many([entry.tag for entry in settled])
         except Exception:
-            log.warning("acking %d deliveries failed; they will be redelivered", len(settled))
-            self.outcomes.add("ack-failed", len(settled))
+            self._ack_failed(settled)
             return
+        self._count(settled, acked)
+
+    def ack_at_once(self, acks: ChannelAcks, settled: Sequence[Settled]) -> bool:
+        """:meth:`ack`, here and now, where the frame needs no waiting (the channel
+        sends nothing else and aiormq's write queue is empty); False otherwise
+        (nothing done: await :meth:`ack`)."""
+        try:
+            if len(settled) == 1:
+                acked = acks.ack_at_once(settled[0].tag)
+            else:
+                acked = acks.ack_many_at_once([entry.tag for entry in settled])
+        except Exception:
+            self._ack_failed(settled)
+            return True
+        if acked is None:
+            return False
+        self._count(settled, acked)
+        return True
+
+    def _ack_failed(self, settled: Sequence[Settled]) -> None:
+        log.warning("acking %d deliveries failed; they will be redelivered", len(settled))
+        self.outcomes.add("ack-failed", len(settled))
+
+    def _count(self, settled: Sequence[Settled], acked: bool) -> None:
+        """Count the outcomes of ``settled``; those of a lost channel's as such too."""
         for task_outcome, group in groupby(settled, key=lambda entry: (entry.task, entry.outcome)):
             count = sum(1 for _ in group)
             task, outcome = task_outcome
