@@ -12,8 +12,12 @@ from typing import Any
 import aio_pika
 import pytest
 from aiormq.abc import DeliveredMessage
+from aiormq.tools import awaitable
+from pamqp import commands
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
 
-from broker_jobs.worker.in_place import InPlaceConsumer, deliver_in_place
+from broker_jobs.worker.in_place import InPlaceConsumer, _TakenInPlace, deliver_in_place
 from tests.support import Broker
 
 pytestmark = pytest.mark.broker
@@ -81,3 +85,95 @@ def test_the_worker_consumer_runs_in_the_reader_and_others_the_aiormq_way(
         "test_the_worker_consumer_runs_in_the_reader_and_others_the_aiormq_way.<locals>"
         ".consume.<locals>.the_aiormq_way"
     ] * 3
+
+
+def test_deliveries_that_begin_with_the_channel_queue_empty_are_taken_as_the_connection_reads(
+    broker: Broker, namespace: str
+) -> None:
+    """Deliveries published once consuming has begun reach the in-place consumer
+    straight from the connection's reader: none of their frames goes through the
+    channel's frame queue (a loop turn each, for the channel's reader task)."""
+    name = f"{namespace}.in-place-reader"
+
+    async def consume() -> tuple[list[bytes], list[object]]:
+        taken: list[bytes] = []
+        queued: list[object] = []  # frames that went through the channel's queue
+        all_three = asyncio.Event()
+
+        def take(delivered: DeliveredMessage) -> None:
+            taken.append(delivered.body)
+            if len(taken) == 3:
+                all_three.set()
+
+        connection = await aio_pika.connect(broker.url)
+        async with connection:
+            publishing = await connection.channel()
+            await publishing.declare_queue(name, durable=True)
+            channel = await (await connection.channel()).get_underlay_channel()
+            assert deliver_in_place(channel), "this aiormq lacks what deliver_in_place needs"
+            put_nowait = channel.frames.put_nowait
+
+            def recorded(item: tuple[int, object]) -> None:
+                queued.append(item[1])
+                put_nowait(item)
+
+            channel.frames.put_nowait = recorded  # type: ignore[method-assign]
+            await channel.basic_consume(name, InPlaceConsumer(take), no_ack=True)
+            for body in (b"0", b"1", b"2"):
+                await publishing.default_exchange.publish(aio_pika.Message(body), name)
+            await asyncio.wait_for(all_three.wait(), 30)
+            await publishing.queue_delete(name)
+        return taken, queued
+
+    taken, queued = asyncio.run(consume())
+    assert taken == [b"0", b"1", b"2"]
+    content = (commands.Basic.Deliver, ContentHeader, ContentBody)
+    assert not [frame for frame in queued if isinstance(frame, content)]
+    assert queued, "nothing went through the channel's queue: the recording is broken"
+
+
+class _Channel:
+    """What ``_TakenInPlace`` needs of a channel: its number (for the message)."""
+
+    number = 1
+
+
+def _deliver(tag: int) -> commands.Basic.Deliver:
+    return commands.Basic.Deliver(consumer_tag="in-place", delivery_tag=tag, routing_key="q")
+
+
+def test_a_delivery_is_assembled_from_its_frames_and_nothing_overtakes_a_queued_frame() -> None:
+    """The state machine alone (no broker: what it is fed is the point): a body in two
+    frames is joined; a delivery beginning while a frame waits in the channel's queue
+    goes through the queue behind it; a frame that does not continue a held delivery
+    puts the held frames into the queue first, in order."""
+
+    async def feed() -> tuple[list[DeliveredMessage], list[object]]:
+        taken: list[DeliveredMessage] = []
+        frames: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
+        consumer = awaitable(InPlaceConsumer(taken.append))  # type: ignore[arg-type]
+        consumers = {"in-place": consumer}  # as aiormq keeps a consumer
+        in_place = _TakenInPlace(_Channel(), consumers, frames)  # type: ignore[arg-type]
+        await in_place.put((0, _deliver(1)))
+        await in_place.put((0, ContentHeader(body_size=5)))
+        await in_place.put((0, ContentBody(b"abc")))
+        assert not taken
+        assert frames.empty()
+        await in_place.put((0, ContentBody(b"de")))
+        assert [message.body for message in taken] == [b"abcde"]
+        frames.put_nowait((0, "an earlier frame"))
+        await in_place.put((0, _deliver(2)))  # behind the earlier frame
+        await in_place.put((0, ContentHeader(body_size=0)))
+        queued = [frames.get_nowait()[1] for _ in range(frames.qsize())]
+        await in_place.put((0, _deliver(3)))
+        await in_place.put((0, commands.Basic.Cancel(consumer_tag="in-place")))
+        queued += [frames.get_nowait()[1] for _ in range(frames.qsize())]
+        return taken, queued
+
+    taken, queued = asyncio.run(feed())
+    assert [message.delivery_tag for message in taken] == [1]
+    assert [type(frame).__name__ for frame in queued] == [
+        "str", "Deliver", "ContentHeader", "Deliver", "Cancel"
+    ]  # fmt: skip
+    delivers = [frame for frame in queued if isinstance(frame, commands.Basic.Deliver)]
+    assert [frame.delivery_tag for frame in delivers] == [2, 3]
