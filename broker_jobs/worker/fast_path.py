@@ -431,12 +431,13 @@ class FastPath:
                 self._give_claim_back(item)
             else:
                 assert outcome is None or isinstance(outcome, BaseException)
-                self._settle(item, outcome)
+                self._settle(item, outcome, wake=False)
         to_arm = self._to_arm
         while to_arm:
             watch, started = to_arm.popleft()
             watch.arm(started)  # a run settled above is ended: no timer
-        self._succeed_at_once()
+        if self._finished and not self._succeed_at_once():
+            self._done.set()
 
     def settle_stuck(self) -> None:
         """The worker replaces itself: each stuck job's attempt failed by its time
@@ -529,7 +530,10 @@ class FastPath:
             item.renewing = None
         item.renewed_at = time.monotonic() if kept else None  # lost: not renewed again
 
-    def _settle(self, item: _Item, error: BaseException | None) -> None:
+    def _settle(self, item: _Item, error: BaseException | None, *, wake: bool = True) -> None:
+        """The run ended with ``error`` (None: it returned): to be recorded, by the
+        recorder task, woken now unless ``wake`` is false (the caller then records at
+        once, or wakes it)."""
         if item.settled:
             return  # settled as stuck earlier; this is the thread finishing late
         item.settled = True
@@ -540,7 +544,8 @@ class FastPath:
         if item.renewing is not None:
             item.renewing.cancel()
         self._finished.append((item, error))
-        self._done.set()
+        if wake:
+            self._done.set()
 
     def _give_claim_back(self, item: _Item) -> None:
         """A job not started: its claim given back, its delivery left unsettled (the
@@ -585,26 +590,23 @@ class FastPath:
                 if succeeded:
                     await self._succeed(succeeded)
 
-    def _succeed_at_once(self) -> None:
-        """The successes just reported, recorded and acked in this loop turn where
-        neither needs waiting (a store that records at once, an ack written at once),
-        not a turn later by the recorder: a worker given jobs one at a time saves a
-        loop turn per job. Anything else (a failure, an output to keep, a store or an
-        ack that would wait) is left to the recorder."""
+    def _succeed_at_once(self) -> bool:
+        """The finished jobs, all successes, recorded and acked in this loop turn
+        where neither needs waiting (a store that records at once, an ack written at
+        once), not a turn later by the recorder: a worker given jobs one at a time
+        saves a loop turn per job. False where anything would wait or is not a plain
+        success (a failure, an output to keep): nothing done, the recorder's work."""
         finished = self._finished
-        if not finished or any(
-            error is not None or item.output is not None for item, error in finished
-        ):
-            return
+        if any(error is not None or item.output is not None for item, error in finished):
+            return False
         items = [item for item, _ in finished]
         try:
             recorded = self._runner.settling.record_at_once(_successes(items))
         except Exception:  # the recorder meets it again, and returns the deliveries
-            return
+            return False
         if recorded is None:
-            return
+            return False
         self._finished = []
-        self._done.clear()
         for acks, group in _by_channel(items):
             settled = _settled(group)
             if self._runner.settling.ack_at_once(acks, settled):
@@ -612,6 +614,7 @@ class FastPath:
                     self._release(item)
             else:  # a frame is being sent: this one waits its turn
                 self._spawn(self._ack(acks, group))
+        return True
 
     async def _succeed(self, items: list[_Item]) -> None:
         try:
