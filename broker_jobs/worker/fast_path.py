@@ -132,6 +132,9 @@ class FastPath:
         self._take_called = False
         self._finished: list[tuple[_Item, BaseException | None]] = []
         self._done = asyncio.Event()
+        #: The recorder task runs (from start() to stop()): successes may be recorded
+        #: at once in its stead; once stopped, nothing more is recorded or acked.
+        self._recording = False
         #: Deliveries taken from the queue and not yet settled or left.
         self._in_hand = 0
         self._idle = asyncio.Event()
@@ -158,6 +161,7 @@ class FastPath:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._recording = True
         self._tasks = [
             asyncio.create_task(self._record(), name="broker-jobs recorder"),
             asyncio.create_task(self._renew_leases(), name="broker-jobs lease renewals"),
@@ -166,6 +170,7 @@ class FastPath:
             task.add_done_callback(_report_crash)
 
     async def stop(self) -> None:
+        self._recording = False
         tasks = [*self._tasks, *self._side_tasks, *self._async_jobs]
         for task in tasks:
             task.cancel()
@@ -597,7 +602,9 @@ class FastPath:
         saves a loop turn per job. False where anything would wait or is not a plain
         success (a failure, an output to keep): nothing done, the recorder's work."""
         finished = self._finished
-        if any(error is not None or item.output is not None for item, error in finished):
+        if not self._recording or any(
+            error is not None or item.output is not None for item, error in finished
+        ):
             return False
         items = [item for item, _ in finished]
         try:
