@@ -17,7 +17,8 @@ from pamqp.heartbeat import Heartbeat
 
 from broker_jobs.worker.acks import ChannelAcks
 from broker_jobs.worker.direct_frames import DirectFrames
-from tests.support import Broker, wait_until
+from tests.support import Broker
+from tests.test_acks import left_in, queue_of
 
 pytestmark = pytest.mark.broker
 
@@ -25,32 +26,10 @@ pytestmark = pytest.mark.broker
 @pytest.fixture
 def queue(broker: Broker, namespace: str) -> Iterator[str]:
     name = f"{namespace}.direct-frames"
-    with broker.connection("test direct frames setup") as connection:
-        channel = connection.channel()
-        channel.queue_declare(name, durable=True)
-        for number in range(1, 4):
-            channel.basic_publish("", name, str(number).encode())
+    queue_of(broker, name, 3)
     yield name
     with broker.connection("test direct frames cleanup") as connection:
         connection.channel().queue_delete(name)
-
-
-def back_in(broker: Broker, queue: str, expected: int) -> list[bytes]:
-    """The bodies back in ``queue`` once it holds ``expected`` (the broker requeues a
-    closed channel's unacked deliveries on its own time)."""
-    with broker.connection("test direct frames check") as connection:
-        channel = connection.channel()
-        wait_until(
-            lambda: channel.queue_declare(queue, passive=True).method.message_count >= expected,
-            within=10,
-            what=f"{expected} deliveries back in {queue}",
-        )
-        bodies = []
-        while True:
-            method, _properties, body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                return sorted(bodies)
-            bodies.append(body)
 
 
 def test_an_ack_with_nothing_queued_is_written_at_once_and_a_queued_frame_goes_first(
@@ -95,4 +74,4 @@ def test_an_ack_with_nothing_queued_is_written_at_once_and_a_queued_frame_goes_f
     assert acked_at_once, "this aiormq lacks what DirectFrames needs: acks take its queue"
     assert not overtook
     assert not after_close
-    assert back_in(broker, queue, 1) == [b"3"]
+    assert left_in(broker, queue, 1) == [b"3"]
