@@ -101,11 +101,12 @@ class ChannelAcks:
     def ack_at_once(self, tag: int) -> bool | None:
         """:meth:`ack`, here and now; None where it would wait (a frame of the channel
         being sent, or one queued in aiormq's write queue): nothing done then."""
-        if not self._can_send_now():
+        writer = self._writer_now()
+        if writer is None:
             return None
         taken = self._take(tag)
         if taken:
-            self._direct.write(commands.Basic.Ack(delivery_tag=tag))  # writable, checked above
+            self._direct.send(writer, commands.Basic.Ack(delivery_tag=tag))
         return taken is not False
 
     async def nack(self, tag: int) -> bool:
@@ -132,10 +133,10 @@ class ChannelAcks:
             return None
         return True
 
-    def _can_send_now(self) -> bool:
-        """No frame of this channel is being sent, and one written now goes to the
-        transport at once (until the loop runs something else)."""
-        return not self._sending.locked() and self._direct.writable
+    def _writer_now(self) -> asyncio.StreamWriter | None:
+        """Where a frame goes at once, if no frame of this channel is being sent and
+        nothing waits in aiormq's write queue (until the loop runs something else)."""
+        return None if self._sending.locked() else self._direct.idle_writer()
 
     async def _send(self, frame: Settlement) -> None:
         """Send ``frame``: at once where nothing waits before it, else the aiormq way
@@ -167,13 +168,14 @@ class ChannelAcks:
     def ack_many_at_once(self, tags: list[int]) -> bool | None:
         """:meth:`ack_many`, here and now; None where it would wait (as
         :meth:`ack_at_once`): nothing done then."""
-        if not self._can_send_now():
+        writer = self._writer_now()
+        if writer is None:
             return None
         if not self._recorded(tags):
             return False
         covered = self._take_recorded_run()
-        if covered:  # writable, checked above
-            self._direct.write(commands.Basic.Ack(delivery_tag=covered, multiple=True))
+        if covered:
+            self._direct.send(writer, commands.Basic.Ack(delivery_tag=covered, multiple=True))
         self._wait_for_stragglers(tags)
         return True
 

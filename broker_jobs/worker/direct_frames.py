@@ -40,24 +40,23 @@ class DirectFrames:
         #: there; aiormq's path is taken for that connection's life).
         self._found: tuple[asyncio.Task[Any], asyncio.StreamWriter | None] | None = None
 
-    @property
-    def writable(self) -> bool:
-        """Whether a frame written now goes to the transport at once (nothing is due
-        before it); it stays so until the loop next runs something else."""
-        return self._idle_writer() is not None
-
     def write(self, frame: Settlement) -> bool:
         """Write ``frame`` now if nothing is due before it; False: not written (send it
         the aiormq way)."""
-        writer = self._idle_writer()
+        writer = self.idle_writer()
         if writer is None:
             return False
-        writer.write(pamqp.frame.marshal(frame, self._channel.number))
+        self.send(writer, frame)
         return True
 
-    def _idle_writer(self) -> asyncio.StreamWriter | None:
+    def send(self, writer: asyncio.StreamWriter, frame: Settlement) -> None:
+        """Write ``frame`` to ``writer``, an :meth:`idle_writer` of this same loop turn."""
+        writer.write(pamqp.frame.marshal(frame, self._channel.number))
+
+    def idle_writer(self) -> asyncio.StreamWriter | None:
         """The connection's ``StreamWriter`` if the channel is open and nothing waits
-        in aiormq's write queue; None otherwise."""
+        in aiormq's write queue (so until the loop next runs something else); None
+        otherwise."""
         channel = self._channel
         closing = getattr(channel, "_Channel__close_event", None)
         if not isinstance(closing, asyncio.Event) or closing.is_set() or channel.is_closed:
