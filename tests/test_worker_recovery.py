@@ -191,6 +191,10 @@ def test_two_workers_drain_through_a_broker_restart_each_effect_exactly_once(
     def effects() -> int:
         return int(database.execute(f"SELECT COUNT(*) FROM {database.table}")[0][0])
 
+    # Both consuming before the fault, or a slow starter meets a dead node instead of
+    # losing a live one (CI saw the first worker run 200 jobs before the second began).
+    for worker in workers:
+        worker.logged("consuming", within=60)
     wait_until(lambda: effects() >= 200, within=60, what="200 jobs run before the fault")
     try:
         if fault == "kill -9":
