@@ -50,6 +50,18 @@ def stored_jobs(broker: Broker, app: App, at_least: int, within: float = 5.0) ->
         return drain_at_least(connection, queue, at_least, within)
 
 
+def where_jobs_wait(broker: Broker, app: App) -> str:
+    """The depths of the namespace's ladder levels and unroutable queue (those
+    holding anything), for the message of a failed assertion."""
+    names = app.names
+    queues = [*(names.delay_queue(level) for level in range(25)), names.unroutable_queue]
+    with broker.connection("test fault check") as connection:
+        channel = connection.channel()
+        depths = {q: channel.queue_declare(q, passive=True).method.message_count for q in queues}
+    held = {queue: depth for queue, depth in depths.items() if depth}
+    return f"holding them: {held}" if held else "no ladder level nor the unroutable queue holds any"
+
+
 @pytest.mark.also_on_rabbitmq_4
 def test_the_next_publish_after_a_broker_restart_succeeds_and_nothing_is_lost(
     broker: Broker, node: RabbitNode, app: App, make_publisher: MakePublisher
@@ -163,6 +175,7 @@ def test_delayed_jobs_survive_a_broker_restart_in_the_middle_of_their_delays(
         # At-least-once between the ladder's levels: a restart may hand a job on
         # twice (docs/wire-format.md); the worker's claim runs it once.
         arrived.update(job.id for job in stored_jobs(broker, app, at_least=len(wanted)))
-    assert set(arrived) == wanted, f"{len(wanted - set(arrived))} delayed jobs were lost"
+    missing = len(wanted - set(arrived))
+    assert not missing, f"{missing} delayed jobs missing; {where_jobs_wait(broker, app)}"
     twice = [job_id for job_id, count in arrived.items() if count > 1]
     assert len(twice) <= len(wanted) // 20, f"{len(twice)} of {len(wanted)} arrived twice"
