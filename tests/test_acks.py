@@ -4,6 +4,7 @@ deliveries one ``multiple`` ack may cover, and which it must never cover."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -24,6 +25,18 @@ def queue_of(broker: Broker, name: str, count: int) -> None:
         channel.queue_declare(name, durable=True)
         for number in range(1, count + 1):
             channel.basic_publish("", name, str(number).encode())
+
+
+@contextlib.contextmanager
+def filled_queue(broker: Broker, name: str, count: int) -> Iterator[str]:
+    """The queue ``name`` holding the bodies ``1`` ... ``count`` (:func:`queue_of`),
+    deleted on leaving."""
+    queue_of(broker, name, count)
+    try:
+        yield name
+    finally:
+        with broker.connection("test acks cleanup") as connection:
+            connection.channel().queue_delete(name)
 
 
 async def settle(
@@ -85,11 +98,8 @@ def left_in(broker: Broker, queue: str, expected: int) -> list[bytes]:
 
 @pytest.fixture
 def queue(broker: Broker, namespace: str) -> Iterator[str]:
-    name = f"{namespace}.acks"
-    queue_of(broker, name, 5)
-    yield name
-    with broker.connection("test acks cleanup") as connection:
-        connection.channel().queue_delete(name)
+    with filled_queue(broker, f"{namespace}.acks", 5) as name:
+        yield name
 
 
 def test_a_left_delivery_is_never_covered_by_a_later_multiple_ack(

@@ -18,18 +18,15 @@ from pamqp.heartbeat import Heartbeat
 from broker_jobs.worker.acks import ChannelAcks
 from broker_jobs.worker.direct_frames import DirectFrames
 from tests.support import Broker
-from tests.test_acks import left_in, queue_of
+from tests.test_acks import filled_queue, left_in
 
 pytestmark = pytest.mark.broker
 
 
 @pytest.fixture
 def queue(broker: Broker, namespace: str) -> Iterator[str]:
-    name = f"{namespace}.direct-frames"
-    queue_of(broker, name, 3)
-    yield name
-    with broker.connection("test direct frames cleanup") as connection:
-        connection.channel().queue_delete(name)
+    with filled_queue(broker, f"{namespace}.direct-frames", 3) as name:
+        yield name
 
 
 def test_an_ack_with_nothing_queued_is_written_at_once_and_a_queued_frame_goes_first(
