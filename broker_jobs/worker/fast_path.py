@@ -436,7 +436,7 @@ class FastPath:
                 self._give_claim_back(item)
             else:
                 assert outcome is None or isinstance(outcome, BaseException)
-                self._settle(item, outcome, wake=False)
+                self._end(item, outcome)  # recorded below, at once or by the recorder
         to_arm = self._to_arm
         while to_arm:
             watch, started = to_arm.popleft()
@@ -535,12 +535,17 @@ class FastPath:
             item.renewing = None
         item.renewed_at = time.monotonic() if kept else None  # lost: not renewed again
 
-    def _settle(self, item: _Item, error: BaseException | None, *, wake: bool = True) -> None:
-        """The run ended with ``error`` (None: it returned): to be recorded, by the
-        recorder task, woken now unless ``wake`` is false (the caller then records at
-        once, or wakes it)."""
+    def _settle(self, item: _Item, error: BaseException | None) -> None:
+        """:meth:`_end` the run, and wake the recorder task to record it."""
+        if self._end(item, error):
+            self._done.set()
+
+    def _end(self, item: _Item, error: BaseException | None) -> bool:
+        """The run ended with ``error`` (None: it returned): queued in ``_finished``
+        to be recorded; False if it was settled before (as stuck: this is its thread
+        finishing late)."""
         if item.settled:
-            return  # settled as stuck earlier; this is the thread finishing late
+            return False
         item.settled = True
         if item.watch is not None:
             error = item.watch.outcome(error)
@@ -549,8 +554,7 @@ class FastPath:
         if item.renewing is not None:
             item.renewing.cancel()
         self._finished.append((item, error))
-        if wake:
-            self._done.set()
+        return True
 
     def _give_claim_back(self, item: _Item) -> None:
         """A job not started: its claim given back, its delivery left unsettled (the
