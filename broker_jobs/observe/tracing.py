@@ -46,6 +46,7 @@ __all__ = [
     "PublishSpans",
     "execution_span",
     "publish_span",
+    "publishing_traced",
     "publish_spans",
     "set_tracer_provider",
 ]
@@ -202,6 +203,15 @@ def _fail(api: _Api, span: Span, error: BaseException) -> None:
         span.record_exception(error)
         span.set_attribute("error.type", type(error).__qualname__)
         span.set_status(api.trace.Status(api.trace.StatusCode.ERROR, str(error)[:500]))
+
+
+def publishing_traced() -> bool:
+    """Whether a publish gets a producer span: OpenTelemetry is installed, and a
+    tracer provider is set up or a span is current. Otherwise :func:`publish_span`
+    yields the job as it is, and a caller may skip entering it (~8 us of a single
+    publish's ~190 us of CPU)."""
+    api = _api()
+    return api is not None and not _inert(api)
 
 
 @contextmanager

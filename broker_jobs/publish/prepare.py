@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
@@ -32,7 +32,7 @@ from broker_jobs.errors import (
     describe_validation_error,
 )
 from broker_jobs.keywords import check_keywords, refuse_unknown_keywords
-from broker_jobs.observe.tracing import publish_span, publish_spans
+from broker_jobs.observe.tracing import publish_span, publish_spans, publishing_traced
 from broker_jobs.publish.ledger import PublishedLedger
 from broker_jobs.store.base import Store
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs
@@ -167,11 +167,17 @@ class PublisherBase:
     def _init_connection_state(self) -> None:
         """Set up the subclass's connection state (called by ``__init__``)."""
 
-    @contextmanager
-    def _traced(self, prepared: Prepared) -> Iterator[Prepared]:
+    def _traced(self, prepared: Prepared) -> AbstractContextManager[Prepared]:
         """Around one job's publish and confirm: its producer span
         (``observe/tracing.py``). Yields the job to send, carrying the span's trace
-        context; an error raised in the block marks the span failed."""
+        context; an error raised in the block marks the span failed. Without a span
+        to record, the job as it is."""
+        if not publishing_traced():
+            return nullcontext(prepared)
+        return self._in_span(prepared)
+
+    @contextmanager
+    def _in_span(self, prepared: Prepared) -> Iterator[Prepared]:
         route = prepared.route
         with publish_span(
             prepared.job, exchange=route.exchange, routing_key=route.routing_key

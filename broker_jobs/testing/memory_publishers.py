@@ -62,11 +62,19 @@ class MemoryConnected(PublisherBase):
         self._memory = broker
         super().__init__(MEMORY_URL, app, namespace=namespace, declare=False, ledger=ledger)
 
+    def _route_one(self, prepared: Prepared) -> BrokerJobsError | None:
+        """One job routed on the memory broker: its error, or None."""
+        outcome = send_to_memory(self._memory, self._factory, [prepared], None)
+        return outcome.failed.get(prepared.job.id)
+
 
 class MemoryPublisher(MemoryConnected, Publisher):
     """A :class:`~broker_jobs.Publisher` whose broker is ``broker``."""
 
-    def _send(
+    def _send_one(self, prepared: Prepared) -> BrokerJobsError | None:
+        return self._route_one(prepared)
+
+    def _send_batch(
         self, prepared: list[Prepared], on_confirmed: Callable[[Job], None] | None
     ) -> BatchOutcome:
         return send_to_memory(self._memory, self._factory, prepared, on_confirmed)
@@ -82,8 +90,7 @@ class MemoryAsyncPublisher(MemoryConnected, AsyncPublisher):
     """An :class:`~broker_jobs.AsyncPublisher` whose broker is ``broker``."""
 
     async def _send_one(self, prepared: Prepared) -> BrokerJobsError | None:
-        outcome = send_to_memory(self._memory, self._factory, [prepared], None)
-        return outcome.failed.get(prepared.job.id)
+        return self._route_one(prepared)
 
     async def _send_batch(
         self, prepared: list[Prepared], on_confirmed: Callable[[Job], None] | None
