@@ -66,7 +66,7 @@ def route_for(names: Names, job: Job, now: datetime, shards: int = 1) -> Route:
     """Route a job through the ladder for the whole units of its delay, if any, to
     its task's queue of its priority level and of its key's shard (of ``shards``)."""
     lane = Lane(job.priority, shard_of(job.idempotency_key, shards))
-    direct = Route(names.work_exchange, names.routing_key(job.task, lane.level, lane.shard))
+    direct = direct_route(names, job.task, lane)
     if job.due_at is None:
         return direct
     units = ladder_units((job.due_at - now).total_seconds())
@@ -77,6 +77,11 @@ def route_for(names: Names, job: Job, now: datetime, shards: int = 1) -> Route:
         delay_routing_key(units, job.task, lane),
         via_ladder=True,
     )
+
+
+def direct_route(names: Names, task: str, lane: Lane) -> Route:
+    """Straight to ``task``'s queue of ``lane`` (a job due now)."""
+    return Route(names.work_exchange, names.routing_key(task, lane.level, lane.shard))
 
 
 def seconds_until_due(job: Job, now: datetime) -> float:

@@ -121,7 +121,6 @@ _COMPACT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allo
 def encode(job: Job) -> WireMessage:
     """Serialise ``job``. Raises ``TypeError``/``ValueError`` only for a payload that
     is not JSON; callers turn that into a ``PayloadEncodingError``."""
-    body = _COMPACT_JSON.encode(job.payload)
     # Headers at their wire default (version 1, the key equal to the id, attempt 1)
     # are left out: every consumer reads an absent header as its default.
     headers: dict[str, Any] = {n.HEADER_CREATED_AT: _iso(job.created_at)}
@@ -137,12 +136,32 @@ def encode(job: Job) -> WireMessage:
         headers[n.HEADER_TRACEPARENT] = job.traceparent
     if job.tracestate:
         headers[n.HEADER_TRACESTATE] = job.tracestate
+    return _wire_message(job.id, job.task, job.payload, job.created_at, headers)
+
+
+def encode_new(
+    job_id: str, task: str, payload: Mapping[str, Any], created_at: datetime
+) -> WireMessage:
+    """:func:`encode` of a job with every field but these at its default (attempt 1,
+    the key equal to the id, due now, normal priority, no trace context), from its
+    fields: the same message, made before the model is built. ``created_at`` is UTC."""
+    headers: dict[str, Any] = {n.HEADER_CREATED_AT: _iso(created_at)}
+    return _wire_message(job_id, task, payload, created_at, headers)
+
+
+def _wire_message(
+    job_id: str,
+    task: str,
+    payload: Mapping[str, Any],
+    created_at: datetime,
+    headers: dict[str, Any],
+) -> WireMessage:
     return WireMessage(
-        body=body.encode("utf-8"),
-        message_id=job.id,
-        type=job.task,
+        body=_COMPACT_JSON.encode(payload).encode("utf-8"),
+        message_id=job_id,
+        type=task,
         content_type=n.CONTENT_TYPE,
-        timestamp=int(job.created_at.timestamp()),
+        timestamp=int(created_at.timestamp()),
         headers=headers,
     )
 

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypedDict, Unpack
 
 from pydantic import BaseModel, ValidationError
@@ -19,8 +19,8 @@ from pydantic import BaseModel, ValidationError
 from broker_jobs.amqp.declaring import declare_topology, prepare_ladder
 from broker_jobs.app import App, TaskSpec
 from broker_jobs.clock import utc_now
-from broker_jobs.due import Delay, Route, due_time, route_for
-from broker_jobs.envelope import Job, WireMessage, encode
+from broker_jobs.due import Delay, Route, direct_route, due_time, route_for
+from broker_jobs.envelope import Job, WireMessage, encode, encode_new, new_job_id
 from broker_jobs.errors import (
     BrokerJobsError,
     ConfigurationError,
@@ -37,6 +37,8 @@ from broker_jobs.publish.ledger import PublishedLedger
 from broker_jobs.store.base import Store
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs
 from topology import DEFAULT_NAMESPACE, InvalidNameError, Names, Topology, namespace_topology
+from topology.lanes import Lane, shard_of
+from topology.names import check_task_name
 from topology.priority import InvalidPriorityError, Priority
 
 Payload = BaseModel | Mapping[str, Any]
@@ -90,13 +92,29 @@ class JobOptions(TypedDict, total=False):
     priority: Priority | str | int | None
 
 
-@dataclass(frozen=True)
 class Prepared:
-    """A validated job, its wire form and its route."""
+    """A validated job, its wire form and its route.
 
-    job: Job
-    message: WireMessage
-    route: Route
+    A job published without options goes out before its model is built: its wire
+    form is made from its fields (:func:`~broker_jobs.envelope.encode_new`), checked
+    before, and :attr:`job` builds the model when first asked for, which the sync
+    publisher does while the confirm travels (the model's validation is ~30 us of a
+    single publish's ~200 us before the send, on a CPU cold after a pause).
+    """
+
+    __slots__ = ("_job", "message", "route")
+
+    def __init__(self, job: Job | dict[str, Any], message: WireMessage, route: Route) -> None:
+        """``job``, or the fields of a job to build, which its model accepts."""
+        self._job = job
+        self.message = message
+        self.route = route
+
+    @property
+    def job(self) -> Job:
+        if isinstance(self._job, dict):
+            self._job = Job.model_validate(self._job)
+        return self._job
 
     def carrying(self, job: Job) -> Prepared:
         """The same job with ``job``'s trace context (``self`` when unchanged)."""
@@ -312,6 +330,8 @@ class JobFactory:
         task = task_name(task)
         data = self._payload_data(task, payload)
         now = utc_now()
+        if not options and _model_accepts(task, data, now):  # most publishes
+            return self._build_plain(task, data, now)
         fields: dict[str, Any] = {"task": task, "payload": data, "created_at": now}
         if options:  # most publishes give none
             check_keywords("publish", options, JOB_OPTIONS)
@@ -332,6 +352,18 @@ class JobFactory:
             raise PayloadEncodingError(task, str(error)) from None
         return Prepared(job, message, route_for(self.names, job, now, self._shards(task)))
 
+    def _build_plain(self, task: str, data: dict[str, Any], now: datetime) -> Prepared:
+        """A job without options, its model left to build (:class:`Prepared`): the
+        fields but the payload are made here, as the model would make them."""
+        job_id = new_job_id()
+        try:
+            message = encode_new(job_id, task, data, now)
+        except (TypeError, ValueError) as error:
+            raise PayloadEncodingError(task, str(error)) from None
+        lane = Lane(Priority.NORMAL, shard_of(job_id, self._shards(task)))
+        fields = {"id": job_id, "task": task, "payload": data, "created_at": now}
+        return Prepared(fields, message, direct_route(self.names, task, lane))
+
     def build_request(self, request: JobRequest) -> Prepared:
         return self.build(
             request.task,
@@ -348,7 +380,7 @@ class JobFactory:
     def current_route(self, prepared: Prepared) -> Route:
         """The route as of now: a delayed job's whole units shrink while it waits to
         be sent (a first connection, the ladder's declaration)."""
-        if prepared.job.due_at is None:
+        if not prepared.route.via_ladder:  # straight to its queue: it stays so
             return prepared.route
         job = prepared.job
         return route_for(self.names, job, utc_now(), self._shards(job.task))
@@ -399,6 +431,17 @@ class JobFactory:
         except (TypeError, ValueError) as error:
             raise PayloadEncodingError(task, str(error)) from None
         return data
+
+
+def _model_accepts(task: str, payload: dict[str, Any], now: datetime) -> bool:
+    """What a job's model checks of the fields a publish was given, and of the time
+    (a test's clock may give any): else the model is built before the send, and
+    raises its error."""
+    try:
+        check_task_name(task)
+    except InvalidNameError:
+        return False
+    return now.tzinfo is UTC and all(isinstance(key, str) for key in payload)
 
 
 @dataclass

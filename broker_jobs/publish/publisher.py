@@ -153,9 +153,9 @@ class Publisher(PublisherBase, Closing):
             return error
         if not link.is_open or self._needs_ladder_check((prepared,)):
             return self._send_batch([prepared], None).failed.get(prepared.job.id)
-        job = prepared.job
         route = self._factory.current_route(prepared)
         delivery = link.publish(route.exchange, route.routing_key, prepared.message)
+        job = prepared.job  # its model built while the confirm travels (Prepared)
         settled = link.wait(lambda: delivery.settled, self._settings.confirm_timeout)
         link.forget_settled()
         if settled:
