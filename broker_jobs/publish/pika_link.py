@@ -29,6 +29,7 @@ from pika.adapters.utils.io_services_utils import (  # type: ignore[attr-defined
 from broker_jobs.amqp.connecting import NodeUnreachable, first_answering
 from broker_jobs.envelope import WireMessage
 from broker_jobs.errors import BrokerConnectionError
+from broker_jobs.publish.frames import publish_frames
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, mask_text
 
 #: Seconds to wait for the broker's close-ok before dropping the socket.
@@ -137,18 +138,17 @@ class PikaLink:
     def publish(self, exchange: str, routing_key: str, message: WireMessage) -> Delivery:
         """Queue one mandatory, persistent publish; its :class:`Delivery` fills in
         as the broker answers while a caller waits."""
-        if self._channel is None or self._state.closed is not None:
+        channel = self._channel
+        if channel is None or self._state.closed is not None:
             raise BrokerConnectionError(self.describe_closed())
-        properties = pika.BasicProperties(
-            content_type=message.content_type,
-            content_encoding=message.content_encoding,
-            delivery_mode=message.delivery_mode,
-            message_id=message.message_id,
-            type=message.type,
-            timestamp=message.timestamp,
-            headers=dict(message.headers),
+        frames = publish_frames(
+            channel.channel_number, exchange, routing_key, message, self._connection.body_max
         )
-        self._channel.basic_publish(exchange, routing_key, message.body, properties, mandatory=True)
+        if frames is not None and channel.is_open:
+            self._connection.send_frames(frames)
+        else:  # pika's own path, and its errors
+            properties = pika_properties(message)
+            channel.basic_publish(exchange, routing_key, message.body, properties, mandatory=True)
         delivery = Delivery(message.message_id or "")
         self._state.deliveries[self._state.next_tag] = delivery
         self._state.next_tag += 1
@@ -313,6 +313,19 @@ class PikaLink:
             self._state.lowest_unsettled += 1
 
 
+def pika_properties(message: WireMessage) -> pika.BasicProperties:
+    """``message``'s properties as pika takes them."""
+    return pika.BasicProperties(
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        delivery_mode=message.delivery_mode,
+        message_id=message.message_id,
+        type=message.type,
+        timestamp=message.timestamp,
+        headers=dict(message.headers),
+    )
+
+
 class _OneWriteConnection(SelectConnection):
     """A ``SelectConnection`` that sends a message's frames (method, header, body) as
     one buffer, at once when nothing waits to be sent before them.
@@ -341,6 +354,17 @@ class _OneWriteConnection(SelectConnection):
             if not data:
                 return
         self._adapter_emit_data(data)  # type: ignore[attr-defined]
+
+    def send_frames(self, frames: Sequence[bytes]) -> None:
+        """Send frames marshaled already (:func:`~broker_jobs.publish.frames.publish_frames`)
+        as pika sends those it marshals."""
+        self._output_marshaled_frames(frames)
+
+    @property
+    def body_max(self) -> int:
+        """The longest body frame's payload, as pika splits a body (after tuning)."""
+        length: int = self._body_max_length  # type: ignore[attr-defined]
+        return length
 
     def send_buffered(self) -> None:
         """Send what is buffered now (what the socket did not take at once), without
