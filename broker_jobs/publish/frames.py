@@ -5,9 +5,10 @@ pika marshals a publish through its generic encoders: a ``Basic.Publish`` object
 frame object per frame (~13 us of CPU a publish on a hot CPU, about three times that
 on the cold one a publisher meets after a pause). A :class:`WireMessage` has one
 shape (a few strings, a delivery mode, a timestamp, a table of strings and
-integers), so :func:`publish_frames` writes the same bytes directly:
-tests/test_frames.py compares them with pika's for each shape the publishers send.
-A header value of any other type gives None, and the caller takes pika's path.
+integers), so :func:`publish_frames` writes the same bytes directly for the sync
+publisher's link (``pika_link.py``): tests/test_frames.py compares them with pika's
+for each shape a job's message takes. A header value of any other type gives None,
+and the caller takes pika's path.
 """
 
 from __future__ import annotations
