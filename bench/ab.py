@@ -31,6 +31,11 @@ ratio this / base (jobs/s: above 1 is faster; CPU: below 1 is cheaper).
 
     python -m bench.ab --base HEAD~1
     python -m bench.ab --base main --store sqlite --queue-type quorum --rounds 7
+    python -m bench.ab --base HEAD~1 --only single --rounds 16   # a publisher change
+
+``--only`` runs some of the phases (drain, steady, single): a change of the publisher
+alone needs many rounds of the single-publish phase to be told from the noise (about
+3% from run to run on a 2-core machine), not the worker's phases.
 
 The last line of the output is one JSON object with every figure.
 """
@@ -73,6 +78,8 @@ from topology.model import QueueType
 THIS, BASE = "this", "base"
 #: Run as a script with a side's code first on the path (not imported from here).
 PUBLISH_SCRIPT = Path(__file__).with_name("ab_publish.py")
+#: The phases of a round, in order (``--only`` picks some).
+PHASES = ("drain", "steady", "single")
 FIGURES = (
     ("jobs_per_s", "jobs/s"),
     ("worker_us", "µs/job"),
@@ -123,22 +130,27 @@ class Options:
     #: Worker options for this checkout's side only (``--this-args "--prefetch 160"``):
     #: a setting measured against the same code with ``--base HEAD``.
     this_args: str = ""
+    #: The phases to run (``--only``): all of :data:`PHASES` by default.
+    only: str = ",".join(PHASES)
+
+    def runs(self, phase: str) -> bool:
+        return phase in self.only.split(",")
 
 
 @dataclass(frozen=True)
 class Figures:
-    """One side's figures of one round."""
+    """One side's figures of one round (None: its phase was not run)."""
 
-    jobs_per_s: float
-    worker_us: float
-    broker_us: float | None
-    latency_p50_ms: float
+    jobs_per_s: float | None = None
+    worker_us: float | None = None
+    broker_us: float | None = None
+    latency_p50_ms: float | None = None
     #: The worker's CPU per job (µs) while jobs come one at a time (the steady phase).
-    steady_worker_us: float
+    steady_worker_us: float | None = None
     #: Confirmed publishes one by one, no worker running: a second, and the
     #: publisher's CPU per publish (µs).
-    publish_per_s: float
-    publish_cpu_us: float
+    publish_per_s: float | None = None
+    publish_cpu_us: float | None = None
 
 
 def export(rev: str, into: Path) -> Path:
@@ -289,21 +301,20 @@ def measure(
     options: Options, url: str, node: RabbitNode | None, tree: Path, args: Sequence[str] = ()
 ) -> Figures:
     side = Side(options, url, tree, args)
+    found: dict[str, float | None] = {}
     try:
-        jobs_per_s, worker_us, broker_us = drain(side, node)
-        latency, steady_worker_us = steady(side)
-        published = single_publish(side)
+        if options.runs("drain"):
+            jobs_per_s, worker_us, broker_us = drain(side, node)
+            found.update(jobs_per_s=jobs_per_s, worker_us=worker_us, broker_us=broker_us)
+        if options.runs("steady"):
+            latency, steady_worker_us = steady(side)
+            found.update(latency_p50_ms=latency, steady_worker_us=steady_worker_us)
+        if options.runs("single"):
+            published = single_publish(side)
+            found.update(publish_per_s=published["per_s"], publish_cpu_us=published["cpu_us"])
     finally:
         side.delete()
-    return Figures(
-        jobs_per_s,
-        worker_us,
-        broker_us,
-        latency,
-        steady_worker_us,
-        published["per_s"],
-        published["cpu_us"],
-    )
+    return Figures(**found)
 
 
 def ratios(rounds: list[dict[str, Figures]], figure: str) -> list[float] | None:
@@ -327,6 +338,7 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
         single=f"{options.publishes} confirmed publishes one by one, no worker running",
         worker="broker-jobs worker --concurrency 8 (default log level and prefetch)",
         this_args=options.this_args or "none",
+        phases=options.only,
     )
     print_config("The worker, this checkout against --base, side by side", config, 12)
     with tempfile.TemporaryDirectory(prefix="bench-ab-base-") as base_dir:
@@ -342,13 +354,20 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
 
 
 def _line(side: str, found: Figures) -> str:
-    broker = "" if found.broker_us is None else f", broker {found.broker_us:.0f} µs/job"
-    return (
-        f"{side} {found.jobs_per_s:,.0f} jobs/s, worker {found.worker_us:.0f} µs/job{broker},"
-        f" latency p50 {found.latency_p50_ms:.2f} ms (worker {found.steady_worker_us:.0f}"
-        " µs/job), single publish"
-        f" {found.publish_per_s:,.0f}/s ({found.publish_cpu_us:.0f} µs CPU each)"
-    )
+    parts = []
+    if found.jobs_per_s is not None:
+        broker = "" if found.broker_us is None else f", broker {found.broker_us:.0f} µs/job"
+        parts.append(f"{found.jobs_per_s:,.0f} jobs/s, worker {found.worker_us:.0f} µs/job{broker}")
+    if found.latency_p50_ms is not None:
+        parts.append(
+            f"latency p50 {found.latency_p50_ms:.2f} ms"
+            f" (worker {found.steady_worker_us:.0f} µs/job)"
+        )
+    if found.publish_per_s is not None:
+        parts.append(
+            f"single publish {found.publish_per_s:,.0f}/s ({found.publish_cpu_us:.0f} µs CPU each)"
+        )
+    return f"{side} " + ", ".join(parts)
 
 
 def summary(config: dict[str, Any], rounds: list[dict[str, Figures]]) -> dict[str, Any]:
@@ -392,7 +411,17 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         help='worker options for this checkout\'s side only, e.g. "--prefetch 160" with'
         " --base HEAD: a setting side by side with the default",
     )
-    return from_args(Options, parser.parse_args(argv))
+    parser.add_argument(
+        "--only",
+        default=",".join(PHASES),
+        help="phases, comma-separated (default: all): drain, steady, single; e.g. --only"
+        " single --rounds 16 for a change of the publisher alone",
+    )
+    options = from_args(Options, parser.parse_args(argv))
+    unknown = set(options.only.split(",")) - set(PHASES)
+    if unknown:
+        parser.error(f"--only: unknown phases {sorted(unknown)}; pick from {', '.join(PHASES)}")
+    return options
 
 
 def main(argv: Sequence[str] | None = None) -> int:
