@@ -17,6 +17,7 @@ from broker_jobs import App, ConfirmTimeoutError, Job, JobRequest, PublishBatchE
 from broker_jobs.testing.rabbit_node import RabbitNode
 from tests.support import AnyPublisher, Broker, drain_at_least
 from topology import declare
+from topology.delay import DELAY_LEVELS
 
 pytestmark = [pytest.mark.broker, pytest.mark.fault]
 
@@ -54,7 +55,7 @@ def where_jobs_wait(broker: Broker, app: App) -> str:
     """The depths of the namespace's ladder levels and unroutable queue (those
     holding anything), for the message of a failed assertion."""
     names = app.names
-    queues = [*(names.delay_queue(level) for level in range(25)), names.unroutable_queue]
+    queues = [*(names.delay_queue(level) for level in range(DELAY_LEVELS)), names.unroutable_queue]
     with broker.connection("test fault check") as connection:
         channel = connection.channel()
         depths = {q: channel.queue_declare(q, passive=True).method.message_count for q in queues}
