@@ -68,8 +68,12 @@ def test_bad_declarations_fail_loudly() -> None:
         app.declare("image.resize", Crop)
     with pytest.raises(ConfigurationError, match="invalid task name"):
         app.declare("image.*", Resize)
+    with pytest.raises(ConfigurationError, match="invalid task name"):
+        app.declare("image.resize\n", Resize)  # a regex's $ would let it through
     with pytest.raises(ConfigurationError, match="invalid namespace"):
         App(namespace="has.dots")
+    with pytest.raises(ConfigurationError, match="invalid namespace"):
+        App(namespace="jobs\n")
 
     with pytest.raises(ConfigurationError, match="annotated with a pydantic model"):
 

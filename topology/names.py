@@ -125,9 +125,18 @@ class InvalidNameError(ValueError):
     """A task name or namespace that cannot be used on the wire."""
 
 
+def is_task_name(name: object) -> bool:
+    """Whether ``name`` is a string :func:`check_task_name` accepts."""
+    return (
+        type(name) is str
+        and len(name) <= MAX_TASK_NAME_LENGTH
+        and TASK_NAME_PATTERN.fullmatch(name) is not None  # match's $ lets a newline end it
+    )
+
+
 def check_task_name(name: str) -> str:
     """Return ``name`` if it can be a task name, else raise :class:`InvalidNameError`."""
-    if len(name) > MAX_TASK_NAME_LENGTH or not TASK_NAME_PATTERN.match(name):
+    if not is_task_name(name):
         raise InvalidNameError(
             f"invalid task name {name!r}: use dotted words of letters, digits, '_' and '-'"
             f" (for example 'image.resize'), at most {MAX_TASK_NAME_LENGTH} characters"
@@ -137,7 +146,7 @@ def check_task_name(name: str) -> str:
 
 def check_namespace(namespace: str) -> str:
     """Return ``namespace`` if usable as a prefix, else raise :class:`InvalidNameError`."""
-    if not NAMESPACE_PATTERN.match(namespace):
+    if not NAMESPACE_PATTERN.fullmatch(namespace):
         raise InvalidNameError(
             f"invalid namespace {namespace!r}: use 1-40 letters, digits, '_' or '-'"
             f" (the default is {DEFAULT_NAMESPACE!r})"

@@ -276,6 +276,15 @@ def publish_spans(items: Sequence[tuple[Job, str, str]]) -> PublishSpans:
     return PublishSpans(api, jobs, spans)
 
 
+def execution_traced(job: Job) -> bool:
+    """Whether a run of ``job`` gets a consumer span: OpenTelemetry is installed, and
+    the job carries a trace context, or a tracer provider is set up or a span is
+    current. Otherwise :func:`execution_span` does nothing, and a caller may skip
+    entering it (a worker starting a job on a cold CPU: ~10 us)."""
+    api = _api()
+    return api is not None and (bool(job.traceparent) or not _inert(api))
+
+
 @contextmanager
 def execution_span(job: Job, *, queue: str | None = None) -> Iterator[None]:
     """Around a handler's run: a consumer span ``process <task>``, current inside

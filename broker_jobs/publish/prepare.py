@@ -38,7 +38,7 @@ from broker_jobs.store.base import Store
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs
 from topology import DEFAULT_NAMESPACE, InvalidNameError, Names, Topology, namespace_topology
 from topology.lanes import Lane, shard_of
-from topology.names import check_task_name
+from topology.names import is_task_name
 from topology.priority import InvalidPriorityError, Priority
 
 Payload = BaseModel | Mapping[str, Any]
@@ -437,11 +437,11 @@ def _model_accepts(task: str, payload: dict[str, Any], now: datetime) -> bool:
     """What a job's model checks of the fields a publish was given, and of the time
     (a test's clock may give any): else the model is built before the send, and
     raises its error."""
-    try:
-        check_task_name(task)
-    except InvalidNameError:
-        return False
-    return now.tzinfo is UTC and all(isinstance(key, str) for key in payload)
+    return (
+        is_task_name(task)
+        and now.tzinfo is UTC
+        and all(isinstance(key, str) for key in payload)
+    )
 
 
 @dataclass

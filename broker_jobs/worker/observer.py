@@ -33,7 +33,7 @@ from typing import Any
 from broker_jobs.clock import utc_now
 from broker_jobs.envelope import Job
 from broker_jobs.observe.link_metrics import LinkMetrics
-from broker_jobs.observe.tracing import execution_span
+from broker_jobs.observe.tracing import execution_span, execution_traced
 from broker_jobs.observe.worker_metrics import OUTCOMES, TaskMetrics, WorkerMetrics
 from broker_jobs.store.base import JobRecord, mask_dsn
 from broker_jobs.store.processes import MAX_LISTED_RUNNING, RunningJob
@@ -62,8 +62,9 @@ class Run:
         self.ended: float | None = None
 
     def __enter__(self) -> Run:
-        self._span = span = execution_span(self.job)
-        span.__enter__()
+        if execution_traced(self.job):
+            self._span = span = execution_span(self.job)
+            span.__enter__()
         metrics = self._metrics
         if metrics is not None:
             due = self.job.due_at or self.job.created_at
@@ -86,8 +87,8 @@ class Run:
             assert self.started is not None  # entered
             metrics.duration.observe(ended - self.started)
             metrics.in_flight.dec()
-        assert self._span is not None  # entered
-        return self._span.__exit__(kind, error, tb)
+        span = self._span
+        return None if span is None else span.__exit__(kind, error, tb)
 
     @property
     def duration(self) -> float | None:
