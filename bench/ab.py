@@ -212,6 +212,12 @@ class Side:
         self.report.unlink()
         return found
 
+    def declare(self) -> None:
+        """The side's topology, before any phase: the worker of the steady phase
+        starts before anything is published (``--only steady``: no drain declared it)."""
+        with Admin(self.url) as admin:
+            admin.declare(self.app.topology())
+
     def delete(self) -> None:
         with Admin(self.url) as admin:
             admin.delete(self.app.topology())
@@ -303,6 +309,7 @@ def measure(
     side = Side(options, url, tree, args)
     found: dict[str, float | None] = {}
     try:
+        side.declare()
         if options.runs("drain"):
             jobs_per_s, worker_us, broker_us = drain(side, node)
             found.update(jobs_per_s=jobs_per_s, worker_us=worker_us, broker_us=broker_us)

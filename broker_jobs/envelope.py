@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,8 +28,6 @@ from topology.priority import Priority
 PERSISTENT = 2
 #: The longest job id: message_id is an AMQP short string.
 MAX_ID_BYTES = 255
-#: The longest idempotency key, in characters.
-MAX_KEY_LENGTH = 255
 
 
 def new_job_id() -> str:
@@ -62,7 +59,7 @@ class Job(BaseModel):
     id: str = Field(default_factory=new_job_id, min_length=1, max_length=255)
     task: str
     payload: dict[str, Any] = Field(default_factory=dict)
-    idempotency_key: str = Field(default="", max_length=MAX_KEY_LENGTH)
+    idempotency_key: str = Field(default="", max_length=255)
     attempt: int = Field(default=1, ge=1)
     created_at: datetime = Field(default_factory=utc_now)
     due_at: datetime | None = None
@@ -210,84 +207,9 @@ def decode(message: WireMessage) -> Job:
     elif message.timestamp is not None:
         fields["created_at"] = datetime.fromtimestamp(message.timestamp, UTC)
     try:
-        return _job_as_given(fields) or Job.model_validate(fields)
+        return Job.model_validate(fields)
     except ValidationError as error:
         raise DecodeError("envelope", describe_validation_error(error)) from None
-
-
-def _job_as_given(fields: dict[str, Any]) -> Job | None:
-    """The job of :func:`decode`'s ``fields`` made without validating them again,
-    where each is of the type and the form the model keeps as it is and passes its
-    checks: what a job sent by any broker-jobs publisher is. None: anything else,
-    which the model validates (and whose error it words).
-
-    A worker decodes every delivery before its handler starts; on a cold CPU (a
-    worker taking a job every few ms) the model's validation of these fields costs
-    as much as the rest of the decode (docs/worker.md, Speed)."""
-    job_id, key, attempt = fields["id"], fields["idempotency_key"], fields["attempt"]
-    if (
-        type(job_id) is not str
-        or not 0 < len(job_id.encode("utf-8")) <= MAX_ID_BYTES
-        or type(key) is not str
-        or len(key) > MAX_KEY_LENGTH
-        or type(attempt) is not int
-        or attempt < 1
-        or not _plain_text(fields["traceparent"])
-        or not _plain_text(fields["tracestate"])
-        or not isinstance(fields["priority"], Priority)
-        or not n.is_task_name(fields["task"])
-    ):
-        return None
-    created = fields.get("created_at")
-    created = utc_now() if created is None else _canonical_time(created)
-    due = fields["due_at"]
-    if created is None or (due is not None and (due := _canonical_time(due)) is None):
-        return None
-    values = {  # in the model's order of fields
-        "id": job_id,
-        "task": fields["task"],
-        "payload": fields["payload"],
-        "idempotency_key": key or job_id,  # as Job.model_post_init has it
-        "attempt": attempt,
-        "created_at": created,
-        "due_at": due,
-        "traceparent": fields["traceparent"],
-        "tracestate": fields["tracestate"],
-        "priority": fields["priority"],
-    }
-    return _made(values, set(fields))
-
-
-def _made(values: dict[str, Any], given: set[str]) -> Job:
-    """A :class:`Job` of ``values`` (every field), as pydantic's ``model_construct``
-    makes one (its own loop over the fields costs more than the validation it saves)."""
-    job = Job.__new__(Job)
-    object.__setattr__(job, "__dict__", values)
-    object.__setattr__(job, "__pydantic_fields_set__", given)
-    object.__setattr__(job, "__pydantic_extra__", None)
-    object.__setattr__(job, "__pydantic_private__", None)
-    return job
-
-
-def _plain_text(value: object) -> bool:
-    return value is None or type(value) is str
-
-
-def _canonical_time(value: object) -> datetime | None:
-    """``value`` as the model keeps it (UTC), if it is a UTC datetime or the text
-    :func:`encode` writes (ISO 8601, microseconds, ``Z``); else None."""
-    if isinstance(value, datetime):
-        return value if value.tzinfo is UTC else None
-    if type(value) is not str or not _ISO_UTC.fullmatch(value):
-        return None
-    try:
-        return datetime.fromisoformat(value)  # "Z": tzinfo is UTC
-    except ValueError:  # February 30th, say
-        return None
-
-
-#: The times :func:`_iso` writes.
-_ISO_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", re.ASCII)
 
 
 def _parse_body(body: bytes) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from pydantic import ValidationError
 
-from broker_jobs import DecodeError, Job, WireMessage, decode, encode, envelope
+from broker_jobs import DecodeError, Job, WireMessage, decode, encode
 from broker_jobs.envelope import new_job_id
 from topology import names as n
 from topology.priority import Priority
@@ -119,6 +119,7 @@ def wire(body: bytes = b"{}", **changes: object) -> WireMessage:
         (wire(message_id=None), "message-id"),
         (wire(type=None), "type"),
         (wire(type="bad name"), "envelope"),
+        (wire(type="image.resize\n"), "envelope"),  # a regex's $ would let it through
         (wire(headers={n.HEADER_ATTEMPT: 0}), "envelope"),
         (wire(headers={n.HEADER_ATTEMPT: "many"}), "header"),
         (wire(headers={n.HEADER_ATTEMPT: "1"}), "header"),
@@ -145,7 +146,7 @@ def test_decode_failures_raise_decode_error_with_a_reason(
 
 
 def test_minimal_message_decodes_with_defaults() -> None:
-    job = decode(wire(body=b'{"width": 1}', timestamp=SENT))
+    job = decode(wire(body=b'{"width": 1}', timestamp=1_700_000_000))
     assert (job.id, job.task, job.payload) == ("id-1", "image.resize", {"width": 1})
     assert job.idempotency_key == "id-1"
     assert job.attempt == 1
@@ -231,88 +232,3 @@ def test_a_priority_travels_in_its_header_and_normal_adds_none() -> None:
     assert n.HEADER_PRIORITY not in encode(Job(task="image.resize")).headers
     with pytest.raises(DecodeError, match="must be 'high', 'normal' or 'low'"):
         decode(wire(headers={n.HEADER_PRIORITY: "urgent"}))
-
-
-# -- decode makes a valid job without the model's validation: the same job, the same errors
-
-
-def _validated(message: WireMessage, monkeypatch: pytest.MonkeyPatch) -> Job:
-    """``decode(message)`` with every field validated by the model."""
-    with monkeypatch.context() as patched:
-        patched.setattr(envelope, "_job_as_given", lambda fields: None)
-        return decode(message)
-
-
-NOW_TEXT = "2026-11-29T10:00:00.123456Z"
-#: An AMQP timestamp: the created_at of a message without its header (else now).
-SENT = 1_700_000_000
-
-
-@pytest.mark.parametrize(
-    "message",
-    [
-        wire(timestamp=SENT),
-        wire(body=b'{"n": 1, "name": "Zo\xc3\xab"}', timestamp=SENT),
-        wire(headers={n.HEADER_CREATED_AT: NOW_TEXT}),
-        wire(headers={n.HEADER_CREATED_AT: NOW_TEXT, n.HEADER_DUE_AT: NOW_TEXT}),
-        wire(headers={n.HEADER_IDEMPOTENCY_KEY: "k" * 255, n.HEADER_ATTEMPT: 7}, timestamp=SENT),
-        wire(headers={n.HEADER_PRIORITY: "high", n.HEADER_TRACEPARENT: "00-a-b"}, timestamp=SENT),
-        wire(headers={n.HEADER_TRACESTATE: "a=b", n.HEADER_IDEMPOTENCY_KEY: b"k"}, timestamp=SENT),
-        wire(message_id="é" * 127, timestamp=SENT),
-        # not in encode's form: the model parses them
-        wire(headers={n.HEADER_CREATED_AT: "2026-11-29T10:00:00+00:00"}),
-        wire(headers={n.HEADER_CREATED_AT: "2026-11-29T12:00:00.5+02:00"}),
-        wire(headers={n.HEADER_DUE_AT: "2026-11-29 10:00:00Z"}, timestamp=SENT),
-        wire(headers={n.HEADER_DUE_AT: "1700000000"}, timestamp=SENT),
-    ],
-)
-def test_decode_makes_the_job_the_model_validates(
-    message: WireMessage, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    job, validated = decode(message), _validated(message, monkeypatch)
-    assert job == validated
-    assert job.model_dump() == validated.model_dump()
-    assert repr(job) == repr(validated)
-    assert job.model_fields_set == validated.model_fields_set
-    assert job.created_at.tzinfo is UTC
-    assert job.due_at is None or job.due_at.tzinfo is UTC
-
-
-def test_a_job_in_encodes_form_is_made_without_the_models_validation(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The check of the test above is not vacuous: a canonical message skips it."""
-    sent = make_job(idempotency_key="k", attempt=3, due_at=datetime.now(UTC), tracestate="a=b")
-
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("validated again")
-
-    monkeypatch.setattr(Job, "model_validate", refuse)
-    assert decode(encode(sent)) == sent
-
-
-@pytest.mark.parametrize(
-    "message",
-    [
-        wire(type="bad name"),
-        wire(type="a" * 201),
-        wire(type="a.b\n"),
-        wire(message_id=""),
-        wire(message_id="é" * 128),
-        wire(headers={n.HEADER_ATTEMPT: 0}),
-        wire(headers={n.HEADER_ATTEMPT: -3}),
-        wire(headers={n.HEADER_IDEMPOTENCY_KEY: "k" * 256}),
-        wire(headers={n.HEADER_CREATED_AT: "2026-02-30T10:00:00.000000Z"}),
-        wire(headers={n.HEADER_DUE_AT: "2026-11-29T10:00:00.000000"}),
-        wire(headers={n.HEADER_DUE_AT: "tomorrow"}),
-        wire(headers={n.HEADER_CREATED_AT: "2026-11-29T10:00:00.123456Z\n"}),
-    ],
-)
-def test_decode_refuses_what_the_model_refuses_with_its_words(
-    message: WireMessage, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with pytest.raises(DecodeError) as as_given:
-        decode(message)
-    with pytest.raises(DecodeError) as validated:
-        _validated(message, monkeypatch)
-    assert str(as_given.value) == str(validated.value)
