@@ -128,7 +128,7 @@ class InvalidNameError(ValueError):
 def is_task_name(name: object) -> bool:
     """Whether ``name`` is a string :func:`check_task_name` accepts."""
     return (
-        type(name) is str
+        isinstance(name, str)
         and len(name) <= MAX_TASK_NAME_LENGTH
         and TASK_NAME_PATTERN.fullmatch(name) is not None  # match's $ lets a newline end it
     )

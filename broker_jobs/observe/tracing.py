@@ -280,7 +280,7 @@ def execution_traced(job: Job) -> bool:
     """Whether a run of ``job`` gets a consumer span: OpenTelemetry is installed, and
     the job carries a trace context, or a tracer provider is set up or a span is
     current. Otherwise :func:`execution_span` does nothing, and a caller may skip
-    entering it (a worker starting a job on a cold CPU: ~10 us)."""
+    entering it (~1 us a run, a few on a cold CPU)."""
     api = _api()
     return api is not None and (bool(job.traceparent) or not _inert(api))
 
