@@ -8,7 +8,7 @@ side's own publish. It imports only the public ``broker_jobs`` API, which every
 revision compared has.
 
     python bench/ab_publish.py burst URL NAMESPACE QUEUE_TYPE JOBS
-    python bench/ab_publish.py steady URL NAMESPACE QUEUE_TYPE RATE SECONDS
+    python bench/ab_publish.py steady URL NAMESPACE QUEUE_TYPE RATE SECONDS [START]
     python bench/ab_publish.py single URL NAMESPACE QUEUE_TYPE JOBS   # prints JSON
 """
 
@@ -36,12 +36,15 @@ def burst(publisher: Publisher, jobs: int) -> None:
     publisher.publish_many([JobRequest(TASK, {"n": n}) for n in range(jobs)])
 
 
-def steady(publisher: Publisher, rate: float, seconds: float) -> None:
+def steady(publisher: Publisher, rate: float, seconds: float, start: float | None = None) -> None:
     """One confirmed publish every 1/``rate`` s for ``seconds``, each carrying the
-    time it was handed to the publisher."""
-    began = time.perf_counter()
+    time it was handed to the publisher; from ``start`` (``time.time()``) if given:
+    two sides' publishers started with starts half a period apart take turns
+    (``bench.ab_paired``)."""
+    clock = time.perf_counter if start is None else time.time
+    began = clock() if start is None else start
     for n in range(round(rate * seconds)):
-        pause = began + n / rate - time.perf_counter()
+        pause = began + n / rate - clock()
         if pause > 0:
             time.sleep(pause)
         publisher.publish(TASK, {"n": n, "sent": time.time()})
@@ -68,7 +71,8 @@ def main(argv: list[str]) -> int:
         elif mode == "single":
             print(json.dumps(single(publisher, int(figures[0]))))
         else:
-            steady(publisher, float(figures[0]), float(figures[1]))
+            start = float(figures[2]) if len(figures) > 2 else None
+            steady(publisher, float(figures[0]), float(figures[1]), start)
     return 0
 
 

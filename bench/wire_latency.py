@@ -1,10 +1,10 @@
 """``python -m bench.wire_latency``: where publish-to-start goes, read off the packets.
 
 bench.compare's latency phase, split at the wire: the raw aio-pika consumer and the
-``broker-jobs worker`` (each started as bench.compare starts it, each fed by its own
-publisher, one confirmed publish every 1/``--rate`` s, interleaved rounds) while
-``tcpdump`` stamps every packet to and from the broker's port on the loopback. For
-each job:
+``broker-jobs worker`` with a sync and with an async no-op handler (each started as
+bench.compare starts it, each fed by its own publisher, one confirmed publish every
+1/``--rate`` s, interleaved rounds) while ``tcpdump`` stamps every packet to and from
+the broker's port on the loopback. For each job:
 
 - **call > frame**: the publish call to its first packet to the broker (the publisher);
 - **frame > deliver**: that packet to the broker's next packet to the consumer (the
@@ -59,6 +59,8 @@ PARTS = ("call > frame", "frame > deliver", "frame > confirm", "deliver > start"
 KINDS = {
     "raw": Variant("raw aio-pika", "raw"),
     "broker-jobs": Variant("broker-jobs 1x8", "broker-jobs"),
+    # no hand-over to a handler thread: the difference to the line above is that hop
+    "bj-async": Variant("broker-jobs async", "broker-jobs", pool="async"),
 }
 WARMUP_SEQ = 1_000_000
 _PACKET = re.compile(r"([\d.]+) IP 127\.0\.0\.1\.(\d+) > 127\.0\.0\.1\.(\d+): tcp")
@@ -188,7 +190,7 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
     found: dict[str, list[dict[str, float]]] = {kind: [] for kind in KINDS}
     with tempfile.TemporaryDirectory(prefix="bench-wire-") as workdir:
         for index in range(options.rounds):
-            order = list(KINDS) if index % 2 == 0 else list(KINDS)[::-1]
+            order = list(KINDS) if index % 2 == 0 else list(KINDS)[::-1]  # reversed
             for kind in order:
                 row = one_run(options, url, kind, Path(workdir))
                 found[kind].append(row)
