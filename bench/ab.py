@@ -252,41 +252,67 @@ def drain(side: Side, node: RabbitNode | None) -> tuple[float, float, float | No
     )
 
 
+class RunningWorker:
+    """One side's worker (not in burst mode), started at once; :meth:`stop` ends it."""
+
+    def __init__(self, side: Side) -> None:
+        self.side = side
+        self.queue = side.app.names.task_queue(TASK)
+        self.process = subprocess.Popen(
+            side.command(), cwd=side.workdir, env=side.env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def wait_consuming(self, admin: Admin) -> None:
+        """Until it consumes (the phase may begin), it exited, or a minute passed (its
+        exit code and output say why, in :meth:`waits`)."""
+        deadline = time.monotonic() + 60
+        while admin.consumers(self.queue) == 0:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+
+    def done(self, admin: Admin) -> bool:
+        """Its queue is empty (every job taken), or it exited."""
+        return self.process.poll() is not None or admin.depth(self.queue) == 0
+
+    def cpu(self) -> float:
+        """Its CPU seconds so far; 0 once it exited (no /proc entry left: its exit
+        code and output say why, in :meth:`waits`)."""
+        return process_cpu(self.process.pid) if self.process.poll() is None else 0.0
+
+    def stop(self) -> str:
+        """SIGTERM (the jobs it holds and has not started: left); its output."""
+        if self.process.poll() is not None:
+            return self.process.communicate()[1]
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.communicate(timeout=60)[1]
+
+    def waits(self, stderr: str) -> list[float]:
+        """Once stopped: its handlers' publish-to-start times (s)."""
+        return self.side.recorded(self.process.returncode, stderr)["waits"]
+
+
 def steady(side: Side) -> tuple[float, float]:
     """The worker running, one confirmed publish every 1/rate s for the phase: the
     median of publish call to handler start (ms), and the worker's CPU per job (µs)
     from the phase's first publish until its queue is empty."""
     options = side.options
-    worker = subprocess.Popen(
-        side.command(), cwd=side.workdir, env=side.env, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    worker = RunningWorker(side)
     try:
-        queue = side.app.names.task_queue(TASK)
         with Admin(side.url) as admin:
-            deadline = time.monotonic() + 60
-            while admin.consumers(queue) == 0:  # consuming: the phase may begin
-                if worker.poll() is not None or time.monotonic() > deadline:
-                    break  # its exit code and output say why, below
-                time.sleep(0.05)
-            cpu_before = _cpu(worker)
+            worker.wait_consuming(admin)
+            cpu_before = worker.cpu()
             subprocess.run(
                 side.publisher("steady", options.rate, options.seconds), env=side.env, check=True
             )
-            while admin.depth(queue) > 0 and worker.poll() is None:
+            while not worker.done(admin):
                 time.sleep(0.05)
-            cpu = _cpu(worker) - cpu_before
+            cpu = worker.cpu() - cpu_before
     finally:
-        worker.send_signal(signal.SIGTERM)  # the jobs it holds and has not started: left
-        _, stderr = worker.communicate(timeout=60)
-    waits = side.recorded(worker.returncode, stderr)["waits"]
+        stderr = worker.stop()
+    waits = worker.waits(stderr)
     return statistics.median(waits) * 1000, cpu * 1e6 / len(waits)
-
-
-def _cpu(worker: subprocess.Popen[str]) -> float:
-    """The worker's CPU seconds so far; 0 once it exited (no /proc entry left: its
-    exit code and output say why, where its figures are read)."""
-    return process_cpu(worker.pid) if worker.poll() is None else 0.0
 
 
 def single_publish(side: Side) -> dict[str, float]:

@@ -19,7 +19,6 @@ differences this - base (ms; below 0: this side starts jobs sooner).
 
 from __future__ import annotations
 
-import signal
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.ab import BASE, TASK, THIS, Options, Side, export
+from bench.ab import BASE, THIS, Options, RunningWorker, Side, export
 from bench.common import (
     REPO,
     Admin,
@@ -65,46 +64,6 @@ class PairedOptions:
         )  # fmt: skip
 
 
-class Running:
-    """One side's worker, started and consuming."""
-
-    def __init__(self, side: Side) -> None:
-        self.side = side
-        side.declare()
-        self.worker = subprocess.Popen(
-            side.command(), cwd=side.workdir, env=side.env, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-
-    def wait_consuming(self) -> None:
-        queue = self.side.app.names.task_queue(TASK)
-        with Admin(self.side.url) as admin:
-            deadline = time.monotonic() + 60
-            while admin.consumers(queue) == 0:
-                if self.worker.poll() is not None or time.monotonic() > deadline:
-                    return  # its exit code and output say why, in waits()
-                time.sleep(0.05)
-
-    def done(self) -> bool:
-        """Its queue is empty (every job taken), or the worker exited."""
-        if self.worker.poll() is not None:
-            return True
-        with Admin(self.side.url) as admin:
-            return admin.depth(self.side.app.names.task_queue(TASK)) == 0
-
-    def kill(self) -> None:
-        """If it still runs (a round that failed): ended at once."""
-        if self.worker.poll() is None:
-            self.worker.kill()
-            self.worker.wait()
-
-    def waits(self) -> list[float]:
-        """Stop the worker; the handlers' publish-to-start times (s)."""
-        self.worker.send_signal(signal.SIGTERM)
-        _, stderr = self.worker.communicate(timeout=60)
-        return self.side.recorded(self.worker.returncode, stderr)["waits"]
-
-
 def one_round(
     options: PairedOptions, url: str, trees: dict[str, Path], index: int
 ) -> dict[str, float]:
@@ -112,21 +71,23 @@ def one_round(
     sides = {name: Side(options.side_options(), url, tree) for name, tree in trees.items()}
     first_up = (THIS, BASE) if index % 2 == 0 else (BASE, THIS)
     first_out = (THIS, BASE) if (index // 2) % 2 == 0 else (BASE, THIS)
-    running: dict[str, Running] = {}
+    running: dict[str, RunningWorker] = {}
     try:
         for name in first_up:
-            running[name] = Running(sides[name])
-        for name in first_up:
-            running[name].wait_consuming()
-        publish_taking_turns([sides[name] for name in first_out], options)
-        while not all(side.done() for side in running.values()):
-            time.sleep(0.05)
-        return {name: statistics.median(side.waits()) * 1000 for name, side in running.items()}
+            sides[name].declare()
+            running[name] = RunningWorker(sides[name])
+        with Admin(url) as admin:
+            for name in first_up:
+                running[name].wait_consuming(admin)
+            publish_taking_turns([sides[name] for name in first_out], options)
+            while not all(worker.done(admin) for worker in running.values()):
+                time.sleep(0.05)
     finally:
-        for side in running.values():
-            side.kill()
+        outputs = {name: worker.stop() for name, worker in running.items()}
         for side in sides.values():
             side.delete()
+    waits = {name: worker.waits(outputs[name]) for name, worker in running.items()}
+    return {name: statistics.median(found) * 1000 for name, found in waits.items()}
 
 
 def publish_taking_turns(sides: Sequence[Side], options: PairedOptions) -> None:

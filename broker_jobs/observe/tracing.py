@@ -210,8 +210,13 @@ def publishing_traced() -> bool:
     tracer provider is set up or a span is current. Otherwise :func:`publish_span`
     yields the job as it is, and a caller may skip entering it (~8 us of a single
     publish's ~190 us of CPU)."""
+    return _publishing_api() is not None
+
+
+def _publishing_api() -> _Api | None:
+    """OpenTelemetry's API where a publish gets a producer span, else None."""
     api = _api()
-    return api is not None and not _inert(api)
+    return None if api is None or _inert(api) else api
 
 
 @contextmanager
@@ -219,8 +224,8 @@ def publish_span(job: Job, *, exchange: str, routing_key: str) -> Iterator[Job]:
     """Around one job's publish and confirm: a producer span, current inside the
     block. Yields the job to send: ``job`` carrying the span's trace context. An
     exception leaving the block is recorded on the span (status ERROR)."""
-    api = _api()
-    if api is None or _inert(api):  # the job goes as it is (its own trace headers too)
+    api = _publishing_api()
+    if api is None:  # the job goes as it is (its own trace headers too)
         yield job
         return
     span, sent = _start_publish(api, job, exchange, routing_key)
@@ -265,8 +270,8 @@ class PublishSpans:
 def publish_spans(items: Sequence[tuple[Job, str, str]]) -> PublishSpans:
     """Start a producer span for each ``(job, exchange, routing_key)`` of a batch
     (not made current); the caller ends them with :meth:`PublishSpans.end`."""
-    api = _api()
-    if api is None or _inert(api):
+    api = _publishing_api()
+    if api is None:
         return PublishSpans(None, [job for job, _, _ in items], [])
     jobs, spans = [], []
     for job, exchange, routing_key in items:
@@ -281,8 +286,16 @@ def execution_traced(job: Job) -> bool:
     the job carries a trace context, or a tracer provider is set up or a span is
     current. Otherwise :func:`execution_span` does nothing, and a caller may skip
     entering it (~1 us a run, a few on a cold CPU)."""
+    return _execution_api(job) is not None
+
+
+def _execution_api(job: Job) -> _Api | None:
+    """OpenTelemetry's API where a run of ``job`` gets a consumer span, else None (a
+    no-op root span is skipped)."""
     api = _api()
-    return api is not None and (bool(job.traceparent) or not _inert(api))
+    if api is None or (not job.traceparent and _inert(api)):
+        return None
+    return api
 
 
 @contextmanager
@@ -290,8 +303,8 @@ def execution_span(job: Job, *, queue: str | None = None) -> Iterator[None]:
     """Around a handler's run: a consumer span ``process <task>``, current inside
     the block, child of the job's trace context (a root span when the job carries
     none). An exception leaving the block is recorded (status ERROR) and re-raised."""
-    api = _api()
-    if api is None or (not job.traceparent and _inert(api)):  # a no-op root span: skipped
+    api = _execution_api(job)
+    if api is None:
         yield
         return
     attributes: dict[str, AttributeValue] = {
