@@ -15,7 +15,8 @@ from bench.peers.common import Family, Variant
 
 WORKLOADS = ("publish", "consume", "latency", "delay", "drain", "rss")
 QUEUE_TYPES = ("classic", "quorum")
-DEFAULT_JOBS, DEFAULT_ROUNDS, DEFAULT_RSS_JOBS = 10_000, 5, 100_000
+#: An even number of rounds: two peers run in each order equally often (round_order).
+DEFAULT_JOBS, DEFAULT_ROUNDS, DEFAULT_RSS_JOBS = 10_000, 6, 100_000
 
 #: The reference rows of the ratios: per worker, and per publisher.
 RAW_WORKER, RAW_PUBLISHER = "raw aio-pika", "raw pika"

@@ -44,9 +44,15 @@ def spread(
 
 
 def round_order(items: Sequence[T], round_index: int) -> list[T]:
-    """Rotated each round and reversed every other round: rotation alone keeps every
-    variant behind the same neighbour, whose backlog the broker may still be writing;
-    so a slow neighbour, or a noisy moment of a shared machine, moves around."""
-    shift = round_index % len(items) if items else 0
+    """Each rotation of ``items`` run forward in one round, then backward in the next.
+
+    Backward after forward puts every two items in each order equally often over an
+    even number of rounds: one that runs after another on a shared machine (behind a
+    neighbour whose backlog the broker may still be writing, on CPUs it left idle or
+    busy) is not always the later one. Rotation, every two rounds, moves each item
+    through every place of a round, first to last. (Rotated each round and reversed
+    every other, the order before, put ``items[0]`` before ``items[1]`` in 4 of 5
+    rounds.)"""
+    shift = (round_index // 2) % len(items) if items else 0
     order = [*items[shift:], *items[:shift]]
     return order[::-1] if round_index % 2 else order

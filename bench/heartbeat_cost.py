@@ -220,7 +220,7 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
     config = {
         **describe_broker(url, node, admin),
         "jobs": options.jobs,
-        "rounds": f"{options.rounds} (variants interleaved, rotated, reversed every other)",
+        "rounds": f"{options.rounds} (variants interleaved, each rotation forward then backward)",
         "worker": f"bench.throughput's, in process, burst, sync no-op, concurrency"
         f" {options.concurrency}, prefetch {throughput.prefetch}",
         "stores": ", ".join(options.stores) + " (a fresh one per drain)",

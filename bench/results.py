@@ -107,7 +107,7 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
     admin = Admin(url)
     config = {
         "jobs per round": options.jobs,
-        "rounds": f"{options.rounds} (variants interleaved, order rotated each round)",
+        "rounds": f"{options.rounds} (variants interleaved, each rotation forward then backward)",
         "worker": f"in-process, --burst, --concurrency {options.concurrency}",
         "ledgers": "SQLite (a new file per round), PostgreSQL (a new schema per round)",
         "broker": "a throwaway node" if node else "given",
