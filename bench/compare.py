@@ -16,10 +16,10 @@ on classic and on quorum queues, workload by workload:
 - **rss**: the worker process tree's VmRSS after ``--rss-jobs`` jobs (once per peer,
   classic queues: the only kind every peer declares).
 
-Rounds interleave the peers (each rotation forward, then backward in the next round: two
-peers run in each order equally often); the report gives medians over rounds of each
-figure and of its ratio to raw in the same round, writes docs/benchmarks.md with a plot
-per figure, and prints one JSON object last.
+Rounds interleave the peers (each rotation forward, then backward in the next round: over
+an even number of rounds two peers run in each order equally often); the report gives
+medians over rounds of each figure and of its ratio to raw in the same round, writes
+docs/benchmarks.md with a plot per figure, and prints one JSON object last.
 
     python -m bench.compare --quick                  # starts a throwaway RabbitMQ node
     python -m bench.compare --url amqp://guest:guest@localhost:5672/ --only consume,drain

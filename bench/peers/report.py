@@ -278,8 +278,8 @@ def page(
         "",
         "Every figure is the **median over rounds**; ratios are the median of each round's"
         " ratio to raw in the same round (rounds interleave the peers, each rotation forward"
-        " and then backward, so that two peers run in each order equally often, on one"
-        " broker). The machine is shared and small: compare"
+        " and then backward, so that over an even number of rounds two peers run in each"
+        " order equally often, on one broker). The machine is shared and small: compare"
         " ratios, not absolute figures, and look at the rounds' spread.",
         "",
         "## Machine and versions",
