@@ -50,6 +50,7 @@ from bench.common import (
     print_config,
 )
 from bench.compare import publish_paced
+from bench.figures import round_order
 from bench.peers.bj import BjLane
 from bench.peers.common import Variant, session_pids, wait_for_jobs
 from bench.peers.raw import RawLane
@@ -190,8 +191,7 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
     found: dict[str, list[dict[str, float]]] = {kind: [] for kind in KINDS}
     with tempfile.TemporaryDirectory(prefix="bench-wire-") as workdir:
         for index in range(options.rounds):
-            order = list(KINDS) if index % 2 == 0 else list(KINDS)[::-1]  # reversed
-            for kind in order:
+            for kind in round_order(list(KINDS), index):
                 row = one_run(options, url, kind, Path(workdir))
                 found[kind].append(row)
                 figures = "  ".join(f"{part} {value:.0f}" for part, value in row.items())
