@@ -67,8 +67,8 @@ from bench.common import (
     bench_parser,
     describe_broker,
     from_args,
-    measure_on_broker,
     print_config,
+    run_bench,
 )
 from bench.costs import process_cpu
 from broker_jobs import App, QueueOptions
@@ -458,9 +458,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    options = parse_args(argv)
-    measure_on_broker(options.url, lambda url, node: bench(options, url, node))
-    return 0
+    return run_bench(parse_args(argv), bench)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -18,7 +19,7 @@ import platform
 from collections.abc import Callable, Iterator, Sequence
 from importlib.metadata import version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pika
 import pika.exceptions
@@ -117,6 +118,23 @@ def measure_on_broker(
         figures = measure(found, node)
     print(json.dumps(figures, sort_keys=False))
     return figures
+
+
+class BrokerOptions(Protocol):
+    @property
+    def url(self) -> str | None: ...
+
+
+OptionsT = TypeVar("OptionsT", bound=BrokerOptions)
+
+
+def run_bench(
+    options: OptionsT, bench: Callable[[OptionsT, str, RabbitNode | None], dict[str, Any]]
+) -> int:
+    """A bench's ``main``: ``bench(options, url, node)`` on the broker ``options.url``
+    names (else a throwaway node), its figures printed last; the exit status."""
+    measure_on_broker(options.url, functools.partial(bench, options))
+    return 0
 
 
 class QuietNoTimeLimit(logging.Filter):

@@ -31,8 +31,8 @@ from bench.common import (
     add_number,
     bench_parser,
     from_args,
-    measure_on_broker,
     print_config,
+    run_bench,
     throwaway_postgres,
 )
 from bench.figures import round_order, spread
@@ -162,9 +162,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    options = parse_args(argv)
-    measure_on_broker(options.url, lambda url, node: bench(options, url, node))
-    return 0
+    return run_bench(parse_args(argv), bench)
 
 
 if __name__ == "__main__":

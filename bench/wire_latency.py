@@ -46,8 +46,8 @@ from bench.common import (
     bench_parser,
     describe_broker,
     from_args,
-    measure_on_broker,
     print_config,
+    run_bench,
 )
 from bench.compare import publish_paced
 from bench.figures import round_order
@@ -222,8 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
     if shutil.which("tcpdump") is None:
         raise SystemExit("tcpdump is not installed: apt-get install tcpdump")
-    measure_on_broker(options.url, lambda url, node: bench(options, url, node))
-    return 0
+    return run_bench(options, bench)
 
 
 if __name__ == "__main__":

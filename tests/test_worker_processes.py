@@ -162,6 +162,10 @@ def start_two_consuming(
     return worker, database
 
 
+def effect_count(database: EffectsDatabase) -> int:
+    return int(database.execute(f"SELECT COUNT(*) FROM {database.table}")[0][0])
+
+
 def assert_each_effect_once(database: EffectsDatabase, keys: list[str]) -> None:
     rows = database.execute(f"SELECT key, COUNT(*) FROM {database.table} GROUP BY key")
     counts = {str(key): int(count) for key, count in rows}
@@ -221,11 +225,7 @@ def test_two_consuming_processes_share_a_queue_each_effect_once(
     # Both consumers are registered before the first publish, so the broker hands
     # the deliveries round-robin to both.
     publish_keys(broker, namespace, cleanup_topology, keys)
-
-    def effects() -> int:
-        return int(database.execute(f"SELECT COUNT(*) FROM {database.table}")[0][0])
-
-    wait_until(lambda: effects() >= len(keys), within=60, what="every job run")
+    wait_until(lambda: effect_count(database) >= len(keys), within=60, what="every job run")
     assert worker.stop() == 0, worker.log[-3000:]
     assert_each_effect_once(database, keys)
     assert success_holders(database, keys) == pids, "a process consumed nothing"
@@ -273,11 +273,7 @@ def test_a_child_killed_by_sigkill_is_restarted_and_the_queue_drains(
     assert f"worker process 0 (pid {victim}) was killed by SIGKILL" in worker.log
     keys = [f"k{n}" for n in range(300)]
     publish_keys(broker, namespace, cleanup_topology, keys)
-
-    def effects() -> int:
-        return int(database.execute(f"SELECT COUNT(*) FROM {database.table}")[0][0])
-
-    wait_until(lambda: effects() >= len(keys), within=60, what="every job run")
+    wait_until(lambda: effect_count(database) >= len(keys), within=60, what="every job run")
     assert worker.stop() == 0, worker.log[-3000:]
     rows = database.execute(f"SELECT COUNT(DISTINCT key), COUNT(*) FROM {database.table}")
     assert rows == [(len(keys), len(keys))]
