@@ -31,7 +31,7 @@ import shutil
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,19 +163,24 @@ class Lanes:
         return PrebuiltPublisher(self.bj.url, self.bj)
 
 
+def prepare(publisher: PublisherLike, seqs: range) -> None:
+    """The messages of ``seqs`` built now, where the publisher sends prebuilt ones."""
+    if isinstance(publisher, PrebuiltPublisher):
+        publisher.prepare(seqs)
+
+
 def one_run(lanes: Lanes, row: Row, seqs: range, rate: float) -> float:
     """The row's publish-to-start p50 (ms) over ``seqs``."""
     worker = lanes.consumer(row)
     publisher = lanes.publisher(row)
-    prepare: Callable[[range], None] = getattr(publisher, "prepare", lambda _seqs: None)
     try:
         with running(worker) as reader:
             warmup = range(WARMUP_SEQ + seqs.start, WARMUP_SEQ + seqs.start + 1)
-            prepare(warmup)
+            prepare(publisher, warmup)
             publisher.publish(warmup.start)  # connected, and the consumer consumes
             if not wait_for_jobs(reader, warmup, worker, START_TIMEOUT):
                 raise SystemExit(f"{row.name}: the consumer took no job in {START_TIMEOUT:g} s")
-            prepare(seqs)
+            prepare(publisher, seqs)
             sent = publish_paced(publisher, seqs, rate, None)
             if not wait_for_jobs(reader, seqs, worker, START_TIMEOUT):
                 raise SystemExit(f"{row.name}: {reader.found} of {len(seqs)} jobs started")
