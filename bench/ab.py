@@ -282,11 +282,15 @@ class RunningWorker:
         return process_cpu(self.process.pid) if self.process.poll() is None else 0.0
 
     def stop(self) -> str:
-        """SIGTERM (the jobs it holds and has not started: left); its output."""
-        if self.process.poll() is not None:
+        """SIGTERM (the jobs it holds and has not started: left), SIGKILL if it is
+        not gone within a minute (its exit code then says so); its output."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.communicate(timeout=60)[1]
+        except subprocess.TimeoutExpired:
+            self.process.kill()
             return self.process.communicate()[1]
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.communicate(timeout=60)[1]
 
     def waits(self, stderr: str) -> list[float]:
         """Once stopped: its handlers' publish-to-start times (s)."""

@@ -54,11 +54,10 @@ from bench.peers.common import (
     PublisherLike,
     Variant,
     WorkerProcess,
-    python_command,
     running,
     wait_for_jobs,
 )
-from bench.peers.raw import PREFETCH, RawLane
+from bench.peers.raw import RawLane, consumer_process
 from broker_jobs.publish.pika_link import pika_properties
 from broker_jobs.publish.prepare import JobFactory
 from broker_jobs.testing.rabbit_node import RabbitNode
@@ -146,8 +145,7 @@ class Lanes:
         if row.consumer == "raw":
             worker = self.raw.worker(RAW, self.workdir)
         elif row.consumer == "raw on bj":
-            argv = python_command("-m", "bench.peers.raw", "consume", self.bj.url, self.bj.queue)
-            worker = WorkerProcess("raw on bj", [*argv, str(PREFETCH)], self.workdir)
+            worker = consumer_process("raw on bj", self.bj.url, self.bj.queue, self.workdir)
         else:
             worker = self.bj.worker(SYNC if row.consumer == "bj sync" else ASYNC, self.workdir)
         if row.pinned:

@@ -19,7 +19,6 @@ def test_every_two_items_run_in_each_order_equally_often_over_pairs_of_rounds(co
         assert before == len(orders) / 2, (first, second)
 
 
-
 def test_each_item_runs_at_every_place_of_a_round() -> None:
     items = ["raw", "broker-jobs", "celery", "dramatiq"]
     places = {round_order(items, index).index("broker-jobs") for index in range(8)}

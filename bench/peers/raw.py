@@ -99,8 +99,13 @@ class RawLane(OwnQueueLane):
         asyncio.run(publish_pipelined(self.url, self.queue, seqs))
 
     def worker(self, variant: Variant, workdir: Path) -> WorkerProcess:
-        argv = python_command("-m", "bench.peers.raw", "consume", self.url, self.queue)
-        return WorkerProcess(variant.name, [*argv, str(PREFETCH)], workdir)
+        return consumer_process(variant.name, self.url, self.queue, workdir)
+
+
+def consumer_process(name: str, url: str, queue: str, workdir: Path) -> WorkerProcess:
+    """The raw consumer of ``queue`` (any body whose JSON has a ``seq``), as a worker."""
+    argv = python_command("-m", "bench.peers.raw", "consume", url, queue)
+    return WorkerProcess(name, [*argv, str(PREFETCH)], workdir)
 
 
 class RawFamily(FamilyBase):
