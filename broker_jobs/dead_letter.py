@@ -25,10 +25,7 @@ import pika.spec
 from broker_jobs.errors import BrokerJobsError
 from topology import names as n
 
-#: RabbitMQ reserves this prefix for its own headers (x-death, x-delivery-count):
-#: never part of a job, and an x-death copied into a new message can trip the
-#: broker's dead-letter cycle detection.
-BROKER_HEADER_PREFIX = "x-"
+BROKER_HEADER_PREFIX = n.BROKER_HEADER_PREFIX
 #: RabbitMQ's own header naming the dead-letterings of a message, newest first.
 HEADER_X_DEATH = "x-death"
 #: The reason of a dead letter that RabbitMQ dead-lettered itself (a quorum task
@@ -55,7 +52,7 @@ class DeadLetter:
     task: str  #: the task of the dead-letter queue it is in
     job_id: str | None  #: ``message_id``
     idempotency_key: str | None  #: ``bj-idempotency-key``, else the job id
-    attempts: int | None  #: ``bj-dead-attempts``: how many attempts ran (None: never ran)
+    attempts: int | None  #: ``bj-dead-attempts``: the attempt that failed last (None: never ran)
     reason: str | None  #: ``bj-dead-reason``, or ``delivery_limit`` (RabbitMQ's own)
     error: str | None
     traceback: str | None

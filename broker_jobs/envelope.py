@@ -10,12 +10,13 @@ valid job. The driver adapters (pika, aio-pika) only copy fields in and out.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -166,6 +167,46 @@ def _wire_message(
     )
 
 
+#: The headers :func:`encode` writes from a job's fields: a message that replaces
+#: another (:func:`encode_again`) takes these from its job, the others from the original.
+JOB_HEADERS = frozenset(
+    {
+        n.HEADER_WIRE_VERSION,
+        n.HEADER_IDEMPOTENCY_KEY,
+        n.HEADER_ATTEMPT,
+        n.HEADER_CREATED_AT,
+        n.HEADER_DUE_AT,
+        n.HEADER_PRIORITY,
+        n.HEADER_TRACEPARENT,
+        n.HEADER_TRACESTATE,
+    }
+)
+
+
+def encode_again(job: Job, original: WireMessage) -> WireMessage:
+    """The message that replaces ``original`` for ``job`` (its retry, the same job
+    sent through the ladder): the original's body as it is (a retry reads the bytes
+    its first attempt read, not the payload written again), its content type and
+    timestamp, and the headers a publisher added of its own; the job's headers
+    (attempt, due time, trace context...) from ``job``; RabbitMQ's ``x-`` ones dropped."""
+    fresh = encode(job)
+    headers = {
+        key: value
+        for key, value in original.headers.items()
+        if key not in JOB_HEADERS and not key.startswith(n.BROKER_HEADER_PREFIX)
+    }
+    headers.update(fresh.headers)
+    return WireMessage(
+        body=original.body,
+        message_id=fresh.message_id,
+        type=fresh.type,
+        content_type=original.content_type,
+        content_encoding=original.content_encoding,
+        timestamp=fresh.timestamp if original.timestamp is None else original.timestamp,
+        headers=headers,
+    )
+
+
 def decode(message: WireMessage) -> Job:
     """Parse a wire message into a :class:`Job`, or raise :class:`DecodeError`.
 
@@ -218,13 +259,29 @@ def _parse_body(body: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as error:
         raise DecodeError("encoding", f"body is not UTF-8: {error}") from None
     try:
-        payload = json.loads(text)
-    except json.JSONDecodeError as error:
+        payload = _STRICT_JSON.decode(text)
+    except ValueError as error:  # a JSONDecodeError, or NaN, Infinity, 1e999
         raise DecodeError("json", f"body is not JSON: {error}") from None
     if not isinstance(payload, dict):
         raise DecodeError("json", f"body must be a JSON object, got {type(payload).__name__}")
     return payload
 
+
+def _not_json(constant: str) -> NoReturn:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+def _finite(number: str) -> float:
+    value = float(number)
+    if math.isinf(value):
+        raise ValueError(f"{number} is beyond a double's range")
+    return value
+
+
+#: Python's JSON decoder accepts NaN, Infinity and numbers that overflow to infinity,
+#: which are not JSON: another language's consumer would refuse the body, and the
+#: job's retry would carry them as null. Refused here, as the body not being JSON.
+_STRICT_JSON = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
 
 #: Spellings of UTF-8 accepted in content_encoding and a content_type's charset.
 _UTF8 = ("utf-8", "utf8")
@@ -271,7 +328,7 @@ def _priority_header(headers: Mapping[str, Any]) -> Priority:
         return Priority(text)
     except ValueError:
         raise DecodeError(
-            "header",
+            "envelope",
             f"header {n.HEADER_PRIORITY!r} must be 'high', 'normal' or 'low', got {text!r}",
         ) from None
 

@@ -100,7 +100,7 @@ class FollowUpError(JobError):
     def __init__(self, parent_task: str, details: str) -> None:
         self.parent_task = parent_task
         super().__init__(
-            f"task {parent_task!r}'s handler asked for an invalid follow-up: {details}"
+            f"the handler of task {parent_task!r} asked for an invalid follow-up: {details}"
         )
 
 

@@ -23,7 +23,13 @@ class BrokerURL:
     url: str
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
+        try:
+            parts = urlsplit(self.url)
+        except ValueError as error:  # an unclosed IPv6 bracket
+            raise ConfigurationError(
+                f"broker URL {mask_url(self.url)!r} cannot be read ({error}): use"
+                " amqp://user:password@host:5672/vhost, an IPv6 host in brackets: [::1]"
+            ) from None
         if parts.scheme not in _SCHEMES:
             raise ConfigurationError(
                 f"unsupported broker URL {mask_url(self.url)!r}: use amqp://user:password@"
@@ -78,19 +84,28 @@ class BrokerURL:
 
 
 def mask_url(url: str) -> str:
-    """``amqp://user:secret@host/`` -> ``amqp://user:***@host/``; other text unchanged."""
+    """``amqp://user:secret@host/`` -> ``amqp://user:***@host/``; other text unchanged.
+    Text that does not split as such a URL (``user:secret@host``, ``amqp:/user:s@host``,
+    a password with an unescaped ``/``, an unclosed ``[``) has whatever stands between
+    a ``:`` and an ``@`` masked."""
     try:
         parts = urlsplit(url)
     except ValueError:
-        return "<unparseable URL>"
+        return _LOOSE_PASSWORD.sub(r"\1:***@", url)
     if parts.password is None:
-        return url
+        # An "@" beyond the host part: a password with an unescaped "/" or a URL
+        # without "//" (not split as a URL would be), masked loosely.
+        return (
+            url if "@" in parts.netloc or "@" not in url else _LOOSE_PASSWORD.sub(r"\1:***@", url)
+        )
     userinfo, _, hostinfo = parts.netloc.rpartition("@")
     user = userinfo.split(":", 1)[0]
     return urlunsplit(parts._replace(netloc=f"{user}:***@{hostinfo}"))
 
 
 _URL_PASSWORD = re.compile(r"(amqps?://[^:/@\s]*):[^@\s]*@")
+#: A ``user:password@`` anywhere: what a text that is not a well-formed URL may hold.
+_LOOSE_PASSWORD = re.compile(r"([^:/@\s]*):[^@\s]*@")
 
 
 def mask_text(text: str) -> str:

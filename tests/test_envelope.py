@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from broker_jobs import DecodeError, Job, WireMessage, decode, encode
-from broker_jobs.envelope import new_job_id
+from broker_jobs.envelope import encode_again, new_job_id
 from topology import names as n
 from topology.priority import Priority
 
@@ -134,6 +134,12 @@ def wire(body: bytes = b"{}", **changes: object) -> WireMessage:
         (wire(headers={n.HEADER_IDEMPOTENCY_KEY: 42}), "header"),
         (wire(headers={n.HEADER_DUE_AT: "tomorrow"}), "envelope"),
         (wire(headers={n.HEADER_WIRE_VERSION: 99}), "wire-version"),
+        # Python's decoder takes these, JSON does not (a retry would send them as null)
+        (wire(body=b'{"x": NaN}'), "json"),
+        (wire(body=b'{"x": [-Infinity]}'), "json"),
+        (wire(body=b'{"x": 1e999}'), "json"),
+        (wire(headers={n.HEADER_PRIORITY: "urgent"}), "envelope"),  # a value, not a type
+        (wire(headers={n.HEADER_PRIORITY: 1}), "header"),
     ],
 )
 def test_decode_failures_raise_decode_error_with_a_reason(
@@ -232,3 +238,46 @@ def test_a_priority_travels_in_its_header_and_normal_adds_none() -> None:
     assert n.HEADER_PRIORITY not in encode(Job(task="image.resize")).headers
     with pytest.raises(DecodeError, match="must be 'high', 'normal' or 'low'"):
         decode(wire(headers={n.HEADER_PRIORITY: "urgent"}))
+
+
+def test_finite_numbers_of_any_size_decode() -> None:
+    job = decode(wire(body=b'{"big": 1e308, "tiny": 1e-400, "long": 123456789012345678901234}'))
+    assert job.payload == {"big": 1e308, "tiny": 0.0, "long": 123456789012345678901234}
+
+
+def test_a_message_made_again_keeps_the_body_and_the_publishers_own_headers() -> None:
+    """A retry (or the same job for later) replaces its delivery: the body's bytes as
+    they came, the publisher's own headers, its content type and timestamp; the job's
+    headers from the job; RabbitMQ's x- headers dropped."""
+    body = b'{ "width" : 128 }'
+    original = wire(
+        body=body,
+        content_type="application/json; charset=utf-8",
+        timestamp=1_795_946_400,
+        headers={
+            n.HEADER_CREATED_AT: "2026-11-29T12:00:00.5+02:00",
+            n.HEADER_IDEMPOTENCY_KEY: "invoice-42",
+            n.HEADER_PRIORITY: "high",
+            "my-header": b"mine",
+            "x-delivery-count": 2,
+            "x-death": [{"reason": "expired"}],
+        },
+    )
+    job = decode(original)
+    due = datetime(2030, 1, 1, tzinfo=UTC)
+    again = encode_again(job.copy(attempt=2, due_at=due, priority=Priority.LOW), original)
+    assert again.body == body
+    assert (again.message_id, again.type) == ("id-1", "image.resize")
+    assert (again.content_type, again.timestamp) == (original.content_type, 1_795_946_400)
+    assert again.headers == {
+        n.HEADER_CREATED_AT: "2026-11-29T10:00:00.500000Z",
+        n.HEADER_IDEMPOTENCY_KEY: "invoice-42",
+        n.HEADER_ATTEMPT: 2,
+        n.HEADER_DUE_AT: "2030-01-01T00:00:00.000000Z",
+        n.HEADER_PRIORITY: "low",
+        "my-header": b"mine",
+    }
+    # what was due comes back due now, and decodes to the job it carries
+    now = encode_again(job.copy(attempt=2), again)
+    assert n.HEADER_DUE_AT not in now.headers
+    assert decode(now) == job.copy(attempt=2, priority=Priority.HIGH)

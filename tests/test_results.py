@@ -237,7 +237,7 @@ def test_then_checks_at_once_and_raises_a_follow_up_error() -> None:
     async def never(*_: object) -> None:
         raise AssertionError
 
-    builders = FollowUps(app, MemoryStore(), republish=never, recorded=never, stopping=bool)
+    builders = FollowUps(app, MemoryStore(), publish_job=never, recorded=never, stopping=bool)
     parent = Job(task="t.a", idempotency_key="k" * 255)
     context = JobContext.of(
         parent, max_attempts=1, worker_id="w", time_limit=None, follow_ups=builders.builder(parent)

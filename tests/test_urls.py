@@ -63,7 +63,18 @@ def test_broker_url_parts_and_masked_repr() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    ["http://u:secret@h/", "rabbit:5672", "amqp://u:secret@/vhost", "amqp://u:secret@h:port/"],
+    [
+        "http://u:secret@h/",
+        "rabbit:5672",
+        "amqp://u:secret@/vhost",
+        "amqp://u:secret@h:port/",
+        # not split as a URL with a host, each once shown whole
+        "u:secret@h",
+        "amqp//u:secret@h/",
+        "amqp:/u:secret@h/",
+        "amqp://u:top/secret@h/",
+        "amqp://u:secret@[::1/",  # urlsplit raises: once a traceback
+    ],
 )
 def test_bad_urls_are_refused_masked(bad: str) -> None:
     with pytest.raises(ConfigurationError) as caught:

@@ -83,13 +83,24 @@ def app(make_app: Callable[[], App], effects: Effects) -> App:
 def dead_letters(
     connection: pika.BlockingConnection, app: App, task: str
 ) -> list[dict[str, object]]:
+    return [
+        dict(properties.headers or {}) for properties, _ in dead_messages(connection, app, task)
+    ]
+
+
+def dead_messages(
+    connection: pika.BlockingConnection, app: App, task: str
+) -> list[tuple[pika.BasicProperties, bytes]]:
+    """Take every message of ``task``'s dead-letter queue."""
     channel = connection.channel()
     found = []
     while True:
-        method, properties, _ = channel.basic_get(app.names.dead_letter_queue(task), auto_ack=True)
+        method, properties, body = channel.basic_get(
+            app.names.dead_letter_queue(task), auto_ack=True
+        )
         if method is None:
             return found
-        found.append(dict(properties.headers or {}))
+        found.append((properties, body))
 
 
 @pytest.mark.also_on_rabbitmq_4
@@ -971,6 +982,7 @@ def publish_by_hand(
     body: bytes = b'{"key": "by-hand"}',
     delivery_mode: int = 2,
     content_type: str = "application/json",
+    timestamp: int | None = None,
 ) -> str:
     """Publish to ``queue_task``'s routing key as a foreign service would (pika)."""
     message_id = str(uuid.uuid4())
@@ -986,6 +998,7 @@ def publish_by_hand(
             message_id=message_id,
             type=type_,
             headers=headers,
+            timestamp=timestamp,
         ),
         mandatory=True,
     )
@@ -1052,6 +1065,42 @@ def test_a_transient_job_with_a_charset_in_its_content_type_runs(
     )
     assert run_burst_worker(broker, app, MemoryStore())["succeeded"] == 1
     assert effects.runs == Counter({"by-hand": 1})
+
+
+@pytest.mark.also_on_rabbitmq_4
+def test_retries_keep_the_body_the_creation_time_and_the_publishers_own_headers(
+    broker: Broker, app: App, effects: Effects, connection: pika.BlockingConnection
+) -> None:
+    """The page: unknown headers are kept. Each retry replaces the message it came
+    from, so the last attempt's dead letter still has the first message's body
+    bytes, creation time and the publisher's own headers."""
+    declare(connection, app.topology())
+    body = b'{ "key": "kept", "fail_times": 99 }'
+    message_id = publish_by_hand(
+        connection,
+        app,
+        "counter.add",
+        type_="counter.add",
+        body=body,
+        timestamp=1_795_946_400,
+        headers={
+            "bj-idempotency-key": "kept-key",
+            "bj-created-at": "2026-11-29T12:00:00.5+02:00",
+            "my-header": "mine",
+        },
+    )
+    outcomes = run_burst_worker(broker, app, MemoryStore())
+    assert (outcomes["retried"], outcomes["dead:exhausted"]) == (2, 1)
+    assert effects.runs["kept"] == 3
+    ((properties, dead_body),) = dead_messages(connection, app, "counter.add")
+    assert dead_body == body
+    assert (properties.message_id, properties.timestamp) == (message_id, 1_795_946_400)
+    headers = properties.headers or {}
+    assert (headers[HEADER_REASON], headers[HEADER_ATTEMPTS]) == ("exhausted", 3)
+    assert headers["bj-attempt"] == 3
+    assert headers["my-header"] == "mine"
+    assert headers["bj-idempotency-key"] == "kept-key"
+    assert headers["bj-created-at"] == "2026-11-29T10:00:00.500000Z"
 
 
 def test_a_skipped_duplicate_is_logged_with_its_id_and_key(

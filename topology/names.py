@@ -85,7 +85,8 @@ DEAD_REASONS: dict[str, str] = {
     "type": "the type property (the task name) is missing",
     "header": "a bj- or trace header has the wrong type or is not UTF-8",
     "envelope": "a property or header value is invalid (a bad task name, a bad time,"
-    " an attempt below 1, an id or key too long)",
+    " an attempt below 1, an id or key too long, a bj-priority other than high, normal"
+    " or low)",
     "wrong-queue": "the type property names another task than the queue's: never run",
     "schema": "the payload fails the task's model",
     "no-handler": "the worker's app has no handler for the task",
@@ -97,6 +98,10 @@ DEAD_REASONS: dict[str, str] = {
 #: Set by RabbitMQ on a quorum queue's redeliveries (read only): how many times the
 #: message was delivered and returned; the queue dead-letters it past its limit.
 HEADER_DELIVERY_COUNT = "x-delivery-count"
+#: RabbitMQ reserves this prefix for its own headers (x-death, x-delivery-count):
+#: never part of a job, and an x-death copied into a new message can trip the
+#: broker's dead-letter cycle detection.
+BROKER_HEADER_PREFIX = "x-"
 
 # Queue arguments, named once so that declare, plan and verify agree.
 ARG_QUEUE_TYPE = "x-queue-type"

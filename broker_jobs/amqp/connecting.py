@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ import aio_pika.exceptions
 import aiormq.abc
 import pika
 import pika.exceptions
+from pika.adapters.utils import connection_workflow as workflow
 
 from broker_jobs.errors import BrokerUnreachableError
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs, mask_text
@@ -40,8 +42,9 @@ CONNECT_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
     *aio_pika.exceptions.CONNECTION_EXCEPTIONS,
 )
-#: The same for pika's ``BlockingConnection``.
-BLOCKING_CONNECT_ERRORS: tuple[type[BaseException], ...] = (pika.exceptions.AMQPError,)
+#: The same for pika's ``BlockingConnection`` (a host name that does not resolve
+#: comes out of it as the resolver's ``socket.gaierror``, an OSError).
+BLOCKING_CONNECT_ERRORS: tuple[type[BaseException], ...] = (pika.exceptions.AMQPError, OSError)
 
 
 class NodeUnreachable(BrokerUnreachableError):
@@ -177,7 +180,12 @@ def unreachable_message(failures: list[str]) -> str:
 def describe(error: BaseException, url: BrokerURL | None = None) -> str:
     """One line for a connection error that tells apart what an operator fixes
     differently: nothing listening, a refused login, a vhost that is missing or
-    forbidden, no answer in time; else the error's type and masked text."""
+    forbidden, no answer in time, a host name that does not resolve; else the error's
+    type and masked text."""
+    error = _innermost(error)
+    if isinstance(error, socket.gaierror):
+        host = f" {url.host!r}" if url is not None else ""
+        return f"the host name{host} does not resolve ({error.strerror}): check the URL's host"
     text = mask_text(str(error)).strip()
     kind = type(error).__name__
     detail = f"{text} {mask_text(repr(error))}"  # pika keeps the cause in its repr only
@@ -201,6 +209,19 @@ def describe(error: BaseException, url: BrokerURL | None = None) -> str:
     if isinstance(error, TimeoutError) and not text:
         return "no answer in time (a firewall, a wrong host, or a broker too busy to answer)"
     return f"{kind}: {text}" if text else kind
+
+
+def _innermost(error: BaseException) -> BaseException:
+    """What failed under pika's connection workflow, which wraps it twice
+    (``AMQPConnectionWorkflowFailed``, then one ``AMQPConnector...Error`` per attempt),
+    with only the wrappers' type names as their text."""
+    if isinstance(error, workflow.AMQPConnectionWorkflowFailed) and error.exceptions:
+        error = error.exceptions[-1]
+    if isinstance(error, workflow.AMQPConnectorPhaseErrorBase):
+        cause: object = error.exception
+        if isinstance(cause, BaseException):
+            return cause
+    return error
 
 
 def _log_skipped(failures: list[str], url: BrokerURL) -> None:

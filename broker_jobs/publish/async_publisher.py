@@ -82,19 +82,29 @@ class AsyncPublisher(PublisherBase):
     async def publish(self, task: TaskRef, payload: Payload, **options: Unpack[JobOptions]) -> Job:
         """Publish one job and wait for its confirm; return the job (``job.id``).
         Options as for ``Publisher.publish``, ``delay`` and ``eta`` included."""
-        with self._traced(self._factory.build(task, payload, **options)) as prepared:
-            error = await self._send_one(prepared)
+        return await self._publish_prepared(self._factory.build(task, payload, **options))
+
+    async def publish_again(self, job: Job, original: WireMessage) -> Job:
+        """Publish ``job`` as the message that replaces ``original``, a delivery of an
+        earlier attempt of it (a retry; the same job sent through the ladder) and wait
+        for its confirm: the original's body and its publisher's own headers are kept
+        (``docs/wire-format.md``, "Compatibility"). ``job.due_at`` routes it."""
+        return await self._publish_prepared(self._factory.again(job, original))
+
+    async def _publish_prepared(self, prepared: Prepared) -> Job:
+        with self._traced(prepared) as sent:
+            error = await self._send_one(sent)
             if isinstance(error, BrokerConnectionError) and not isinstance(
                 error, BrokerUnreachableError
             ):
                 # Found dead mid-publish: send again on a fresh connection; a copy
                 # that did arrive carries the same id and key, so it runs once.
                 log.warning("%s; reconnecting to publish it again", error)
-                error = await self._send_one(prepared)
+                error = await self._send_one(sent)
             if error is not None:
                 raise error
-        await self._record_confirmed_async([prepared.job])
-        return prepared.job
+        await self._record_confirmed_async([sent.job])
+        return sent.job
 
     @refuse_unknown_keywords()
     async def publish_many(

@@ -20,7 +20,7 @@ from broker_jobs.amqp.declaring import declare_topology, prepare_ladder
 from broker_jobs.app import App, TaskSpec
 from broker_jobs.clock import utc_now
 from broker_jobs.due import Delay, Route, direct_route, due_time, route_for
-from broker_jobs.envelope import Job, WireMessage, encode, encode_new, new_job_id
+from broker_jobs.envelope import Job, WireMessage, encode, encode_again, encode_new, new_job_id
 from broker_jobs.errors import (
     BrokerJobsError,
     ConfigurationError,
@@ -120,7 +120,7 @@ class Prepared:
         """The same job with ``job``'s trace context (``self`` when unchanged)."""
         if job is self.job:
             return self
-        return Prepared(job, encode(job), self.route)
+        return Prepared(job, encode_again(job, self.message), self.route)
 
 
 @dataclass
@@ -377,6 +377,13 @@ class JobFactory:
             priority=request.priority,
         )
 
+    def again(self, job: Job, original: WireMessage) -> Prepared:
+        """``job`` (a retry, or the same job for later) as the message that replaces
+        ``original`` (:func:`~broker_jobs.envelope.encode_again`), routed for its due
+        time; its payload was validated when ``original`` was decoded."""
+        message = encode_again(job, original)
+        return Prepared(job, message, route_for(self.names, job, utc_now(), self._shards(job.task)))
+
     def current_route(self, prepared: Prepared) -> Route:
         """The route as of now: a delayed job's whole units shrink while it waits to
         be sent (a first connection, the ladder's declaration)."""
@@ -437,11 +444,7 @@ def _model_accepts(task: str, payload: dict[str, Any], now: datetime) -> bool:
     """What a job's model checks of the fields a publish was given, and of the time
     (a test's clock may give any): else the model is built before the send, and
     raises its error."""
-    return (
-        is_task_name(task)
-        and now.tzinfo is UTC
-        and all(isinstance(key, str) for key in payload)
-    )
+    return is_task_name(task) and now.tzinfo is UTC and all(isinstance(key, str) for key in payload)
 
 
 @dataclass

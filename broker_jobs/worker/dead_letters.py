@@ -60,7 +60,7 @@ def dead_letter_message(
     headers = {
         key: value
         for key, value in dict(properties.get("headers") or {}).items()
-        if not key.startswith("x-")
+        if not key.startswith(n.BROKER_HEADER_PREFIX)
     }
     headers[HEADER_REASON] = cause.reason
     headers[HEADER_ERROR] = cause.error[:MAX_ERROR]

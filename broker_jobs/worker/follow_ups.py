@@ -43,13 +43,13 @@ class FollowUps:
         app: App,
         store: Store,
         *,
-        republish: Callable[[Job], Awaitable[None]],
+        publish_job: Callable[[Job], Awaitable[None]],
         recorded: Callable[..., Coroutine[Any, Any, Any]],
         stopping: Callable[[], bool],
     ) -> None:
         self._factory = JobFactory(app, None)
         self._store = store
-        self._republish = republish
+        self._publish_job = publish_job
         self._recorded = recorded
         self._stopping = stopping
 
@@ -130,7 +130,7 @@ class FollowUps:
         wait = REFUSED_RETRY_FIRST
         while True:
             try:
-                await self._republish(job)
+                await self._publish_job(job)
             except LinkStoppedError:
                 raise
             except Exception as error:

@@ -37,7 +37,7 @@ from pydantic import BaseModel
 from broker_jobs.app import App, TaskSpec
 from broker_jobs.clock import utc_now
 from broker_jobs.dead_letter import dead_letter_from
-from broker_jobs.due import seconds_until_due
+from broker_jobs.due import due_time, seconds_until_due
 from broker_jobs.envelope import Job
 from broker_jobs.errors import (
     BrokerConnectionError,
@@ -129,7 +129,7 @@ class Runner:
         self.follow_ups = FollowUps(
             app,
             store,
-            republish=lambda job: self._republish(job, eta=job.due_at),
+            publish_job=self._publish_follow_up,
             recorded=self.recorded,
             stopping=lambda: self._stopping,
         )
@@ -326,7 +326,7 @@ class Runner:
             # foreign publisher): send it through the ladder rather than hold it.
             if self.must_not_start(message):
                 return None
-            await self._republish(job, eta=job.due_at)
+            await self._publish_again(message, job, eta=job.due_at)
             return "rerouted"
         await asyncio.sleep(hold)
         return await self.run_when_free(message, job, spec, payload)
@@ -357,7 +357,7 @@ class Runner:
                 return None
             if asyncio.get_running_loop().time() >= deadline:
                 try:
-                    await self._republish(job, delay=settings.hold_busy_for)
+                    await self._publish_again(message, job, delay=settings.hold_busy_for)
                 except LinkStoppedError:
                     return None
                 return "busy"
@@ -376,7 +376,7 @@ class Runner:
         holder = self.next_holder()
         judged = await self._at_delivery_limit(message, job, spec)
         if isinstance(judged, Rescue):
-            return await self._rescue(job, judged)
+            return await self._rescue(message, job, judged)
         death = judged
         claim = await self.recorded(
             store.claim, job, holder, settings.lease, give_up=lambda: self.must_not_start(message)
@@ -499,7 +499,7 @@ class Runner:
             due = utc_now() + timedelta(seconds=delay)
             # The next attempt is confirmed before this one is recorded and acked.
             try:
-                await self._republish(job.copy(attempt=job.attempt + 1), delay=delay)
+                await self._publish_again(message, job.copy(attempt=job.attempt + 1), delay=delay)
             except LinkStoppedError:
                 await self._abandon(job, holder)
                 return None
@@ -592,11 +592,9 @@ class Runner:
         )
         return f"dead:{cause.reason}"
 
-    async def _republish(
-        self, job: Job, *, delay: float | None = None, eta: datetime | None = None
-    ) -> None:
-        """Publish ``job`` again, same id, key, attempt and trace, through the delay
-        path; confirmed before the caller acks the delivery it replaces."""
+    async def _publish_follow_up(self, job: Job) -> None:
+        """Publish ``job``, a next step a handler asked for, due at its ``due_at``;
+        confirmed before the caller acks the delivery that asked for it."""
 
         async def publish(_: aio_pika.abc.AbstractChannel) -> None:
             await self._publisher.publish(
@@ -607,10 +605,30 @@ class Runner:
                 attempt=job.attempt,
                 traceparent=job.traceparent,
                 tracestate=job.tracestate,
-                delay=delay,
-                eta=eta,
+                eta=job.due_at,
                 priority=job.priority,
             )
+
+        await self._confirmed(publish)
+
+    async def _publish_again(
+        self,
+        message: Delivery,
+        job: Job,
+        *,
+        delay: float | None = None,
+        eta: datetime | None = None,
+    ) -> None:
+        """Publish ``job`` (same id, key and trace; its next attempt for a retry) as
+        the message that replaces ``message``, due after ``delay`` seconds or at
+        ``eta``: the body and the publisher's own headers as they came
+        (:func:`~broker_jobs.envelope.encode_again`); confirmed before the caller
+        acks ``message``."""
+        again = job.copy(due_at=due_time(utc_now(), delay, eta))
+        original = wire_message(message)
+
+        async def publish(_: aio_pika.abc.AbstractChannel) -> None:
+            await self._publisher.publish_again(again, original)
 
         await self._confirmed(publish)
 
@@ -700,10 +718,10 @@ class Runner:
             return f"its worker on {beat.host} stopped {ago}"
         return f"its worker on {beat.host} last kept its heartbeat {ago}"
 
-    async def _rescue(self, job: Job, rescue: Rescue) -> str | None:
+    async def _rescue(self, message: Delivery, job: Job, rescue: Rescue) -> str | None:
         """Publish ``job`` again as a fresh message (confirmed); the caller acks."""
         try:
-            await self._republish(job, delay=rescue.delay)
+            await self._publish_again(message, job, delay=rescue.delay)
         except LinkStoppedError:
             return None
         log.info(
