@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
+from broker_jobs.job_context import JobContext
 from broker_jobs.observe import Health, ObservabilityServer, configure_logging
 from broker_jobs.observe.server import process_registry
 
@@ -168,6 +169,17 @@ def test_text_logs_mask_passwords_and_keep_the_level(capsys: pytest.CaptureFixtu
     assert "ValueError: amqp://u:***@host/ refused" in err
     assert "dropped" not in err
     assert ":pw@" not in err
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_a_handlers_text_lines_name_its_job(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("info", "text")
+    JobContext.for_test(task="mail.send", job_id="j-7", attempt=2).log.info("sent to %s", "a@b.c")
+    logging.getLogger("broker_jobs.worker").info("j-8 done", extra={"job_id": "j-8"})
+    lines = capsys.readouterr().err.splitlines()
+    handler_line = "INFO broker_jobs.handler: sent to a@b.c [mail.send job j-7 attempt 2]"
+    assert lines[0].endswith(handler_line)
+    assert lines[1].endswith("INFO broker_jobs.worker: j-8 done")  # its message names it
 
 
 @pytest.mark.usefixtures("root_logging")

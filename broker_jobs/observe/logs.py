@@ -17,6 +17,7 @@ from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
 
+from broker_jobs.job_context import HANDLER_LOGGER
 from broker_jobs.store.base import mask_dsn
 from broker_jobs.urls import mask_text
 
@@ -62,6 +63,15 @@ def _masked(text: str) -> str:
 
 
 class _Text(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        job_id = getattr(record, "job_id", None)
+        if record.name != HANDLER_LOGGER or job_id is None:
+            return line  # the worker's own lines name their job in the message
+        # A handler's lines (JobContext.log) carry the job's fields: shown after it.
+        task, attempt = getattr(record, "task", "?"), getattr(record, "attempt", "?")
+        return f"{line} [{task} job {job_id} attempt {attempt}]"
+
     def formatException(self, ei: Any) -> str:
         return _masked(super().formatException(ei))
 
