@@ -14,7 +14,7 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -196,10 +196,9 @@ def encode_again(job: Job, original: WireMessage) -> WireMessage:
         if key not in JOB_HEADERS and not key.startswith(n.BROKER_HEADER_PREFIX)
     }
     headers.update(fresh.headers)
-    return WireMessage(
+    return replace(
+        fresh,
         body=original.body,
-        message_id=fresh.message_id,
-        type=fresh.type,
         content_type=original.content_type,
         content_encoding=original.content_encoding,
         timestamp=fresh.timestamp if original.timestamp is None else original.timestamp,

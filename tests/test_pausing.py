@@ -21,6 +21,7 @@ from broker_jobs.cli import main
 from broker_jobs.store import SQLiteStore, Status
 from tests.support import Broker, wait_until
 from tests.test_worker import Add
+from topology.priority import Priority
 
 TASK = "slow.job"
 
@@ -312,3 +313,33 @@ def test_jobs_purge_counts_asks_then_deletes_the_queue_and_cancels_the_waiting(
     assert record is not None
     assert record.status is Status.CANCELLED  # its message in the ladder is skipped when due
     store.close()
+
+
+def test_jobs_purge_by_namespace_takes_every_lane_and_refuses_an_unknown_task(
+    broker: Broker,
+    make_app: Callable[[], App],
+    connection: pika.BlockingConnection,
+    tmp_path: Path,
+) -> None:
+    """Without the app, the task's priority queues are found on the broker: a purge
+    that took only the normal queue would leave high and low jobs to run."""
+    app = make_app()
+    app.declare(TASK, Add, priorities="strict")
+    store_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    SQLiteStore(tmp_path / "ledger.db").close()
+    with Publisher(broker.url, app) as publisher:
+        for level in ("high", "normal", "low"):
+            publisher.publish(TASK, {"key": level}, priority=level)
+    queues = [app.names.task_queue(TASK, level) for level in Priority]
+    wait_until(lambda: all(depth(connection, queue)[0] == 1 for queue in queues) or None,
+               within=30, what="one job in each level's queue")  # fmt: skip
+    base = ["jobs", "purge", "--url", broker.url, "--namespace", app.namespace]
+    code, output = cli(*base, TASK, "--store", store_url, "--yes", "--json")
+    assert code == 0, output
+    assert json.loads(output) == {"task": TASK, "purged": 3, "cancelled": 0}
+    assert [depth(connection, queue)[0] for queue in queues] == [0, 0, 0]
+
+    code, output = cli(*base, "no.such", "--store", store_url, "--yes")
+    assert code == 1
+    assert f"no queue '{app.names.task_queue('no.such')}'" in output
+    assert "Traceback" not in output

@@ -44,8 +44,19 @@ class Step(BaseModel):
 
 @pytest.mark.parametrize(
     ("value", "level"),
-    [("high", HIGH), ("LOW", LOW), (None, NORMAL), (9, HIGH), (7, HIGH), (6, NORMAL),
-     (3, NORMAL), (2, LOW), (0, LOW), ("8", HIGH), (NORMAL, NORMAL)],
+    [
+        ("high", HIGH),
+        ("LOW", LOW),
+        (None, NORMAL),
+        (9, HIGH),
+        (7, HIGH),
+        (6, NORMAL),
+        (3, NORMAL),
+        (2, LOW),
+        (0, LOW),
+        ("8", HIGH),
+        (NORMAL, NORMAL),
+    ],
 )
 def test_priorities_are_levels_or_numbers_0_to_9(value: object, level: Priority) -> None:
     assert Priority.of(value) is level  # type: ignore[arg-type]
@@ -122,8 +133,12 @@ def test_a_task_with_priorities_has_a_queue_per_level_one_dead_letter_queue(
     app.declare("report.build", Step, priorities="strict")
     queues = [queue.name for queue in app.topology(ladder=False).queues]
     ns = app.namespace
-    assert {f"{ns}.task.report.build@high", f"{ns}.task.report.build",
-            f"{ns}.task.report.build@low", f"{ns}.dead.report.build"} <= set(queues)
+    assert {
+        f"{ns}.task.report.build@high",
+        f"{ns}.task.report.build",
+        f"{ns}.task.report.build@low",
+        f"{ns}.dead.report.build",
+    } <= set(queues)
 
 
 def test_a_priority_for_a_task_without_priorities_is_refused(
@@ -190,8 +205,9 @@ def _backlog_app(make_app: Callable[[], App], policy: str, starts: Starts) -> Ap
 def _publish_backlog(broker: Broker, app: App, per_level: int) -> list[str]:
     """Low first, then normal, then high: a FIFO worker would run them in that order."""
     requests = [
-        JobRequest("mixed.work", {"key": f"{level.value}-{n}", "level": level.value},
-                   priority=level)
+        JobRequest(
+            "mixed.work", {"key": f"{level.value}-{n}", "level": level.value}, priority=level
+        )
         for level in (LOW, NORMAL, HIGH)
         for n in range(per_level)
     ]
@@ -210,9 +226,7 @@ def _drain(broker: Broker, app: App, starts: Starts, jobs: int) -> Counter[str]:
     worker = Worker(broker.url, app, store, settings)
     outcomes: list[Counter[str]] = []
     loop = asyncio.new_event_loop()
-    thread = threading.Thread(
-        target=lambda: outcomes.append(loop.run_until_complete(worker.run()))
-    )
+    thread = threading.Thread(target=lambda: outcomes.append(loop.run_until_complete(worker.run())))
     thread.start()
     try:
         wait_until(lambda: store.counts()[Status.RUNNING] == jobs, within=60, what="all claimed")
@@ -304,6 +318,9 @@ def test_a_delayed_job_leaves_the_ladder_into_its_levels_queue_and_status_adds_l
     )
     assert report.tasks[0].queue.messages == 3
     assert report.tasks[0].queue.consumers == 0
+    # Without the app (--namespace and --task), the levels' queues are found on the broker.
+    found = collect(broker.url, app.names, ["later.work"], MemoryStore())
+    assert found.tasks[0].queue.messages == 3
 
 
 def test_a_topology_file_declares_priorities_and_refuses_bad_ones() -> None:

@@ -356,7 +356,7 @@ def test_an_unreachable_broker_is_one_line_with_the_password_masked(
         ([], 2, "no tasks given: add --app MODULE:APP, or --namespace NS with --task NAME"),
         (["--namespace", "jobs"], 2, "--namespace jobs needs the tasks to show: add --task NAME"),
         (["--app", "APP", "--namespace", "jobs"], 2, "give --app or --namespace"),
-        (["--app", "APP", "--task", "nope"], 2, "--task nope: not a task of"),
+        (["--app", "APP", "--task", "nope"], 2, "'nope' is not a task of"),
         (["--app", "no_such_module:app"], 1, "no module named 'no_such_module'"),
         (["--namespace", "jobs", "--task", "bad task"], 2, "invalid task name 'bad task'"),
         (["--namespace", "no.dots", "--task", "x"], 2, "invalid namespace 'no.dots'"),

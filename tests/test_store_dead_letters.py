@@ -17,6 +17,7 @@ import pytest
 
 from broker_jobs import Job
 from broker_jobs.dead_letter import DeadLetter, DeadLetterFilter, dead_letter_from
+from broker_jobs.ops.dead_letter_ledger import FLUSH_EVERY, IndexKeeper
 from broker_jobs.store import PostgresStore, SQLiteStore, Status, Store
 from broker_jobs.store import sqlite as sqlite_module
 from broker_jobs.store.base import MAX_PAYLOAD_BYTES
@@ -160,6 +161,26 @@ def test_a_pass_sweeps_what_it_did_not_see_and_keeps_what_came_meanwhile(store: 
 
     assert ids(store) == ["job-1", "job-4"]
     assert store.dead_letter_mark(TASK) > mark
+
+
+def test_a_pass_writes_what_it_took_within_a_quarter_second_not_only_by_batches(
+    store: Store,
+) -> None:
+    """A replay killed midway leaves the entries of what it took in its last moments
+    only (docs/operations.md): the keeper writes at least every FLUSH_EVERY seconds."""
+    store.index_dead_letters([letter(n) for n in range(4)])
+    now = [0.0]
+    keeper = IndexKeeper.start(store, TASK)
+    keeper.clock = lambda: now[0]
+    keeper.saw(letter(0), taken=True)
+    keeper.saw(letter(1), taken=True)
+    assert ids(store) == ["job-0", "job-1", "job-2", "job-3"]  # held for the batch
+    now[0] = FLUSH_EVERY
+    keeper.saw(letter(2), taken=True)  # 0 and 1 are acked by now: written
+    assert ids(store) == ["job-2", "job-3"]
+    keeper.finish()
+    assert ids(store) == []  # 2 taken, 3 unseen: swept
+    assert keeper.dropped == 4
 
 
 def test_a_second_store_on_the_same_data_reads_the_index(kit: Kit) -> None:

@@ -172,6 +172,7 @@ def test_the_workers_command_lists_the_live_the_lost_and_the_stopped(tmp_path: P
     assert "billing-1" in shown.output
     assert "lost (5m00s)" in shown.output or "lost (4m59s)" in shown.output
     assert "beat (leading)" in shown.output
+    assert "1 beat alive, 2 workers alive, 1 worker lost, 1 worker stopped" in shown.output
 
     picked = runner.invoke(
         main, ["workers", "--namespace", "jobs", "--task", "image.resize", "--store", store_url]
@@ -198,4 +199,3 @@ def test_the_workers_command_says_what_to_do_without_heartbeats_or_a_ledger(
     orphan = runner.invoke(main, ["workers", "--task", "mail.send", "--store", "memory://"])
     assert orphan.exit_code == 2
     assert "--task needs --app or --namespace" in orphan.output
-

@@ -50,7 +50,7 @@ def purge_command(  # noqa: PLR0917 - click passes every option positionally
         chosen = chosen_tasks(app_option, namespace, (task,), "to purge")
     except InvalidNameError as error:
         raise click.BadParameter(str(error), param_hint="TASK") from None
-    lanes = chosen.lanes.get(task)
+    lanes = None if chosen.lanes is None else chosen.lanes.get(task)
     try:
         with open_store(store_url, must_exist=True) as store:
             connection, _ = connect_first_blocking(

@@ -5,7 +5,7 @@ without the app's code). One rule for ``status``, ``exporter`` and ``dlq``."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
@@ -22,9 +22,9 @@ class TaskSelection:
     names: Names  # the namespace's names
     tasks: list[str]  # in the order given (the app's: sorted), each once
     app_path: str | None  # None: chosen by --namespace and --task
-    #: The queues of each task that has several (priority levels, shards): known
-    #: from the app only.
-    lanes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: The queues of each task that has several (priority levels, shards), from the
+    #: app; None without it: found on the broker (``ops.status.lanes_found``).
+    lanes: Mapping[str, tuple[str, ...]] | None = None
 
 
 def task_options(purpose: str) -> Callable[[F], F]:
@@ -72,7 +72,7 @@ def chosen_tasks(
     known = sorted(task.name for task in loaded)
     if unknown:
         listed = ", ".join(known) or "none"
-        raise click.UsageError(f"--task {unknown[0]}: not a task of {app_path} (it has {listed})")
+        raise click.UsageError(f"{unknown[0]!r} is not a task of {app_path} (it has {listed})")
     if not known:
         raise click.UsageError(f"--app {app_path} declares no tasks: declare some first")
     return TaskSelection(

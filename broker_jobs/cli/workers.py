@@ -111,7 +111,12 @@ def workers_command(  # noqa: PLR0917 - click passes every option positionally
     for view in views:
         grid.add_row(*_row(view))
     console().print(grid)
-    click.echo(", ".join(f"{count} {kind} {state}" for (kind, state), count in _counted(views)))
+    click.echo(
+        ", ".join(
+            f"{count} {kind}{'' if count == 1 else 's'} {state}"
+            for (kind, state), count in _counted(views)
+        )
+    )
     if show_running:
         _echo_running(views)
 

@@ -67,9 +67,10 @@ class DashboardSettings:
         object.__setattr__(self, "history", HistoryBuckets(self.store))
 
     @property
-    def lanes(self) -> dict[str, tuple[str, ...]]:
-        """The queues of each task that has several (known from the app only)."""
-        return {} if self.app is None else self.app.lanes_by_task()
+    def lanes(self) -> dict[str, tuple[str, ...]] | None:
+        """The queues of each task that has several, from the app; None without it
+        (found on the broker)."""
+        return None if self.app is None else self.app.lanes_by_task()
 
     def served_hosts(self) -> tuple[str, ...]:
         """Which ``Host`` headers are answered. Bound to loopback, only loopback names:

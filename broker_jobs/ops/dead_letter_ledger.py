@@ -15,8 +15,9 @@ older broker-jobs, another tool) is indexed by the next pass over its queue:
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from broker_jobs.dead_letter import DeadLetter, DeadLetterFilter
@@ -25,8 +26,12 @@ from broker_jobs.store.base import Store
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter
 from topology import names as n
 
-#: Entries a pass writes to the index in one transaction.
+#: Entries a pass writes to the index in one transaction, at most...
 BATCH = 200
+#: ...and at least every this many seconds: a replay killed midway (it takes ~200
+#: letters a second, each published and confirmed) leaves the entries of what it
+#: took in this time, not of a whole batch.
+FLUSH_EVERY = 0.25
 
 
 class IndexedDeadLetters:
@@ -78,6 +83,9 @@ class IndexKeeper:
     indexed: int = 0
     dropped: int = 0
     _pending: list[tuple[bool, DeadLetter]] = field(default_factory=list)
+    clock: Callable[[], float] = time.monotonic
+    #: When the oldest of ``_pending`` was seen (on ``clock``).
+    _since: float = 0.0
 
     @classmethod
     def start(cls, store: Store, task: str) -> IndexKeeper:
@@ -86,8 +94,11 @@ class IndexKeeper:
 
     def saw(self, letter: DeadLetter, *, taken: bool) -> None:
         """The pass looked at ``letter`` and took it (to be acked) or kept it."""
-        if len(self._pending) >= BATCH:
+        now = self.clock()
+        if len(self._pending) >= BATCH or (self._pending and now - self._since >= FLUSH_EVERY):
             self.flush()  # before this one: a taken letter is not acked yet
+        if not self._pending:
+            self._since = now
         self._pending.append((taken, letter))
 
     def flush(self) -> None:

@@ -75,7 +75,7 @@ class Exporter:
         self._urls = urls
         self._names = names
         self._tasks = tuple(tasks)
-        self._lanes = dict(lanes or {})
+        self._lanes = None if lanes is None else dict(lanes)  # None: found on the broker
         self._store_url = store_url
         self._interval = interval
         self._connection_name = connection_name

@@ -37,7 +37,9 @@ from broker_jobs.store.base import Status, Store, TaskSummary, utc
 from broker_jobs.store.controls import TaskPause
 from broker_jobs.urls import AnyBrokerURLs, mask_text
 from topology.delay import DELAY_LEVELS
+from topology.lanes import MAX_SHARDS, Lane
 from topology.names import Names
+from topology.priority import Priority
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -238,18 +240,21 @@ def gather(
     ledger's, if the caller has them already (the dashboard keeps them for a few
     seconds on a large ledger), else read from ``store``. ``lanes``: the queues of
     each task that has several (priority levels, shards: ``App.lanes_by_task``),
-    read and added up."""
+    read and added up; None: not known (no app), found on the broker
+    (:func:`lanes_found`)."""
     moment = utc(now)
     if summaries is None:
         summaries = store.task_summaries(now=moment)
     indexed = store.dead_letter_counts(tasks) if store.indexes_dead_letters else {}
     pauses = store.pauses(names.namespace)
-    probe = _Probe(connection)
+    probe = QueueProbe(connection)
     try:
+        if lanes is None:
+            lanes = {task: lanes_found(probe, names, task) for task in tasks}
         statuses = tuple(
             TaskStatus(
                 task,
-                _task_queue_state(probe, names.task_queue(task), (lanes or {}).get(task)),
+                _task_queue_state(probe, names.task_queue(task), lanes.get(task)),
                 probe.queue(names.dead_letter_queue(task)),
                 summaries.get(task) or empty_summary(task),
                 indexed.get(task),
@@ -301,9 +306,7 @@ def ledger_only(
     )
 
 
-def _task_queue_state(
-    probe: _Probe, queue: str, lanes: Sequence[str] | None
-) -> QueueState:
+def _task_queue_state(probe: QueueProbe, queue: str, lanes: Sequence[str] | None) -> QueueState:
     """The task's queue; for a task of several lanes, their queues as one: ready
     messages added up, consumers the fewest of any lane (a lane nobody consumes shows
     0), missing if any lane is."""
@@ -341,7 +344,7 @@ def missing_hint(app_path: str | None = None) -> str:
     return f"create them with: broker-jobs topology apply {source}"
 
 
-def _ladder(probe: _Probe, names: Names) -> LadderState:
+def _ladder(probe: QueueProbe, names: Names) -> LadderState:
     levels = [probe.queue(names.delay_queue(level)) for level in range(DELAY_LEVELS)]
     return LadderState(
         messages=sum(level.messages or 0 for level in levels),
@@ -350,7 +353,22 @@ def _ladder(probe: _Probe, names: Names) -> LadderState:
     )
 
 
-class _Probe:
+def lanes_found(probe: QueueProbe, names: Names, task: str) -> tuple[str, ...]:
+    """The queues of ``task`` on the broker, high level first: for an operator
+    without the app, who cannot know whether the task was declared with priorities or
+    shards. Each level's shards are numbered from 0 without gaps, so the first shard
+    missing ends a level. The task's own queue when none exists (then shown missing)."""
+    found = []
+    for level in Priority:
+        for shard in range(MAX_SHARDS):
+            queue = names.lane_queue(task, Lane(level, shard))
+            if not probe.queue(queue).exists:
+                break
+            found.append(queue)
+    return tuple(found) or (names.task_queue(task),)
+
+
+class QueueProbe:
     """Passive queue declares on one channel, replaced after each 404 (the broker
     closes a channel on every error)."""
 

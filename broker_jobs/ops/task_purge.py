@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import pika
 
+from broker_jobs.errors import TopologyMissingError
+from broker_jobs.ops.status import QueueProbe, lanes_found
 from broker_jobs.store.base import CANCELLABLE, CancelOutcome, Store
 from topology.names import Names
 
@@ -51,9 +53,24 @@ class PurgedJobs:
         return {"task": self.task, "purged": self.purged, "cancelled": self.cancelled}
 
 
-def task_queues(names: Names, task: str, lanes: Sequence[str] | None) -> tuple[str, ...]:
-    """The queues of ``task``: its lanes when it has several, else its one queue."""
-    return tuple(lanes) if lanes else (names.task_queue(task),)
+def task_queues(
+    connection: pika.BlockingConnection, names: Names, task: str, lanes: Sequence[str] | None
+) -> tuple[str, ...]:
+    """The queues of ``task``: ``lanes`` (the app's, when it has several), else those
+    on the broker (an app's task of one queue, or a task named without the app: one
+    declared with priorities or shards has several); a usage error if one is missing."""
+    probe = QueueProbe(connection)
+    try:
+        queues = tuple(lanes) if lanes else lanes_found(probe, names, task)
+        missing = [queue for queue in queues if not probe.queue(queue).exists]
+    finally:
+        probe.close()
+    if missing:
+        raise TopologyMissingError(
+            f"no queue '{missing[0]}'",
+            or_else=f"or check the task's name ({task!r}) and namespace ({names.namespace!r})",
+        )
+    return queues
 
 
 def pending(
@@ -64,7 +81,7 @@ def pending(
     lanes: Sequence[str] | None = None,
 ) -> PendingJobs:
     """Count what :func:`purge_pending` would take (passive declares: read-only)."""
-    queues = task_queues(names, task, lanes)
+    queues = task_queues(connection, names, task, lanes)
     channel = connection.channel()
     try:
         ready = sum(
@@ -90,7 +107,7 @@ def purge_pending(
     try:
         purged = sum(
             channel.queue_purge(queue).method.message_count or 0
-            for queue in task_queues(names, task, lanes)
+            for queue in task_queues(connection, names, task, lanes)
         )
     finally:
         if channel.is_open:
