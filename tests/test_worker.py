@@ -701,9 +701,11 @@ def test_worker_command_errors_are_clear_and_masked(
     missing = runner.invoke(main, [*base, "--no-declare", "--url", broker.url])
     assert missing.exit_code == 1
     assert "topology apply" in missing.output
-    unknown = runner.invoke(main, [*base, "--task", "note.remove", "--url", broker.url])
+    sqlite = ["worker", "errors_app:app", "--burst", "--store", f"sqlite:///{tmp_path / 'l.db'}"]
+    unknown = runner.invoke(main, [*sqlite, "--task", "note.remove", "--url", broker.url])
     assert unknown.exit_code == 1
     assert "unknown task 'note.remove'" in unknown.output
+    assert not (tmp_path / "l.db").exists(), "a ledger was made for a worker that never ran"
 
 
 def test_burst_mode_works_without_a_declared_ladder(

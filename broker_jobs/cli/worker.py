@@ -24,6 +24,7 @@ from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
 from broker_jobs.watched_loop import WatchedLoop
 from broker_jobs.worker import Worker, WorkerSettings, frame_reading
+from broker_jobs.worker.daemon import runnable_tasks
 from broker_jobs.worker.success_summary import SUCCESS_LINES
 from broker_jobs.worker.supervisor import Supervisor, parse_processes
 
@@ -227,6 +228,7 @@ def run_worker(run: WorkerRun) -> None:
     configure_logging(run.log_level, run.log_format)
     try:
         app = load_app(run.app_path)
+        runnable_tasks(app, run.settings.tasks)  # before a store file is made for nothing
         # A WatchedLoop: handler threads report to it without a self-pipe write
         # while it is busy (broker_jobs/watched_loop.py).
         with open_store(run.store_url) as store, asyncio.Runner(loop_factory=WatchedLoop) as loop:

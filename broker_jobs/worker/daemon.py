@@ -111,7 +111,7 @@ class Worker:
         self._app = app
         self._store = store
         self._settings = settings
-        self._tasks = self._select_tasks()
+        self._tasks = runnable_tasks(self._app, self._settings.tasks)
         self._check_time_limits()
         self._priorities = priority_policy(app, self._tasks)
         self._worker_id = settings.worker_id or (
@@ -516,18 +516,21 @@ class Worker:
                     " (--consumer-timeout)"
                 )
 
-    def _select_tasks(self) -> tuple[str, ...]:
-        runnable = [spec.name for spec in self._app if spec.handler is not None]
-        if self._settings.tasks is None:
-            if not runnable:
-                raise ConfigurationError("this app declares no task with a handler")
-            return tuple(runnable)
-        for task in self._settings.tasks:
-            if self._app.get(task).handler is None:
-                raise ConfigurationError(
-                    f"task {task!r} has no handler in this app: declare it with @app.task"
-                )
-        return self._settings.tasks
+
+def runnable_tasks(app: App, tasks: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The tasks a worker of ``app`` runs: ``tasks`` (each with a handler), else every
+    task with one; a :class:`ConfigurationError` saying what to fix otherwise."""
+    if tasks is None:
+        runnable = tuple(spec.name for spec in app if spec.handler is not None)
+        if not runnable:
+            raise ConfigurationError("this app declares no task with a handler")
+        return runnable
+    for task in tasks:
+        if app.get(task).handler is None:
+            raise ConfigurationError(
+                f"task {task!r} has no handler in this app: declare it with @app.task"
+            )
+    return tasks
 
 
 def task_queues(app: App, tasks: tuple[str, ...]) -> dict[str, str]:
