@@ -139,8 +139,8 @@ class JobContext:
         none of its follow-ups. Returns the job (its ``id`` names it in the ledger).
         """
         if self._build_follow_up is None:
-            # A context made for a test: the follow-ups are kept for it to inspect.
-            # A context made for a test (no app to check against): kept as asked.
+            # A context made for a test, without an app to check against: the
+            # follow-ups are kept as asked, for it to inspect (JobsKit.context checks).
             number = len(self.follow_ups) + 1
             model_dump = getattr(payload, "model_dump", None)
             job = Job(

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from broker_jobs import (
     App,
+    FollowUpError,
     JobContext,
     JobRequest,
     PayloadValidationError,
@@ -169,6 +170,33 @@ def test_a_handler_sees_its_job_and_starts_a_next_step() -> None:
         kit.publisher().publish("first", Add(key="k"))
         kit.run()
         assert seen == [("first", 1), ("second:k!", 1)]
+
+
+def test_a_handler_called_directly_with_the_kits_context_has_its_next_steps_checked() -> None:
+    app = App(namespace="kit")
+    app.declare("second", Add)
+
+    @app.task("first")
+    def first(payload: Add, job: JobContext) -> None:
+        job.then(payload.key, {"key": "next"})
+
+    with JobsKit(app) as kit:
+        context = kit.context("first", idempotency_key="order-7", attempt=2)
+        first(Add(key="second"), context)
+        (asked,) = context.follow_ups
+        assert (asked.task, asked.payload, asked.idempotency_key) == (
+            "second",
+            {"key": "next"},
+            "order-7>1",
+        )
+        with pytest.raises(FollowUpError, match="unknown task 'nope'"):
+            first(Add(key="nope"), kit.context("first"))
+        with pytest.raises(FollowUpError, match="second"):
+            kit.context("first").then("second", {"wrong": 1})
+    # JobContext.for_test has no app to check against: it keeps what was asked.
+    unchecked = JobContext.for_test("first")
+    first(Add(key="nope"), unchecked)
+    assert [job.task for job in unchecked.follow_ups] == ["nope"]
 
 
 def test_cron_fires_for_a_time_range_run_with_their_deterministic_keys() -> None:

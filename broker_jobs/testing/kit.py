@@ -15,6 +15,8 @@ docs/testing.md describes it; the pytest fixtures are in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import threading
 from collections import Counter
 from collections.abc import Coroutine
@@ -28,12 +30,14 @@ from broker_jobs.clock import clock_override
 from broker_jobs.closing import Closing
 from broker_jobs.envelope import Job, WireMessage, decode
 from broker_jobs.errors import BrokerJobsError, DecodeError
+from broker_jobs.job_context import JobContext
 from broker_jobs.publish.prepare import JobFactory
 from broker_jobs.store.base import JobRecord, Store
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.testing.memory_broker import DEFAULT_START, MemoryBroker, TestClock
 from broker_jobs.testing.memory_publishers import MemoryAsyncPublisher, MemoryPublisher
 from broker_jobs.testing.memory_worker import MemoryWorker, wire_of
+from broker_jobs.worker.follow_ups import build_follow_up
 from scheduler.config import load_schedules
 from scheduler.emitter import Emitter
 from topology import names as n
@@ -111,6 +115,23 @@ class JobsKit(Closing):
     def async_publisher(self, *, ledger: Store | None = None) -> MemoryAsyncPublisher:
         """An :class:`~broker_jobs.AsyncPublisher` publishing to the kit."""
         return MemoryAsyncPublisher(self.broker, self.app, ledger=ledger)
+
+    def context(self, task: str, **fields: Any) -> JobContext:
+        """A :class:`~broker_jobs.JobContext` for calling ``task``'s handler directly
+        (``fields`` as for ``JobContext.for_test``), whose ``then()`` checks each
+        follow-up against the kit's app as a worker does: an unknown task or an
+        invalid payload is a :class:`~broker_jobs.errors.FollowUpError`."""
+        context = JobContext.for_test(task, **fields)
+        parent = Job(
+            id=context.job_id,
+            task=task,
+            idempotency_key=context.idempotency_key,
+            attempt=context.attempt,
+            traceparent=context.traceparent,
+            tracestate=context.tracestate,
+        )
+        builder = functools.partial(build_follow_up, JobFactory(self.app, None), parent)
+        return dataclasses.replace(context, _build_follow_up=builder)
 
     # -- running ------------------------------------------------------------------------
 

@@ -55,36 +55,7 @@ class FollowUps:
 
     def builder(self, parent: Job) -> FollowUpBuilder:
         """What ``JobContext.then`` of ``parent``'s handler builds its jobs with."""
-        return functools.partial(self.build, parent)
-
-    def build(
-        self,
-        parent: Job,
-        task: Any,
-        payload: Any,
-        *,
-        number: int,
-        idempotency_key: str | None,
-        delay: Any,
-        eta: Any,
-        priority: Any,
-    ) -> Job:
-        """``parent``'s ``number``-th follow-up, validated as a publish validates it;
-        its key derived from the parent's unless given, its trace the parent's."""
-        try:
-            prepared = self._factory.build(
-                task,
-                payload,
-                idempotency_key=idempotency_key or follow_up_key(parent.idempotency_key, number),
-                delay=delay,
-                eta=eta,
-                priority=priority,
-                traceparent=parent.traceparent,
-                tracestate=parent.tracestate,
-            )
-        except (BrokerJobsError, TypeError, ValueError) as error:
-            raise FollowUpError(parent.task, str(error)) from None
-        return prepared.job
+        return functools.partial(build_follow_up, self._factory, parent)
 
     async def send(self, parent: Job, jobs: Sequence[Job]) -> bool:
         """Publish ``parent``'s recorded follow-ups (each confirmed), then mark them
@@ -149,3 +120,34 @@ class FollowUps:
                 wait = min(wait * 2, REFUSED_RETRY_MAX)
             else:
                 return
+
+
+def build_follow_up(
+    factory: JobFactory,
+    parent: Job,
+    task: Any,
+    payload: Any,
+    *,
+    number: int,
+    idempotency_key: str | None,
+    delay: Any,
+    eta: Any,
+    priority: Any,
+) -> Job:
+    """``parent``'s ``number``-th follow-up, validated as a publish of ``factory``'s
+    app validates it; its key derived from the parent's unless given, its trace the
+    parent's. A :class:`FollowUpError` if it cannot be published."""
+    try:
+        prepared = factory.build(
+            task,
+            payload,
+            idempotency_key=idempotency_key or follow_up_key(parent.idempotency_key, number),
+            delay=delay,
+            eta=eta,
+            priority=priority,
+            traceparent=parent.traceparent,
+            tracestate=parent.tracestate,
+        )
+    except (BrokerJobsError, TypeError, ValueError) as error:
+        raise FollowUpError(parent.task, str(error)) from None
+    return prepared.job
