@@ -17,6 +17,7 @@ import aio_pika
 import aio_pika.abc
 import aio_pika.exceptions
 
+from broker_jobs.amqp.cancelling import cancelled_by_closing
 from broker_jobs.envelope import Job
 from broker_jobs.errors import (
     BrokerConnectionError,
@@ -72,5 +73,13 @@ class Emitter:
         except aio_pika.exceptions.AMQPError as error:
             raise BrokerConnectionError(
                 f"emitting {schedule.name} failed: {type(error).__name__}: {mask_text(str(error))}"
+            ) from None
+        except asyncio.CancelledError:
+            if not cancelled_by_closing():
+                raise
+            # A leader standing down closes its connection under an unconfirmed fire.
+            raise BrokerConnectionError(
+                f"emitting {schedule.name} failed: its connection closed before the broker"
+                " confirmed the fire"
             ) from None
         return job

@@ -6,15 +6,30 @@ These tests run last (see conftest) and leave the node running.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 
+import aio_pika
 import pytest
 from pydantic import BaseModel
 
-from broker_jobs import App, ConfirmTimeoutError, Job, JobRequest, PublishBatchError, Publisher
+from broker_jobs import (
+    App,
+    AsyncPublisher,
+    ConfirmTimeoutError,
+    Job,
+    JobRequest,
+    PublishBatchError,
+    Publisher,
+)
+from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
+from broker_jobs.publish.prepare import JobFactory
 from broker_jobs.testing.rabbit_node import RabbitNode
+from scheduler import load_schedules
+from scheduler.emitter import Emitter
 from tests.support import AnyPublisher, Broker, drain_at_least
 from topology import declare
 from topology.delay import DELAY_LEVELS
@@ -134,6 +149,66 @@ def test_a_broker_that_stops_confirming_gives_a_timeout_not_a_hang(
         node.ctl("set_vm_memory_high_watermark", "0.4")
     job = publisher.publish("order.ship", {"number": 3})
     assert job.id in {stored.id for stored in stored_jobs(broker, app, at_least=2)}
+
+
+def test_a_fire_whose_connection_closes_before_its_confirm_is_a_broken_link(
+    broker: Broker, node: RabbitNode, app: App, make_publisher: MakePublisher
+) -> None:
+    """A leader standing down closes its connection under a fire's unconfirmed
+    publish (aiormq cancels the confirm's future): the emit says the link broke, and
+    the beat stands down and joins again, instead of dying of a CancelledError."""
+    make_publisher(app).publish("order.ship", {"number": 0})  # the topology declared
+    app.schedule("ship", "order.ship", every=60, payload={"number": 1})
+    (schedule,) = load_schedules(app)
+
+    async def emit_while_the_connection_closes() -> BaseException | None:
+        connection = await aio_pika.connect(broker.url)
+        channel = await connection.channel(publisher_confirms=True)
+        emitter = Emitter(JobFactory(app, None), confirm_timeout=60)
+        emitting = asyncio.create_task(emitter.emit(channel, schedule, datetime.now(UTC)))
+        for _ in range(20):  # loop turns: the publish goes out, its confirm cannot come
+            await asyncio.sleep(0)
+        await connection.close()
+        try:
+            await emitting
+        except Exception as error:
+            return error
+        return None
+
+    # A memory alarm: the broker reads nothing more from publishers, so no confirm.
+    node.ctl("set_vm_memory_high_watermark", "0")
+    try:
+        error = asyncio.run(emit_while_the_connection_closes())
+    finally:
+        node.ctl("set_vm_memory_high_watermark", "0.4")
+    assert isinstance(error, BrokerConnectionError), error
+
+
+def test_a_publish_whose_connection_is_closed_under_it_fails_as_a_broken_link(
+    broker: Broker, node: RabbitNode, app: App
+) -> None:
+    """A publish waits for a confirm that cannot come (a memory alarm) when its
+    publisher's connection is closed (another task's publish dropped it, or a
+    shutdown): aiormq cancels the confirm's future. The publish fails with the
+    library's error, not a CancelledError, which would end the task making it (a
+    worker's retry, say) as if it had been cancelled."""
+
+    async def closed_under_a_publish() -> BaseException | Job:
+        async with AsyncPublisher(broker.url, app, confirm_timeout=2) as publisher:
+            await publisher.publish("order.ship", {"number": 0})  # connected, declared
+            node.ctl("set_vm_memory_high_watermark", "0")
+            waiting = asyncio.create_task(publisher.publish("order.ship", {"number": 1}))
+            for _ in range(20):  # loop turns: the publish goes out, its confirm cannot come
+                await asyncio.sleep(0)
+            await publisher.close()
+            (outcome,) = await asyncio.gather(waiting, return_exceptions=True)
+            return outcome
+
+    try:
+        outcome = asyncio.run(closed_under_a_publish())
+    finally:
+        node.ctl("set_vm_memory_high_watermark", "0.4")
+    assert isinstance(outcome, BrokerJobsError), outcome
 
 
 @pytest.mark.also_on_rabbitmq_4

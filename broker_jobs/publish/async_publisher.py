@@ -14,6 +14,7 @@ import aio_pika
 import aio_pika.abc
 import aio_pika.exceptions
 
+from broker_jobs.amqp.cancelling import cancelled_by_closing
 from broker_jobs.amqp.connecting import CONNECT_ERRORS, connect_first, describe
 from broker_jobs.app import ModelT, TaskSpec
 from broker_jobs.envelope import Job, WireMessage
@@ -199,6 +200,16 @@ class AsyncPublisher(PublisherBase):
                 routing_key=route.routing_key,
                 mandatory=True,
                 timeout=self._settings.confirm_timeout,
+            )
+        except asyncio.CancelledError:
+            if not cancelled_by_closing():
+                raise
+            # Another publish on this connection failed and dropped it under this one.
+            await self._drop_connection()
+            return BrokerConnectionError(
+                f"the connection to {self._node_name()} closed before job {job.id} was"
+                " confirmed: its outcome is unknown; publishing it again with the same id"
+                " and key is safe"
             )
         except Exception as error:  # translated below; unknown errors are re-raised
             translated = self._translate(job, error)
