@@ -47,7 +47,7 @@ from scheduler.agreement import ScheduleAgreement
 from scheduler.digests import schedule_digests
 from scheduler.emitter import Emitter
 from scheduler.leadership import Leadership
-from scheduler.schedules import Schedule
+from scheduler.schedules import FireKind, Schedule
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -321,14 +321,28 @@ class Beat:
                 return cursor
             await self._in_store(self._store.record_fire, self.fire_key(schedule), fire)
             cursor = fire
-            self._metrics.skipped(schedule.name, skips)
+            self._skipped(schedule, skips)
             skips = 0
             self._metrics.fired(schedule.name, kind)
-            log.info("emitted %s %s", schedule.name, job.idempotency_key)
+            late = " (caught up)" if kind is FireKind.CAUGHT_UP else ""
+            log.info("emitted %s %s%s", schedule.name, job.idempotency_key, late)
             if self._on_emitted is not None:
                 self._on_emitted(schedule, fire, job)
-        self._metrics.skipped(schedule.name, skips)
+        self._skipped(schedule, skips)
         return max(cursor, now)
+
+    def _skipped(self, schedule: Schedule, skips: int) -> None:
+        """Count (and say) the missed fires that ``schedule``'s catch-up skipped, once
+        the cursor passed them."""
+        self._metrics.skipped(schedule.name, skips)
+        if skips:
+            log.info(
+                "skipped %d missed fire(s) of %s (catch_up %s, lookback %s)",
+                skips,
+                schedule.name,
+                schedule.catch_up.value,
+                schedule.lookback,
+            )
 
     def _next_wake(self, cursors: dict[str, datetime], now: datetime) -> float:
         """Seconds until the earliest next fire, at most :data:`MAX_NAP`."""

@@ -7,6 +7,7 @@ fire of the window executed, and executed once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -320,7 +321,11 @@ def run_beat_until(beat: Beat, done: Callable[[], bool]) -> None:
 
 
 def test_catch_up_follows_each_policy(
-    broker: Broker, namespace: str, tmp_path: Path, cleanup_topology: Callable[..., object]
+    broker: Broker,
+    namespace: str,
+    tmp_path: Path,
+    cleanup_topology: Callable[..., object],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """All beats stopped for ten fires, then one started: every missed fire (all),
     the latest missed one (latest), none (skip), or those within the lookback."""
@@ -347,7 +352,13 @@ def test_catch_up_follows_each_policy(
     # Ten fires later (and a quarter second), another beat starts.
     now = stopped + 10.25 * SECOND
     after = Beat(broker.url, app, schedules, store, on_emitted=collect, clock=lambda: now)
-    run_beat_until(after, lambda: last_fires_reach(stopped + 10 * SECOND))
+    with caplog.at_level(logging.INFO, logger="scheduler.beat"):
+        run_beat_until(after, lambda: last_fires_reach(stopped + 10 * SECOND))
+    said = caplog.messages
+    assert "skipped 7 missed fire(s) of latest (catch_up latest, lookback 1:00:00)" in said
+    assert "skipped 8 missed fire(s) of skip (catch_up skip, lookback 1:00:00)" in said
+    assert not any("missed fire(s) of all" in line for line in said)
+    assert f"emitted all beat:all:{stopped + SECOND:%Y-%m-%dT%H:%M:%S}Z (caught up)" in said
 
     # Fires late by more than the grace (2 s) are missed: stopped+1 .. stopped+8.
     on_time = [stopped + 9 * SECOND, stopped + 10 * SECOND]
