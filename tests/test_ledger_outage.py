@@ -29,7 +29,7 @@ from broker_jobs.store.base import Status, Store
 from broker_jobs.store.postgres import PostgresStore
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.testing.postgres_node import PostgresNode
-from broker_jobs.worker import Worker, WorkerSettings
+from broker_jobs.worker import Worker, WorkerSettings, ledger_gate
 from tests.support import Broker, unavailable, wait_until
 
 JOBS, BEFORE_OUTAGE = 120, 30
@@ -71,9 +71,7 @@ class Outage:
 
 def publish(broker: Broker, app: App, task: str) -> list[str]:
     with Publisher(broker.url, app) as publisher:
-        jobs = publisher.publish_many(
-            [JobRequest(task, {"key": f"k{n}"}) for n in range(JOBS)]
-        )
+        jobs = publisher.publish_many([JobRequest(task, {"key": f"k{n}"}) for n in range(JOBS)])
     return [job.idempotency_key for job in jobs]
 
 
@@ -134,9 +132,7 @@ def held_for_the_ledger(worker: Worker) -> str | None:
 
 
 def dead_letter_count(connection: pika.BlockingConnection, app: App, task: str) -> int:
-    declared = connection.channel().queue_declare(
-        app.names.dead_letter_queue(task), passive=True
-    )
+    declared = connection.channel().queue_declare(app.names.dead_letter_queue(task), passive=True)
     return declared.method.message_count
 
 
@@ -203,6 +199,50 @@ def test_a_postgres_outage_mid_drain_holds_the_jobs_and_loses_none(
         else:  # held, not handed back: nothing ran twice
             assert outage.runs == Counter({f"k{n}": 1 for n in range(JOBS)})
     finally:
+        store.close()
+
+
+def test_a_postgres_ledger_that_hangs_is_said_and_held_like_one_that_fails(
+    broker: Broker,
+    make_app: Callable[[], App],
+    own_postgres: PostgresNode,
+    connection: pika.BlockingConnection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A table lock (a migration, VACUUM FULL) or a frozen server raises nothing: the
+    worker's calls just wait. Unanswered for STALL_AFTER seconds, that is an outage
+    too: said, /readyz 503; the jobs go on once the lock is gone."""
+    monkeypatch.setattr(ledger_gate, "STALL_AFTER", 1.0)
+    monkeypatch.setattr(ledger_gate, "STALL_CHECK_EVERY", 0.2)
+    app = make_app()
+    outage = Outage()
+
+    @app.task("outage.hung", queue=QueueOptions(delivery_limit=1))
+    def effect(payload: Key) -> None:
+        outage.run(payload.key)
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    store = PostgresStore(own_postgres.dsn, schema=schema)
+    locker = psycopg.connect(own_postgres.dsn)  # a transaction held open: the lock stays
+    try:
+        keys = publish(broker, app, "outage.hung")
+        outcomes, reasons = drain_through_an_outage(
+            broker,
+            app,
+            store,
+            outage,
+            lambda: locker.execute(
+                f'LOCK TABLE "{schema}".broker_jobs_records IN ACCESS EXCLUSIVE MODE'
+            ),
+            locker.rollback,
+        )
+        assert outcomes["succeeded"] == JOBS, outcomes
+        assert dead_letter_count(connection, app, "outage.hung") == 0
+        assert all(store.get(key).status is Status.SUCCEEDED for key in keys)  # type: ignore[union-attr]
+        assert "no answer for" in reasons[0]
+        assert outage.runs == Counter({f"k{n}": 1 for n in range(JOBS)})
+    finally:
+        locker.close()
         store.close()
 
 

@@ -218,8 +218,12 @@ def test_a_job_a_worker_finished_before_its_record_is_no_duplicate(
 
 
 class BrokenLedger(SQLiteStore):
+    broken = True
+
     def record_published(self, jobs, *, now=None):  # type: ignore[no-untyped-def]
-        raise StoreError("the ledger's disk is full")
+        if self.broken:
+            raise StoreError("the ledger's disk is full")
+        return super().record_published(jobs, now=now)
 
 
 def test_a_ledger_failing_after_the_confirm_loses_nothing(
@@ -232,12 +236,19 @@ def test_a_ledger_failing_after_the_confirm_loses_nothing(
 ) -> None:
     broken = BrokenLedger(tmp_path / "broken.db")
     try:
+        publisher = make_publisher(app, ledger=broken)
         with caplog.at_level(logging.WARNING, logger="broker_jobs.publish.publisher"):
-            job = make_publisher(app, ledger=broken).publish("notes.write", Note(text="safe"))
-        assert any("not recorded in the ledger" in r.getMessage() for r in caplog.records)
+            job = publisher.publish("notes.write", Note(text="safe"))
+            publisher.publish("notes.write", Note(text="also safe"))
+            broken.broken = False
+            publisher.publish("notes.write", Note(text="recorded"))
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 2, said  # once when it fails, once when it records again
+        assert said[0].startswith("1 confirmed job(s) not recorded in the ledger")
+        assert "records published jobs again; 2 confirmed job(s) were not recorded" in said[1]
         assert broken.get(job.idempotency_key) is None
-        assert run_burst_worker(broker, app, broken)["succeeded"] == 1  # it ran all the same
-        assert runs.runs == Counter({"safe": 1})
+        assert run_burst_worker(broker, app, broken)["succeeded"] == 3  # they ran all the same
+        assert runs.runs == Counter({"safe": 1, "also safe": 1, "recorded": 1})
     finally:
         broken.close()
 

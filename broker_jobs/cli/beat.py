@@ -37,6 +37,7 @@ from broker_jobs.ops.readable import when
 from broker_jobs.store.base import Store
 from broker_jobs.store.records import LeaderRecord
 from broker_jobs.store.urls import open_store
+from broker_jobs.store.waiting import open_store_when_up
 from broker_jobs.urls import BrokerURLs
 from scheduler.beat import Beat, BeatSettings, fire_key
 from scheduler.config import load_schedules
@@ -107,7 +108,7 @@ def run_command(  # noqa: PLR0917 - click passes every option positionally
         app = load_app(app_path)
         schedules = load_schedules(app, schedule_files)
         settings = BeatSettings(identity=identity, heartbeat=heartbeat, declare=not no_declare)
-        with open_store(store_url) as store:
+        with open_store_when_up(store_url) as store:
             asyncio.run(_run(url, app, schedules, store, settings, metrics_port))
     except BrokerJobsError as error:
         click.echo(f"error: {error}", err=True)

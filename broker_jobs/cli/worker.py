@@ -20,7 +20,7 @@ from broker_jobs.observe.logs import configure_logging
 from broker_jobs.observe.server import Health, process_registry, serving
 from broker_jobs.observe.worker_metrics import WorkerMetrics
 from broker_jobs.store.base import DEFAULT_RETENTION, Store
-from broker_jobs.store.urls import open_store
+from broker_jobs.store.waiting import open_store_when_up
 from broker_jobs.urls import BrokerURLs
 from broker_jobs.watched_loop import WatchedLoop
 from broker_jobs.worker import Worker, WorkerSettings, frame_reading
@@ -231,7 +231,10 @@ def run_worker(run: WorkerRun) -> None:
         runnable_tasks(app, run.settings.tasks)  # before a store file is made for nothing
         # A WatchedLoop: handler threads report to it without a self-pipe write
         # while it is busy (broker_jobs/watched_loop.py).
-        with open_store(run.store_url) as store, asyncio.Runner(loop_factory=WatchedLoop) as loop:
+        with (
+            open_store_when_up(run.store_url) as store,
+            asyncio.Runner(loop_factory=WatchedLoop) as loop,
+        ):
             outcomes = loop.run(_run(run.url, app, store, run.settings, run.metrics_port))
     except HandlerStuckError as error:
         # At once: a stuck handler thread would hold up the interpreter's exit, and

@@ -10,7 +10,7 @@ SQLite users should not pay.
 from typing import TYPE_CHECKING, Any
 
 from broker_jobs.store.base import DEFAULT_RETENTION, Store
-from broker_jobs.store.errors import LeaseLostError, StoreError
+from broker_jobs.store.errors import LeaseLostError, StoreError, StoreUnavailableError
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.records import (
     Claim,
@@ -40,6 +40,7 @@ __all__ = [
     "Status",
     # errors
     "StoreError",
+    "StoreUnavailableError",
     "LeaseLostError",
     # implementations
     "MemoryStore",

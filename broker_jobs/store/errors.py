@@ -15,6 +15,12 @@ class StoreError(BrokerJobsError):
     used after close... The message says what to do; passwords are masked."""
 
 
+class StoreUnavailableError(StoreError):
+    """The database cannot be used for now: down or restarting, unreachable, out of
+    disk, locked. An outage to wait out (a daemon waits for it), not a mistake in the
+    store's URL, credentials or schema to fix (a :class:`StoreError`)."""
+
+
 class LeaseLostError(StoreError):
     """This worker no longer holds the job's lease (another worker took over after it
     expired, or the record already has an outcome). Do not ack as if the outcome was

@@ -50,7 +50,7 @@ from broker_jobs.store.depths import (
     series_by_task,
     step_seconds,
 )
-from broker_jobs.store.errors import LeaseLostError, StoreError
+from broker_jobs.store.errors import LeaseLostError, StoreError, StoreUnavailableError
 from broker_jobs.store.ledger import (
     Buckets,
     Filters,
@@ -141,6 +141,9 @@ _CLAIM_ROUNDS = 10
 #: SQLSTATEs of a server shutting down or not ready: admin_shutdown, crash_shutdown,
 #: cannot_connect_now.
 _SHUTDOWN_STATES = frozenset({"57P01", "57P02", "57P03"})
+#: A server's FATAL refusals of a connection that pass: starting up, shutting down,
+#: recovering, out of connection slots.
+_BUSY_SERVER = ("the database system is", "too many", "connection slots")
 
 
 class PostgresStore(Store):
@@ -230,9 +233,19 @@ class PostgresStore(Store):
         text = mask_dsn(str(error).strip())
         where = f"PostgreSQL store {self.masked_dsn}"
         advice = self._layout.advice(error, text)
+        kind = StoreUnavailableError if self._unavailable(error, text) else StoreError
         if advice is None:
-            raise StoreError(f"{where}: cannot {action}: {type(error).__name__}: {text}") from None
-        raise StoreError(f"{where}: cannot {action}: {text}. {advice}") from None
+            raise kind(f"{where}: cannot {action}: {type(error).__name__}: {text}") from None
+        raise kind(f"{where}: cannot {action}: {text}. {advice}") from None
+
+    def _unavailable(self, error: psycopg.Error, text: str) -> bool:
+        """An outage (:meth:`is_outage`), unless the server refused the connection
+        for good: a missing database or role, a wrong password (libpq gives these no
+        SQLSTATE, only the server's FATAL line)."""
+        if not self.is_outage(error):
+            return False
+        refused = "FATAL:" in text and not any(busy in text for busy in _BUSY_SERVER)
+        return not refused
 
     def _run(self, action: str, statement: sql.Composed, params: Any = None) -> list[Any]:
         """One statement on a connection of the pool; the rows it returns (none: [])."""

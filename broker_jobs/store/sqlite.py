@@ -55,7 +55,7 @@ from broker_jobs.store.depths import (
     series_by_task,
     step_seconds,
 )
-from broker_jobs.store.errors import LeaseLostError, StoreError
+from broker_jobs.store.errors import LeaseLostError, StoreError, StoreUnavailableError
 from broker_jobs.store.exclusive import ExclusiveStore, Records
 from broker_jobs.store.ledger import (
     Buckets,
@@ -244,7 +244,17 @@ class SQLiteStore(ExclusiveStore):
     def _store_error(
         self, action: str, error: sqlite3.Error, waited: float | None = None, tries: int = 1
     ) -> StoreError:
-        """``waited``: the seconds spent on the step that failed (all its ``tries``)."""
+        """``waited``: the seconds spent on the step that failed (all its ``tries``).
+        A :class:`StoreUnavailableError` for an outage (locked, full, an I/O error),
+        except a file that cannot be opened at all (a missing directory: to fix)."""
+        described = self._described(action, error, waited, tries)
+        if _is_outage(error) and not _is_cant_open(error):
+            return StoreUnavailableError(str(described))
+        return described
+
+    def _described(
+        self, action: str, error: sqlite3.Error, waited: float | None, tries: int
+    ) -> StoreError:
         text = str(error)
         where = f"SQLite store {str(self.path)!r}"
         if _is_busy(error) or "locked" in text or "busy" in text:
@@ -737,6 +747,11 @@ _OUTAGE_CODES = frozenset(
 def _is_outage(error: BaseException) -> bool:
     code = getattr(error, "sqlite_errorcode", None)
     return isinstance(error, sqlite3.Error) and code is not None and code & 0xFF in _OUTAGE_CODES
+
+
+def _is_cant_open(error: sqlite3.Error) -> bool:
+    code = getattr(error, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF == sqlite3.SQLITE_CANTOPEN
 
 
 def _is_busy(error: sqlite3.Error) -> bool:

@@ -221,6 +221,7 @@ class Worker:
         chores = [
             asyncio.create_task(self._prune_forever()),
             asyncio.create_task(runner.observer.summarise()),
+            asyncio.create_task(runner.stalls.watch()),
         ]
         controls = ControlWatch(
             self._store,

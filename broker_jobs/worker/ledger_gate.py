@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from broker_jobs.store.base import LeaseLostError, StoreError
 from broker_jobs.worker.observer import JobObserver
@@ -33,11 +33,52 @@ T = TypeVar("T")
 
 #: Seconds between two tries of a failing store call: the first pause, and the most.
 FIRST_PAUSE, MAX_PAUSE = 0.1, 1.0
+#: A store call unanswered this long is an outage too: a frozen database server, or a
+#: table lock held by a migration (SQLite's own busy timeout is 10 s as well).
+STALL_AFTER = 10.0
+#: How often :meth:`StalledCalls.watch` looks.
+STALL_CHECK_EVERY = 1.0
 
 
 class LedgerGaveUp(Exception):
     """A held store call was abandoned (the delivery's channel is lost, or the worker
     stops): its delivery is left unsettled for the broker to return, never nacked."""
+
+
+class StalledCalls:
+    """The worker's store calls in flight: one unanswered for :data:`STALL_AFTER`
+    seconds is reported to the gate as a failure (a hung database raises nothing, so
+    it would otherwise hold every job without a word, ``/readyz`` 200); the call
+    itself goes on, and its answer ends the outage (the caller tells the gate)."""
+
+    def __init__(self, gate: LedgerGate) -> None:
+        self._gate = gate
+        #: Each call's ``time.monotonic()`` at its start.
+        self._started: dict[asyncio.Future[Any], float] = {}
+
+    def track(self, call: asyncio.Future[T]) -> asyncio.Future[T]:
+        """Watch ``call`` until it is done; returns it."""
+        self._started[call] = time.monotonic()
+        call.add_done_callback(self._forget)
+        return call
+
+    def _forget(self, call: asyncio.Future[Any]) -> None:
+        del self._started[call]
+
+    async def watch(self) -> None:
+        """Until cancelled: report the oldest call in flight once it is stalled."""
+        while True:
+            await asyncio.sleep(STALL_CHECK_EVERY)
+            if not self._started:
+                continue
+            waited = time.monotonic() - min(self._started.values())
+            if waited >= STALL_AFTER:
+                self._gate.failed(
+                    StoreError(
+                        f"no answer for {waited:.0f} s (the database may be frozen or"
+                        " unreachable, or a table locked: a migration, VACUUM FULL)"
+                    )
+                )
 
 
 class LedgerGate:

@@ -63,7 +63,7 @@ from broker_jobs.worker.delivery import Delivery, WrongQueueError, decode_for_qu
 from broker_jobs.worker.delivery_limit import Rescue, at_delivery_limit, judge_last_delivery
 from broker_jobs.worker.execution import STUCK_RETRY_FLOOR, Executor, RunLimit, TimeLimitExceeded
 from broker_jobs.worker.follow_ups import FollowUps
-from broker_jobs.worker.ledger_gate import LedgerGate, LedgerGaveUp
+from broker_jobs.worker.ledger_gate import LedgerGate, LedgerGaveUp, StalledCalls
 from broker_jobs.worker.link import BrokerLink, LinkStoppedError
 from broker_jobs.worker.observer import JobObserver, Run
 from broker_jobs.worker.overrun import Overruns
@@ -120,6 +120,8 @@ class Runner:
         self.overruns = Overruns(settings.overrun_grace, self.observer)
         #: Holds deliveries while the store fails, on both paths.
         self.ledger = LedgerGate(repr(store), self.observer)
+        #: Store calls in flight: a stalled one counts as the ledger failing.
+        self.stalls = StalledCalls(self.ledger)
         #: Renewing, recording successes, acking: the steps both paths end with.
         self.settling = Settling(
             store, self.ledger, self.observer, recorded=self.recorded, in_store=self.in_store
@@ -259,7 +261,7 @@ class Runner:
         that thread as soon as the result is in."""
         submit = getattr(self._store, "submit", None)
         if submit is not None and getattr(call, "__self__", None) is self._store:
-            return submit(call.__name__, *args, after=after, **kwargs)  # type: ignore[no-any-return]
+            return self.stalls.track(submit(call.__name__, *args, after=after, **kwargs))
 
         def in_thread() -> T:
             result = call(*args, **kwargs)
@@ -267,7 +269,9 @@ class Runner:
                 after(result)
             return result
 
-        return asyncio.get_running_loop().run_in_executor(self._store_thread, in_thread)
+        return self.stalls.track(
+            asyncio.get_running_loop().run_in_executor(self._store_thread, in_thread)
+        )
 
     async def recorded(
         self,
