@@ -434,10 +434,16 @@ class Worker:
         if abandoned:
             # Counted among the outcomes: the summary must not say "no jobs".
             runner.outcomes.add("abandoned", abandoned)
+            why = (
+                "not settled within the grace period (%g s), the ledger not answering"
+                " (their outcomes could not be recorded),"
+                if runner.ledger.is_down
+                else "still running after the grace period (%g s)"
+            )
             log.warning(
-                "%d jobs still running after the grace period (%g s) were abandoned:"
-                " their deliveries go back to the queue, and each runs again once its"
-                " lease (%g s) lapses (a longer --grace lets them finish)",
+                f"%d jobs {why} were abandoned: their deliveries go back to the queue,"
+                " and each runs again once its lease (%g s) lapses (a longer --grace"
+                " lets them finish)",
                 abandoned, grace, self._settings.lease,
             )  # fmt: skip
 

@@ -263,8 +263,9 @@ class LimitWatch:
 
     def outcome(self, error: BaseException | None) -> BaseException | None:
         """The run ended with ``error`` (None: it returned): its attempt's outcome.
-        Once interrupted, whatever it raised is its time limit (a handler that returned
-        before the interrupt landed succeeded: its work is done)."""
+        Once interrupted, whatever it raised is its time limit; a handler that returned
+        succeeded (before the interrupt landed, or it caught the interrupt and finished
+        its work: its return is its outcome)."""
         self._ended = True
         for timer in self._timers:
             timer.cancel()
