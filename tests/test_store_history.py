@@ -400,8 +400,14 @@ def test_the_worker_command_passes_the_retention(
         seen.append(settings)
         return {}
 
+    app = App(namespace="history-cli")
+
+    @app.task("history.noop")
+    def noop(payload: Flaky) -> None:
+        del payload
+
     monkeypatch.setattr(worker_cli, "_run", run)
-    monkeypatch.setattr(worker_cli, "load_app", lambda path: App(namespace="history-cli"))
+    monkeypatch.setattr(worker_cli, "load_app", lambda path: app)
     command = [
         "worker",
         "--url",
