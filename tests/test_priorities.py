@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from broker_jobs import App, JobRequest, Publisher
 from broker_jobs.errors import ConfigurationError, JobError
-from broker_jobs.ops.status import collect
+from broker_jobs.ops.status import FoundLanes, collect
 from broker_jobs.retry import RetryPolicy
 from broker_jobs.store.base import Status
 from broker_jobs.store.memory import MemoryStore
@@ -318,9 +318,23 @@ def test_a_delayed_job_leaves_the_ladder_into_its_levels_queue_and_status_adds_l
     )
     assert report.tasks[0].queue.messages == 3
     assert report.tasks[0].queue.consumers == 0
-    # Without the app (--namespace and --task), the levels' queues are found on the broker.
-    found = collect(broker.url, app.names, ["later.work"], MemoryStore())
+    # Without the app (--namespace and --task), the levels' queues are found on the
+    # broker; a dashboard or an exporter keeps them (FoundLanes), but looks again for
+    # a task that had no queue yet.
+    kept = FoundLanes()
+    found = collect(broker.url, app.names, ["later.work", "later.more"], MemoryStore(), lanes=kept)
     assert found.tasks[0].queue.messages == 3
+    assert not found.tasks[1].queue.exists
+    app.declare("later.more", Step, priorities="strict")
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish("later.more", {"key": "m", "level": "low"}, priority="low")
+    wait_until(
+        lambda: _queue_depth(connection, app.names.task_queue("later.more", LOW)) == 1,
+        within=10,
+        what="the low job queued",
+    )
+    again = collect(broker.url, app.names, ["later.work", "later.more"], MemoryStore(), lanes=kept)
+    assert [task.queue.messages for task in again.tasks] == [3, 1]
 
 
 def test_a_topology_file_declares_priorities_and_refuses_bad_ones() -> None:

@@ -9,6 +9,7 @@ from broker_jobs.app import App
 from broker_jobs.dashboard.history_buckets import HistoryBuckets
 from broker_jobs.dashboard.summaries import LedgerSummaries
 from broker_jobs.errors import ConfigurationError
+from broker_jobs.ops.status import FoundLanes
 from broker_jobs.store.base import Store
 from broker_jobs.urls import BrokerURLs
 from scheduler.schedules import Schedule
@@ -59,18 +60,21 @@ class DashboardSettings:
     broker: BrokerSeen = field(init=False, repr=False, compare=False)
     #: The history page's executions per bucket, the closed buckets kept.
     history: HistoryBuckets = field(init=False, repr=False, compare=False)
+    #: Without the app, the tasks' queues found on the broker (once per task).
+    found_lanes: FoundLanes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_binding(self.host, allow_actions=self.allow_actions, token=self.token)
         object.__setattr__(self, "summaries", LedgerSummaries(self.store))
         object.__setattr__(self, "broker", BrokerSeen())
         object.__setattr__(self, "history", HistoryBuckets(self.store))
+        object.__setattr__(self, "found_lanes", FoundLanes())
 
     @property
-    def lanes(self) -> dict[str, tuple[str, ...]] | None:
-        """The queues of each task that has several, from the app; None without it
-        (found on the broker)."""
-        return None if self.app is None else self.app.lanes_by_task()
+    def lanes(self) -> dict[str, tuple[str, ...]] | FoundLanes:
+        """The queues of each task that has several: from the app, else found on the
+        broker."""
+        return self.found_lanes if self.app is None else self.app.lanes_by_task()
 
     def served_hosts(self) -> tuple[str, ...]:
         """Which ``Host`` headers are answered. Bound to loopback, only loopback names:

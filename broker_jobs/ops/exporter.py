@@ -36,7 +36,13 @@ from broker_jobs.errors import BrokerConnectionError
 from broker_jobs.observe.heartbeat import Heartbeat, Pulse, process_record
 from broker_jobs.ops.depth_sampling import DepthSampler
 from broker_jobs.ops.processes import liveness_counts, process_views
-from broker_jobs.ops.status import CONNECT_TIMEOUT, QueueState, StatusReport, gather
+from broker_jobs.ops.status import (
+    CONNECT_TIMEOUT,
+    FoundLanes,
+    QueueState,
+    StatusReport,
+    gather,
+)
 from broker_jobs.store.base import Status, Store, StoreError, mask_dsn
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.processes import Liveness, ProcessKind, ProcessState
@@ -75,7 +81,8 @@ class Exporter:
         self._urls = urls
         self._names = names
         self._tasks = tuple(tasks)
-        self._lanes = None if lanes is None else dict(lanes)  # None: found on the broker
+        #: Without the app's lanes, found on the broker once per task.
+        self._lanes = FoundLanes() if lanes is None else dict(lanes)
         self._store_url = store_url
         self._interval = interval
         self._connection_name = connection_name

@@ -199,7 +199,7 @@ def collect(
     connection_name: str = "broker-jobs status",
     now: datetime | None = None,
     summaries: Mapping[str, TaskSummary] | None = None,
-    lanes: Mapping[str, Sequence[str]] | None = None,
+    lanes: Mapping[str, Sequence[str]] | FoundLanes | None = None,
 ) -> StatusReport:
     """Connect to the first node of ``urls`` that answers, :func:`gather`, disconnect.
 
@@ -233,15 +233,15 @@ def gather(
     node: str = "",
     now: datetime | None = None,
     summaries: Mapping[str, TaskSummary] | None = None,
-    lanes: Mapping[str, Sequence[str]] | None = None,
+    lanes: Mapping[str, Sequence[str]] | FoundLanes | None = None,
 ) -> StatusReport:
     """The report of ``tasks`` in ``names``' namespace, on an open connection (left
     open). ``now`` is when ages are measured from (default: now); ``summaries``: the
     ledger's, if the caller has them already (the dashboard keeps them for a few
     seconds on a large ledger), else read from ``store``. ``lanes``: the queues of
     each task that has several (priority levels, shards: ``App.lanes_by_task``),
-    read and added up; None: not known (no app), found on the broker
-    (:func:`lanes_found`)."""
+    read and added up; not known (no app): found on the broker, by ``lanes`` if it
+    is a :class:`FoundLanes` that a long-running caller keeps, else afresh."""
     moment = utc(now)
     if summaries is None:
         summaries = store.task_summaries(now=moment)
@@ -249,8 +249,8 @@ def gather(
     pauses = store.pauses(names.namespace)
     probe = QueueProbe(connection)
     try:
-        if lanes is None:
-            lanes = {task: lanes_found(probe, names, task) for task in tasks}
+        if not isinstance(lanes, Mapping):
+            lanes = (lanes or FoundLanes()).of(probe, names, tasks)
         statuses = tuple(
             TaskStatus(
                 task,
@@ -357,7 +357,7 @@ def lanes_found(probe: QueueProbe, names: Names, task: str) -> tuple[str, ...]:
     """The queues of ``task`` on the broker, high level first: for an operator
     without the app, who cannot know whether the task was declared with priorities or
     shards. Each level's shards are numbered from 0 without gaps, so the first shard
-    missing ends a level. The task's own queue when none exists (then shown missing)."""
+    missing ends a level. None at all: the task has no queue (yet)."""
     found = []
     for level in Priority:
         for shard in range(MAX_SHARDS):
@@ -365,7 +365,25 @@ def lanes_found(probe: QueueProbe, names: Names, task: str) -> tuple[str, ...]:
             if not probe.queue(queue).exists:
                 break
             found.append(queue)
-    return tuple(found) or (names.task_queue(task),)
+    return tuple(found)
+
+
+class FoundLanes:
+    """The queues of tasks named without the app, found on the broker once per task
+    and kept: each passive declare of a missing queue is a channel error that the
+    broker logs, which a dashboard or an exporter would repeat at every refresh. A
+    task whose queue is not there yet is looked for again at the next call."""
+
+    def __init__(self) -> None:
+        self._found: dict[str, tuple[str, ...]] = {}
+
+    def of(
+        self, probe: QueueProbe, names: Names, tasks: Sequence[str]
+    ) -> dict[str, tuple[str, ...]]:
+        for task in tasks:
+            if task not in self._found and (found := lanes_found(probe, names, task)):
+                self._found[task] = found
+        return {task: self._found.get(task, (names.task_queue(task),)) for task in tasks}
 
 
 class QueueProbe:

@@ -62,6 +62,7 @@ def task_queues(
     probe = QueueProbe(connection)
     try:
         queues = tuple(lanes) if lanes else lanes_found(probe, names, task)
+        queues = queues or (names.task_queue(task),)
         missing = [queue for queue in queues if not probe.queue(queue).exists]
     finally:
         probe.close()
