@@ -9,11 +9,10 @@ The broker holds the job either way, so a store that fails after the confirm los
 nothing: the publish still succeeds, and the ledger learns of the job at its first
 claim. An outage is said once (one WARNING when the store first fails, one when it
 records again, with how many confirmed jobs it missed meanwhile), not once per
-publish. A key that already has a record
-keeps it (a worker may have claimed the job before the publisher recorded it); one
-that another job finished is reported, because this job will be skipped as a
-duplicate (the same job finished already is not: a worker was quicker than the
-record).
+publish. A key that already has a record keeps it (a worker may have claimed the job
+before the publisher recorded it); one that another job finished is reported,
+because this job will be skipped as a duplicate (the same job finished already is
+not: a worker was quicker than the record).
 """
 
 from __future__ import annotations
