@@ -455,11 +455,14 @@ UNIT_TESTS: list[dict[str, Any]] = [
             ),
         ],
     },
-    {  # backlog age: over 300 s for 5 minutes
+    {  # backlog age: over 300 s for 5 minutes; a paused task's jobs wait on purpose
         "interval": "1m",
         "input_series": [
             exporter_series("broker_jobs_oldest_waiting_seconds", "email.send", "301x10"),
             exporter_series("broker_jobs_oldest_waiting_seconds", "image.resize", "299x10"),
+            exporter_series("broker_jobs_oldest_waiting_seconds", "report.build", "900x10"),
+            exporter_series("broker_jobs_task_paused", "report.build", "1x10"),
+            exporter_series("broker_jobs_task_paused", "email.send", "0x10"),
         ],
         "alert_rule_test": [
             alert("BrokerJobsBacklogOld", "4m"),
@@ -497,15 +500,19 @@ UNIT_TESTS: list[dict[str, Any]] = [
             ),
         ],
     },
-    {  # ready jobs and no consumer, for 2 minutes
+    {  # ready jobs and no consumer, for 2 minutes; not a paused task (no consumer on purpose)
         "interval": "1m",
         "input_series": [
             exporter_series("broker_jobs_queue_ready_messages", "email.send", "5x10"),
             exporter_series("broker_jobs_queue_consumers", "email.send", "0x10"),
+            exporter_series("broker_jobs_task_paused", "email.send", "0x10"),
             exporter_series("broker_jobs_queue_ready_messages", "image.resize", "5x10"),
             exporter_series("broker_jobs_queue_consumers", "image.resize", "1x10"),
             exporter_series("broker_jobs_queue_ready_messages", "report.build", "0x10"),
             exporter_series("broker_jobs_queue_consumers", "report.build", "0x10"),
+            exporter_series("broker_jobs_queue_ready_messages", "ops.ping", "5x10"),
+            exporter_series("broker_jobs_queue_consumers", "ops.ping", "0x10"),
+            exporter_series("broker_jobs_task_paused", "ops.ping", "1x10"),
         ],
         "alert_rule_test": [
             alert("BrokerJobsNoConsumers", "1m"),

@@ -81,6 +81,7 @@ def browser() -> Iterator[Any]:
         "--window-size=1280,900",
     ):
         options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console's lines
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     try:
         yield driver
@@ -260,6 +261,9 @@ def test_the_overview_shows_the_counts_after_publishing(
         publish(broker, app, ledger, Item(key="e"), Item(key="f"))
         wait_for(browser, shows(f"{row} [data-field=ready]", "5"), "5 ready after a refresh")
         wait_for(browser, shows(f"{row} [data-field=queued]", "5"), "5 queued after a refresh")
+        # Nothing on the page failed to load (a favicon.ico 404 once did) or raised.
+        errors = [line for line in browser.get_log("browser") if line["level"] == "SEVERE"]
+        assert not errors, errors
 
 
 def test_a_dead_job_is_replayed_from_its_page_and_then_succeeds(

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from broker_jobs import Job
-from broker_jobs.dashboard.chart import HISTORY_RANGES
+from broker_jobs.dashboard.chart import HISTORY_RANGES, depth_chart, history_chart
 from broker_jobs.dashboard.history_buckets import HistoryBuckets
 from broker_jobs.store import MemoryStore
 
@@ -72,3 +72,13 @@ def test_a_shorter_range_keeps_what_a_longer_one_of_the_same_width_needs() -> No
     assert (again_since, again) == (week_since, week)
     assert sum(ok for ok, _ in again["mail.send"]) == 1
     assert store.reads[-1] == datetime(2026, 12, 4, 10, 0, tzinfo=UTC)  # the open hour only
+
+
+def test_a_history_chart_writes_its_real_largest_value_zero_when_empty() -> None:
+    hour = HISTORY_RANGES["1h"]
+    assert history_chart([(0, 0)] * 4, hour).top == 0
+    assert depth_chart([0, None, 0], hour).top == 0
+    busy = history_chart([(3, 1), (0, 0), (1, 0)], hour)
+    assert busy.top == 4
+    assert min(rect.y for rect in busy.rects) == 0  # the tallest column fills the chart
+    assert depth_chart([2, 7, None], hour).top == 7

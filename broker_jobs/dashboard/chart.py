@@ -103,8 +103,8 @@ HISTORY_HEIGHT = 120
 
 @dataclass(frozen=True)
 class BarChart:
-    """A history chart: stacked columns (successes, failures on top), its height's
-    value (``top``), totals for the title."""
+    """A history chart: stacked columns (successes, failures on top), the largest
+    column's value (``top``: 0 for an empty chart), totals for the title."""
 
     rects: list[Rect]
     title: str
@@ -121,10 +121,10 @@ def history_chart(buckets: Sequence[tuple[int, int]], chosen: HistoryRange) -> B
     of :data:`HISTORY_WIDTH` by :data:`HISTORY_HEIGHT` pixels, scaled to its largest."""
     step = HISTORY_WIDTH // max(len(buckets), 1)
     column = max(step - max(step // 5, 1), 1)
-    top = max([1, *(ok + bad for ok, bad in buckets)])
+    top = max([0, *(ok + bad for ok, bad in buckets)])
     rects: list[Rect] = []
     for index, (ok, bad) in enumerate(buckets):
-        rects.extend(_column(index * step, ok, bad, top, HISTORY_HEIGHT))
+        rects.extend(_column(index * step, ok, bad, max(top, 1), HISTORY_HEIGHT))
     succeeded, failed = sum(ok for ok, _ in buckets), sum(bad for _, bad in buckets)
     title = f"{chosen.label}: {succeeded} succeeded, {failed} failed"
     return BarChart(rects, title, top, succeeded, failed, column)
@@ -137,7 +137,7 @@ class DepthChart:
 
     rects: list[Rect]
     title: str
-    top: int
+    top: int  # the largest sample (0: none above 0)
     sampled: int  # buckets with a sample
     column: int
     width: int = HISTORY_WIDTH
@@ -151,12 +151,12 @@ def depth_chart(values: Sequence[int | None], chosen: HistoryRange) -> DepthChar
     step = HISTORY_WIDTH // max(len(values), 1)
     column = max(step - max(step // 5, 1), 1)
     sampled = [value for value in values if value is not None]
-    top = max([1, *sampled])
+    top = max([0, *sampled])
     rects: list[Rect] = []
     for index, value in enumerate(values):
         if value is None:
             continue
-        height = max(round(HISTORY_HEIGHT * value / top), 1)
+        height = max(round(HISTORY_HEIGHT * value / max(top, 1)), 1)
         rects.append(
             Rect(index * step, HISTORY_HEIGHT - height, height, "depth" if value else "empty")
         )
