@@ -113,9 +113,17 @@ class UnroutableError(PublishError):
         self.task = task
         self.exchange = exchange
         self.queue = queue
+        # "@" is no task name's: it starts a priority level's suffix (topology/lanes.py).
+        level = queue.rpartition("@")[2].partition(":")[0] if "@" in queue else ""
+        declare = (
+            f" A {level!r} priority needs the task declared with priorities (priorities="
+            "'6:3:1' or 'strict'), or publish without one."
+            if level
+            else ""
+        )
         super().__init__(
             f"job for task {task!r} is unroutable: exchange {exchange!r} has no queue bound"
-            f" for it (expected queue {queue!r}). Declare the task's queue first:"
+            f" for it (expected queue {queue!r}).{declare} Declare the task's queues first:"
             " `broker-jobs topology apply`, or publish with an app that declares the task"
         )
 

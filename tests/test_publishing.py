@@ -119,6 +119,13 @@ def test_an_unroutable_task_is_an_error_naming_task_and_queue(
     message = str(caught.value)
     assert "'image.rotate'" in message
     assert f"'{app.namespace}.task.image.rotate'" in message
+    # A level the task has no queue for (a publisher without the app cannot know):
+    # the queue named is that level's, with what to do.
+    with pytest.raises(UnroutableError) as caught:
+        publisher.publish("image.resize", {"url": "u", "width": 1}, priority="high")
+    message = str(caught.value)
+    assert f"'{app.namespace}.task.image.resize@high'" in message
+    assert "needs the task declared with priorities" in message
     # The connection stays usable: the next routable publish is confirmed.
     job = publisher.publish("image.resize", {"url": "u", "width": 1})
     assert drain(connection, app.names.task_queue("image.resize")) == [job]
@@ -179,10 +186,12 @@ def test_publish_many_validates_everything_before_sending_anything(
     with pytest.raises(PayloadValidationError):
         publisher.publish_many([good, JobRequest("image.resize", {"url": "u"})])
     with pytest.raises(JobError, match="same id"):
-        publisher.publish_many([
-            JobRequest("image.resize", {"url": "u", "width": 1}, job_id="dup"),
-            JobRequest("image.resize", {"url": "v", "width": 2}, job_id="dup"),
-        ])
+        publisher.publish_many(
+            [
+                JobRequest("image.resize", {"url": "u", "width": 1}, job_id="dup"),
+                JobRequest("image.resize", {"url": "v", "width": 2}, job_id="dup"),
+            ]
+        )
     assert drain(connection, app.names.task_queue("image.resize")) == []
 
 

@@ -393,8 +393,10 @@ class JobFactory:
         return route_for(self.names, job, utc_now(), self._shards(job.task))
 
     def unroutable(self, job: Job) -> UnroutableError:
+        """The broker returned ``job``: no queue of its lane (its level and shard)."""
+        lane = Lane(job.priority, shard_of(job.idempotency_key, self._shards(job.task)))
         names = self.names
-        return UnroutableError(job.task, names.work_exchange, names.task_queue(job.task))
+        return UnroutableError(job.task, names.work_exchange, names.lane_queue(job.task, lane))
 
     def _shards(self, task: str) -> int:
         """The task's shards: the app's declaration, else one (a publisher without the
