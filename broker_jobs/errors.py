@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from topology.names import DEAD_REASONS
+from topology.priority import Priority
 
 if TYPE_CHECKING:
     from topology.errors import Conflict
@@ -109,17 +110,18 @@ class PublishError(BrokerJobsError):
 
 
 class UnroutableError(PublishError):
-    def __init__(self, task: str, exchange: str, queue: str) -> None:
+    def __init__(
+        self, task: str, exchange: str, queue: str, *, level: Priority = Priority.NORMAL
+    ) -> None:
+        """``queue``: the one the job's lane needed; ``level``: the job's priority."""
         self.task = task
         self.exchange = exchange
         self.queue = queue
-        # "@" is no task name's: it starts a priority level's suffix (topology/lanes.py).
-        level = queue.rpartition("@")[2].partition(":")[0] if "@" in queue else ""
         declare = (
-            f" A {level!r} priority needs the task declared with priorities (priorities="
-            "'6:3:1' or 'strict'), or publish without one."
-            if level
-            else ""
+            ""
+            if level is Priority.NORMAL
+            else f" A {level.value!r} priority needs the task declared with priorities"
+            " (priorities='6:3:1' or 'strict'), or publish without one."
         )
         super().__init__(
             f"job for task {task!r} is unroutable: exchange {exchange!r} has no queue bound"

@@ -64,7 +64,8 @@ def purge_command(  # noqa: PLR0917 - click passes every option positionally
                         f" and cancel {counted.waiting} waiting job(s) of {task} in the ledger?",
                         deletes="jobs",
                     )
-                done = purge_pending(connection, chosen.names, task, store, lanes)
+                # The queues counted: found once, not looked for again.
+                done = purge_pending(connection, chosen.names, task, store, counted.queues)
             finally:
                 if connection.is_open:
                     connection.close()

@@ -394,7 +394,10 @@ class DeadLetterQueues(Closing):
             raise NackedError(job.task, job.id)
         if delivery.returned:
             raise UnroutableError(
-                job.task, self.names.work_exchange, self.names.task_queue(job.task)
+                job.task,
+                self.names.work_exchange,
+                self.names.task_queue(job.task, job.priority),
+                level=job.priority,
             )
 
 

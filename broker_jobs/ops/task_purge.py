@@ -61,9 +61,12 @@ def task_queues(
     declared with priorities or shards has several); a usage error if one is missing."""
     probe = QueueProbe(connection)
     try:
-        queues = tuple(lanes) if lanes else lanes_found(probe, names, task)
-        queues = queues or (names.task_queue(task),)
-        missing = [queue for queue in queues if not probe.queue(queue).exists]
+        if lanes:
+            queues = tuple(lanes)
+            missing = [queue for queue in queues if not probe.queue(queue).exists]
+        else:  # found on the broker: each one exists
+            queues = lanes_found(probe, names, task)
+            missing = [] if queues else [names.task_queue(task)]
     finally:
         probe.close()
     if missing:

@@ -396,7 +396,9 @@ class JobFactory:
         """The broker returned ``job``: no queue of its lane (its level and shard)."""
         lane = Lane(job.priority, shard_of(job.idempotency_key, self._shards(job.task)))
         names = self.names
-        return UnroutableError(job.task, names.work_exchange, names.lane_queue(job.task, lane))
+        return UnroutableError(
+            job.task, names.work_exchange, names.lane_queue(job.task, lane), level=job.priority
+        )
 
     def _shards(self, task: str) -> int:
         """The task's shards: the app's declaration, else one (a publisher without the

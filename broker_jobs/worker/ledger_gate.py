@@ -53,7 +53,7 @@ class StalledCalls:
 
     def __init__(self, gate: LedgerGate) -> None:
         self._gate = gate
-        #: Each call's ``time.monotonic()`` at its start.
+        #: Each call's ``time.monotonic()`` at its start, oldest first.
         self._started: dict[asyncio.Future[Any], float] = {}
 
     def track(self, call: asyncio.Future[T]) -> asyncio.Future[T]:
@@ -71,7 +71,8 @@ class StalledCalls:
             await asyncio.sleep(STALL_CHECK_EVERY)
             if not self._started:
                 continue
-            waited = time.monotonic() - min(self._started.values())
+            # Calls are tracked as they start: the first left is the oldest.
+            waited = time.monotonic() - next(iter(self._started.values()))
             if waited >= STALL_AFTER:
                 self._gate.failed(
                     StoreError(
