@@ -431,3 +431,31 @@ def test_the_worker_takes_its_app_as_app_or_as_its_argument() -> None:
         result = runner.invoke(main, ["worker", *args, "--store", "memory://"])
         assert result.exit_code == 1
         assert "--app 'no_such_module:app': no module named 'no_such_module'" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["worker", "--nosuch"], "error: No such option '--nosuch' (see 'broker-jobs worker -"),
+        (["nosuch"], "error: No such command 'nosuch' (see 'broker-jobs --help')"),
+        (["jobs", "show"], "error: Missing argument 'ID_OR_KEY' (see 'broker-jobs jobs show -"),
+        (
+            ["status", "--url", "amqp://u:hunter2@mq1,mq2/"],
+            "error: Invalid value for '--url': broker URL 'amqp://u:***@mq1,mq2/'",
+        ),
+    ],
+)
+def test_usage_errors_are_one_line_with_where_to_look(args: list[str], expected: str) -> None:
+    result = CliRunner().invoke(main, args, prog_name="broker-jobs")
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(expected), line
+    assert "hunter2" not in line
+
+
+def test_a_group_without_its_command_prints_its_help() -> None:
+    result = CliRunner().invoke(main, ["dlq"], prog_name="broker-jobs")
+    assert result.exit_code == 2
+    assert "Usage: broker-jobs dlq" in result.stderr
+    assert "replay" in result.stderr
