@@ -132,6 +132,7 @@ def test_list_shows_every_job_newest_first_with_its_fields(listed: Store, store_
         "lease_until": None,
         "due_at": "2026-03-01T12:01:00Z",
         "last_error": "TimeoutError: smtp",
+        "released": False,
     }
     assert by_key["thumb-3"]["state"] == "scheduled"
     assert by_key["thumb-3"]["due_at"] == "2026-03-01T13:00:00Z"
@@ -153,6 +154,24 @@ def test_list_shows_every_job_newest_first_with_its_fields(listed: Store, store_
     ]
     assert "TimeoutError: smtp" in people.stdout
     assert "more:" not in people.stdout
+
+
+def test_a_job_given_back_at_a_stop_is_listed_as_queued_not_running(
+    listed: Store, store_url: str
+) -> None:
+    listed.release("thumb-4", A, now=at(13))  # claimed, then its worker stopped
+
+    queued = json_of(jobs("list", "--store", store_url, "--state", "queued", "--json"))
+    # (a release is no change of status: it keeps its claim's updated_at, 11)
+    assert keys(queued) == ["tie-b", "tie-a", "thumb-4", "order-1"]
+    assert queued["jobs"][2]["state"] == "queued"
+    assert queued["jobs"][2]["released"] is True
+    assert keys(json_of(jobs("list", "--store", store_url, "--state", "running", "--json"))) == []
+    people = jobs("list", "--store", store_url, "--key", "thumb-4")
+    assert people.exit_code == 0, people.output
+    assert "queued (released)" in people.stdout
+    shown = jobs("show", "thumb-4", "--store", store_url)
+    assert "queued (released)" in shown.stdout
 
 
 @pytest.mark.parametrize(

@@ -233,6 +233,26 @@ def test_a_job_that_has_not_started_is_cancelled(
     assert (again.outcome, again.record) == (CancelOutcome.ALREADY_CANCELLED, result.record)
 
 
+def test_a_released_job_is_found_and_counted_as_queued_not_running(store: Store) -> None:
+    _released(store)  # key-1: given back unstarted, its delivery in the queue again
+    store.claim(job("held"), B, LEASE, now=at(2))
+    store.record_published([published("waiting")], now=at(3))
+    record = store.get("key-1")
+    assert record is not None
+    assert (record.status, record.worker, record.released) == (Status.RUNNING, None, True)
+
+    def keys(status: Status) -> list[str]:
+        found = [r.idempotency_key for r in store.find(status=status.value)]
+        assert store.count(status=status.value) == len(found)
+        return sorted(found)
+
+    assert keys(Status.QUEUED) == ["key-1", "waiting"]
+    assert keys(Status.RUNNING) == ["held"]
+    counts = store.task_summaries(now=at(4))["image.resize"].counts
+    assert (counts[Status.QUEUED], counts[Status.RUNNING]) == (2, 1)
+    assert store.counts()[Status.RUNNING] == 2  # the ledger's own statuses
+
+
 def test_a_running_job_is_not_cancelled(store: Store) -> None:
     store.claim(job(), A, LEASE, now=at(0))
     before = store.get("key-1")
@@ -529,9 +549,9 @@ def test_task_summaries_count_statuses_waits_and_executions(store: Store) -> Non
         task="image.resize",
         counts={
             **counts,
-            Status.QUEUED: 1,
+            Status.QUEUED: 2,  # "queued", and "rel": released, it waits in its queue
             Status.SCHEDULED: 2,
-            Status.RUNNING: 2,  # "rel" (released) and "lost" (held by B)
+            Status.RUNNING: 1,  # "lost": held by B
             Status.SUCCEEDED: 6,
             Status.RETRYING: 1,
             Status.FAILED: 1,

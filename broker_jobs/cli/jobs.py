@@ -153,7 +153,7 @@ def list_command(  # noqa: PLR0917 - click passes every option positionally
         grid.add_row(
             record.idempotency_key,
             record.task,
-            record.status.value,
+            record.state_label,
             str(record.attempts),
             when(record.updated_at),
             record.worker or "-",
@@ -268,7 +268,7 @@ def _fields(record: JobRecord) -> list[tuple[str, str]]:
         ("key", record.idempotency_key),
         ("job id", record.job_id),
         ("task", record.task),
-        ("state", record.status.value),
+        ("state", record.state_label),
         ("attempts", str(record.attempts)),
         ("created", when(record.created_at)),
         ("updated", when(record.updated_at)),

@@ -13,6 +13,7 @@ from broker_jobs.dashboard.safety import Refused
 from broker_jobs.dashboard.settings import DashboardSettings
 from broker_jobs.dashboard.views import render
 from broker_jobs.store.base import Status
+from broker_jobs.store.records import CANCELLABLE
 
 
 def settings_of(request: Request) -> DashboardSettings:
@@ -70,7 +71,7 @@ async def job_page(request: Request) -> Response:
     view = await run_in_threadpool(queries.job_view, settings, ref)
     if view is None:
         raise Refused(404, f"no job with key or id {ref!r} in the ledger")
-    cancellable = view.record.status in {Status.QUEUED, Status.SCHEDULED, Status.RETRYING}
+    cancellable = view.record.waiting_status in CANCELLABLE
     return render(
         request,
         settings,

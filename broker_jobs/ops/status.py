@@ -116,7 +116,8 @@ class TaskStatus:
 
     @property
     def running(self) -> int:
-        """Jobs the ledger holds as RUNNING (AMQP cannot count unacked deliveries)."""
+        """Jobs a worker holds in the ledger (AMQP cannot count unacked deliveries);
+        released ones count as queued."""
         return self.ledger.counts[Status.RUNNING]
 
     def oldest_waiting_age(self, now: datetime) -> timedelta | None:

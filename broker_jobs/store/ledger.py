@@ -45,6 +45,16 @@ class Filtering(TypedDict, total=False):
     oldest_first: bool | None  # the listing's order: oldest updated first (else newest)
 
 
+#: A record's status as figures and filters count it (``JobRecord.waiting_status``):
+#: a released record (RUNNING, no holder) is QUEUED.
+WAITING_STATUS_SQL = "CASE WHEN status = 'running' AND worker IS NULL THEN 'queued' ELSE status END"
+#: The conditions of a status filter where a released record moves it.
+STATUS_FILTER_SQL = {
+    Status.QUEUED: "(status = {status} OR (status = 'running' AND worker IS NULL))",
+    Status.RUNNING: "(status = {status} AND worker IS NOT NULL)",
+}
+
+
 @dataclass(frozen=True)
 class Filters:
     """The filters of one ``find`` call, times in UTC, and its order (``after`` is a
@@ -80,7 +90,7 @@ class Filters:
 
     def match(self, record: JobRecord) -> bool:
         return (
-            (self.status is None or record.status is self.status)
+            (self.status is None or record.waiting_status is self.status)
             and (self.task is None or record.task == self.task)
             and (self.since is None or record.updated_at >= self.since)
             and (self.until is None or record.updated_at < self.until)
@@ -111,7 +121,7 @@ class Filters:
             params.update(values)
 
         if self.status is not None:
-            add("status = {status}", status=self.status.value)
+            add(STATUS_FILTER_SQL.get(self.status, "status = {status}"), status=self.status.value)
         if self.task is not None:
             add("task = {task}", task=self.task)
         if self.since is not None:
@@ -179,9 +189,10 @@ def newest_first(records: Iterable[JobRecord]) -> list[JobRecord]:
 #: Per task and status: how many records, and since when the oldest of them waits
 #: (the rule of :func:`waiting_since`). Marks: {now}; tables: {records}.
 COUNTS_SQL = (
-    "SELECT task, status, count(*), min(CASE WHEN status = 'queued' THEN updated_at"
+    f"SELECT task, {WAITING_STATUS_SQL}, count(*), min(CASE"
+    f" WHEN {WAITING_STATUS_SQL} = 'queued' THEN updated_at"
     " WHEN status IN ('scheduled', 'retrying') AND due_at <= {now} THEN due_at END)"
-    " FROM {records} GROUP BY task, status"
+    f" FROM {{records}} GROUP BY task, {WAITING_STATUS_SQL}"
 )
 _OUTCOMES = ", ".join(f"'{o.value}'" for o in sorted(COUNTED_OUTCOMES))
 #: The executions of the last hour that count (:data:`COUNTED_OUTCOMES`), with their
@@ -271,7 +282,7 @@ def waiting_since(record: JobRecord, now: datetime) -> datetime | None:
     """Since when ``record`` waits to start: QUEUED since it became so (published, or
     reset for a replay); SCHEDULED or RETRYING since its due time, once that passed;
     None for the others (:data:`COUNTS_SQL` in Python)."""
-    if record.status is Status.QUEUED:
+    if record.waiting_status is Status.QUEUED:
         return record.updated_at
     due = record.status in (Status.SCHEDULED, Status.RETRYING)
     if due and record.due_at is not None and record.due_at <= now:

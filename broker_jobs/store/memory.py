@@ -300,7 +300,7 @@ class MemoryStore(ExclusiveStore):
         tasks: dict[str, str] = {}  # the task of each key: executions have none
         for record in records:
             tally = tallies.setdefault(record.task, Tally())
-            tally.counts[record.status] += 1
+            tally.counts[record.waiting_status] += 1
             tally.wait(waiting_since(record, moment))
             tasks[record.idempotency_key] = record.task
         for execution in executions:

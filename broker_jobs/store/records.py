@@ -62,6 +62,24 @@ class JobRecord:
     last_error: str | None
     due_at: datetime | None  # RETRYING only: when the next attempt is due
 
+    @property
+    def released(self) -> bool:
+        """RUNNING with no holder: claimed, then given back unstarted at a shutdown
+        (:meth:`Store.release`); its delivery waits in the queue again."""
+        return self.status is Status.RUNNING and self.worker is None
+
+    @property
+    def waiting_status(self) -> Status:
+        """Its status as figures and filters count it: a released record is QUEUED
+        there (no worker runs it), though the ledger keeps it RUNNING for the claim
+        rules."""
+        return Status.QUEUED if self.released else self.status
+
+    @property
+    def state_label(self) -> str:
+        """Its state for people: the waiting status, saying when it was released."""
+        return "queued (released)" if self.released else self.status.value
+
 
 @dataclass(frozen=True)
 class KeptPayload:
