@@ -585,8 +585,10 @@ def test_errors_are_one_line_and_say_what_to_do(broker: Broker, namespace: str) 
     assert "needs the tasks whose dead letters to take: add --task NAME" in result.stderr
 
     code, out, err = cli("list", "--url", broker.url, "--namespace", namespace, "--task", TASK)
-    assert (code, err) == (0, "")  # the index: nothing dead in this namespace
+    assert code == 0, err  # the index: nothing dead in this namespace
     assert "0 dead letter(s) shown of 0" in out
+    assert err.startswith("warning: the queues' depths are unknown")  # no topology
+    assert "topology apply" in err
     code, _out, err = cli(
         "list", "--url", broker.url, "--namespace", namespace, "--task", TASK, "--from-queue"
     )
@@ -631,7 +633,7 @@ def test_a_piped_list_prints_every_id_and_key_whole_on_its_row(
 # -- the ledger's index -----------------------------------------------------------------
 
 
-def test_list_and_show_read_the_ledger_and_never_the_broker(
+def test_list_and_show_read_the_ledger_and_the_broker_only_for_depths(
     broker: Broker,
     app: App,
     store: SQLiteStore,
@@ -659,6 +661,24 @@ def test_list_and_show_read_the_ledger_and_never_the_broker(
     assert code == 0, err
     assert json.loads(out)["error"] == "PermanentError: broken input a3"
     assert depth(connection, queue) == 3
+    code, out, err = cli("list", *nowhere, "--task", TASK)
+    assert code == 0, err
+    assert "warning: the queues' depths are unknown" in err
+    assert "s3cret" not in err
+    assert "3 dead letter(s) shown of 3" in out
+
+    # A dead letter that came another way: the list says how to index it.
+    code, out, err = cli("list", *queue_args(broker, app))
+    assert (code, err) == (0, "")
+    channel = connection.channel()
+    channel.basic_publish("", queue, b"{}", pika.BasicProperties(message_id="x-1", type=TASK))
+    channel.close()
+    wait_until(lambda: depth(connection, queue) == 4, within=10, what="a fourth dead letter")
+    code, out, err = cli("list", *queue_args(broker, app))
+    assert code == 0, err
+    assert "3 dead letter(s) shown of 3" in out
+    assert f"index ({TASK}: 1): broker-jobs dlq reindex --namespace {app.namespace}" in err
+    assert depth(connection, queue) == 4
 
 
 def test_replay_and_purge_keep_the_index_in_step(

@@ -19,7 +19,7 @@ import contextlib
 import functools
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -230,9 +230,11 @@ def list_command(
             matching, letters = len(letters), letters[offset:]
         else:
             index = IndexedDeadLetters(store, queues.tasks)
-            total = sum(index.counts().values())
+            indexed = index.counts()
+            total = sum(indexed.values())
             matching = total if where.is_empty else sum(index.counts(where).values())
             letters = index.letters(where, limit=limit or matching or 1, offset=offset)
+            _say_what_the_index_misses(queues, indexed)
         statuses = _ledger_statuses(store, letters)
     if as_json:
         echo_json([_with_ledger(letter, statuses) for letter in letters])
@@ -387,6 +389,33 @@ def purge_command(
 
 
 # -- helpers --------------------------------------------------------------------------
+
+
+def _say_what_the_index_misses(queues: _Queues, indexed: Mapping[str, int]) -> None:
+    """A warning on stderr when the queues hold dead letters the ledger's index does
+    not (dead-lettered by RabbitMQ itself, an older broker-jobs, another tool), or
+    when the broker could not be asked: the listing is the index's, whole either way.
+    Only the queues' depths are read (a passive declare): no message is touched."""
+    try:
+        with queues.open("list") as dlq:
+            depths = dlq.depths()
+    except BrokerJobsError as error:
+        click.echo(
+            f"warning: the queues' depths are unknown ({error}): the list is the"
+            " ledger's index, which may miss dead letters",
+            err=True,
+        )
+        return
+    missed = {task: depths[task] - indexed.get(task, 0) for task in queues.tasks}
+    missed = {task: count for task, count in missed.items() if count > 0}
+    if missed:
+        which = ", ".join(f"{task}: {count}" for task, count in missed.items())
+        click.echo(
+            f"warning: the queues hold more dead letters than the ledger's index ({which}):"
+            f" broker-jobs dlq reindex --namespace {queues.names.namespace}"
+            + "".join(f" --task {task}" for task in missed),
+            err=True,
+        )
 
 
 def _moment(text: str | None, option: str) -> datetime | None:
