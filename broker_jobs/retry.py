@@ -26,10 +26,13 @@ class RetryableError(BrokerJobsError):
 
 @dataclass(frozen=True)
 class Decision:
-    """``delay`` is None when the job must not run again."""
+    """``delay`` is None when the job must not run again; ``permanent``: it must not
+    because of what it raised (a permanent error, or one the policy does not retry),
+    not because it ran out of attempts."""
 
     delay: float | None
     reason: str
+    permanent: bool = False
 
     @property
     def retry(self) -> bool:
@@ -73,13 +76,13 @@ class RetryPolicy:
         """What to do after ``attempt`` (1 for the first run) failed with ``error``."""
         kind = type(error).__name__
         if isinstance(error, (PermanentError, *self.permanent)):
-            return Decision(None, f"permanent error {kind}")
+            return Decision(None, f"permanent error {kind}", permanent=True)
         if (
             self.retry_on is not None
             and not isinstance(error, RetryableError)
             and not isinstance(error, self.retry_on)
         ):
-            return Decision(None, f"{kind} is not retried by this task's policy")
+            return Decision(None, f"{kind} is not retried by this task's policy", permanent=True)
         if attempt >= self.max_attempts:
             return Decision(None, f"out of attempts ({attempt} of {self.max_attempts})")
         return Decision(self.delay_before(attempt + 1, rng), f"retrying after {kind}")

@@ -81,19 +81,27 @@ def test_a_failing_job_is_retried_after_its_backoff_on_the_test_clock() -> None:
 def test_exhausted_and_permanent_failures_are_dead_lettered_with_their_reasons() -> None:
     app = App(namespace="kit")
 
-    @app.task("counter.add", retry=RetryPolicy(max_attempts=3, base_delay=5))
+    policy = RetryPolicy(max_attempts=3, base_delay=5, retry_on=(RuntimeError,))
+
+    @app.task("counter.add", retry=policy)
     def add(payload: Add) -> None:
         if payload.key == "permanent":
             raise PermanentError("bad input")
+        if payload.key == "not-retried":
+            raise ValueError("a bug, not an outage")
         raise RuntimeError("always")
 
     with JobsKit(app) as kit:
         publisher = kit.publisher()
         flaky = publisher.publish("counter.add", Add(key="flaky"))
         permanent = publisher.publish("counter.add", Add(key="permanent"))
+        not_retried = publisher.publish("counter.add", Add(key="not-retried"))
         kit.run_all()
         dead = {letter.job_id: letter for letter in kit.dead_letters("counter.add")}
         assert (dead[flaky.id].reason, dead[flaky.id].attempts) == ("exhausted", 3)
+        # Left out of retry_on: permanent for this task, not out of attempts (so a
+        # replay of --reason exhausted after an outage does not take it).
+        assert (dead[not_retried.id].reason, dead[not_retried.id].attempts) == ("permanent", 1)
         assert dead[permanent.id].reason == "permanent"
         assert dead[permanent.id].error == "PermanentError: bad input"
         for job in (flaky, permanent):

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pika
 import pytest
 from pydantic import BaseModel
 
@@ -26,6 +27,7 @@ from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.worker.follow_ups import FollowUps
 from tests.support import Broker, run_burst_worker
+from topology import declare
 
 
 class Item(BaseModel):
@@ -285,3 +287,63 @@ def test_a_delivery_of_a_succeeded_job_publishes_its_unconfirmed_follow_ups_once
         assert kept is not None
         assert kept.sent_at is not None
     assert "publishing its 1 recorded follow-ups again" in caplog.text
+
+
+def test_a_follow_up_refused_for_a_missing_queue_is_held_then_published_once_declared(
+    broker: Broker, make_app: Callable[[], App], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = make_app()
+
+    @app.task("step.first", retry=ONCE)
+    def first(payload: Item, job: JobContext) -> None:
+        job.then("step.second", Item(n=payload.n + 1))
+
+    @app.task("step.second", retry=ONCE)
+    def second(payload: Item) -> None:
+        raise AssertionError("this worker runs step.first only")
+
+    refused = threading.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "was refused" in record.getMessage():
+                refused.set()
+
+    def declare_the_second_queue_once_refused() -> None:
+        if refused.wait(60):
+            with pika.BlockingConnection(pika.URLParameters(broker.url)) as connection:
+                declare(connection, app.topology())
+
+    watch = Watch()
+    follow_ups_log = logging.getLogger("broker_jobs.worker.follow_ups")
+    follow_ups_log.addHandler(watch)
+    # Only the first step's queue exists (the worker declares nothing).
+    first_only = make_app()
+    first_only.declare("step.first", Item)
+    with Publisher(broker.url, first_only) as publisher:
+        publisher.publish("step.first", Item(n=1), idempotency_key="k")
+    declarer = threading.Thread(target=declare_the_second_queue_once_refused)
+    declarer.start()
+    try:
+        with (
+            SQLiteStore(tmp_path / "ledger.db") as store,
+            caplog.at_level(logging.INFO, logger="broker_jobs.worker.follow_ups"),
+        ):
+            counts = run_burst_worker(broker, app, store, tasks=("step.first",), declare=False)
+            output = store.output("k")
+    finally:
+        declarer.join()
+        follow_ups_log.removeHandler(watch)
+    assert refused.is_set(), "the follow-up was never refused"
+    assert counts["succeeded"] == 1
+    assert output is not None
+    assert output.sent_at is not None
+    assert "bootstrap" not in caplog.text
+    assert re.search(
+        r"follow-up \S+ \(task step\.second\) of job \S+ published after 1 refusal\b", caplog.text
+    )
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as connection:
+        waiting = connection.channel().queue_declare(
+            app.names.task_queue("step.second"), passive=True
+        )
+    assert waiting.method.message_count == 1  # published once

@@ -46,6 +46,9 @@ def test_permanent_errors_never_retry_and_retry_on_limits_retries() -> None:
     assert not policy.decide(PermanentError("bad input"), attempt=1).retry
     assert not policy.decide(KeyError("x"), attempt=1).retry
     assert not policy.decide(ValueError("x"), attempt=1).retry
+    assert policy.decide(ValueError("x"), attempt=1).permanent
+    assert policy.decide(KeyError("x"), attempt=1).permanent
+    assert not RetryPolicy(max_attempts=1).decide(ValueError("x"), attempt=1).permanent
     assert policy.decide(ConnectionError("x"), attempt=1).retry
     assert policy.decide(RetryableError("x"), attempt=1).retry
 

@@ -91,7 +91,10 @@ DEAD_REASONS: dict[str, str] = {
     "schema": "the payload fails the task's model",
     "no-handler": "the worker's app has no handler for the task",
     "exhausted": "the handler failed on every attempt its retry policy allows",
-    "permanent": "the handler raised a permanent error",
+    "permanent": (
+        "the handler raised a permanent error: PermanentError, one of its retry policy's"
+        " `permanent`, or an exception its `retry_on` leaves out"
+    ),
     "crash-loop": "the job killed its worker on each delivery up to the queue's limit",
 }
 

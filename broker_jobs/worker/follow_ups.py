@@ -99,6 +99,7 @@ class FollowUps:
         held: the parent succeeded, and its next step must not be lost to an
         operator's missing topology. Raises LinkStoppedError when the worker stops."""
         wait = REFUSED_RETRY_FIRST
+        refusals = 0
         while True:
             try:
                 await self._publish_job(job)
@@ -107,9 +108,9 @@ class FollowUps:
             except Exception as error:
                 if self._stopping():
                     raise LinkStoppedError() from error
+                refusals += 1
                 log.warning(
-                    "follow-up %s (task %s) of job %s was refused (%s); trying again in"
-                    " %.0f s: declare its task's queue (broker-jobs bootstrap)",
+                    "follow-up %s (task %s) of job %s was refused (%s); trying again in %.0f s",
                     job.id,
                     job.task,
                     parent.id,
@@ -119,6 +120,15 @@ class FollowUps:
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, REFUSED_RETRY_MAX)
             else:
+                if refusals:
+                    log.info(
+                        "follow-up %s (task %s) of job %s published after %d refusal%s",
+                        job.id,
+                        job.task,
+                        parent.id,
+                        refusals,
+                        "" if refusals == 1 else "s",
+                    )
                 return
 
 

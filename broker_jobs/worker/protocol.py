@@ -514,7 +514,7 @@ class Runner:
             )
             self.observer.retrying(job, run, error, due)
             return "retried"
-        reason = "permanent" if "permanent" in decision.reason else "exhausted"
+        reason = "permanent" if decision.permanent else "exhausted"
         cause = DeathCause.from_exception(reason, error, job.attempt)
         return await self._dead_letter(message, job.task, cause, job, holder, run=run)
 
