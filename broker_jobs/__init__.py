@@ -26,7 +26,7 @@ from broker_jobs.errors import (
     UnknownTaskError,
     UnroutableError,
 )
-from broker_jobs.job_context import JobContext
+from broker_jobs.job_context import JobContext, follow_up_key
 from broker_jobs.publish.async_publisher import AsyncPublisher
 from broker_jobs.publish.prepare import JobRequest
 from broker_jobs.publish.publisher import Publisher
@@ -56,6 +56,7 @@ __all__ = [
     # the envelope and its wire form
     "Job",
     "JobContext",
+    "follow_up_key",
     "FollowUpError",
     "WireMessage",
     "decode",
