@@ -459,3 +459,25 @@ def test_a_group_without_its_command_prints_its_help() -> None:
     assert result.exit_code == 2
     assert "Usage: broker-jobs dlq" in result.stderr
     assert "replay" in result.stderr
+
+
+def test_broker_jobs_app_names_the_app_of_publish_and_topology_too(tmp_path: Path) -> None:
+    env = {"BROKER_JOBS_APP": "tests.cli_publish_app:app"}
+    runner = CliRunner()
+    exported = runner.invoke(main, ["topology", "export", "--vhost", "/"], env=env)
+    assert exported.exit_code == 0, exported.output
+    queues = {queue["name"] for queue in json.loads(exported.stdout)["queues"]}
+    assert "clipublish.task.note.add" in queues
+    # An explicit --file wins over the environment's app.
+    spec = tmp_path / "topology.toml"
+    spec.write_text('namespace = "fromfile"\n[tasks."x.y"]\n')
+    from_file = runner.invoke(main, ["topology", "export", "--file", str(spec)], env=env)
+    assert from_file.exit_code == 0, from_file.output
+    assert "fromfile.task.x.y" in {q["name"] for q in json.loads(from_file.stdout)["queues"]}
+    # publish validates against the environment's app before it connects anywhere.
+    invalid = runner.invoke(
+        main, ["publish", "--url", "amqp://127.0.0.1:1/", "note.add", '{"text": 5}'], env=env
+    )
+    assert invalid.exit_code != 0
+    assert "note.add" in invalid.stderr
+    assert "text" in invalid.stderr

@@ -25,6 +25,7 @@ from broker_jobs.retry import PermanentError, RetryPolicy
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.testing.tcp_proxy import TcpProxy
 from broker_jobs.worker import Worker, WorkerSettings
+from broker_jobs.worker.observer import JobObserver
 from tests.support import Broker, wait_until
 from tests.test_observe import get
 from tests.test_worker_recovery import (
@@ -418,3 +419,15 @@ def test_by_default_successes_are_counted_in_a_summary_line_and_failures_each_ha
     assert sum(line["by_task"]["counter.add"] for line in lines) == 2
     assert "succeeded in the last" in lines[0]["message"]
     assert {outcome for _, outcome in outcome_lines(worker.log)} == {"dead"}  # no job's own
+
+
+def test_every_settlement_the_runner_returns_is_counted_a_rescue_too() -> None:
+    registry = CollectorRegistry()
+    observer = JobObserver("ns", "w1", WorkerMetrics(registry), ["t"])
+    for outcome in ("rescued", "rerouted", "dead:crash-loop", "left"):
+        observer.settled("t", outcome)
+    labels = {"namespace": "ns", "task": "t"}
+    value = registry.get_sample_value
+    assert value("broker_jobs_jobs_total", {**labels, "outcome": "rescued"}) == 1
+    assert value("broker_jobs_jobs_total", {**labels, "outcome": "rerouted"}) == 1
+    assert value("broker_jobs_jobs_total", {**labels, "outcome": "dead"}) == 1

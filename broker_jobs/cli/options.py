@@ -53,6 +53,17 @@ app_option = click.option(
     help="The app: the module to import and the App in it, e.g. myproject.tasks:app"
     " ($BROKER_JOBS_APP).",
 )
+
+
+def from_environment(parameter: str) -> bool:
+    """Whether the current command's ``parameter`` came from its environment variable
+    (``BROKER_JOBS_APP``...): an explicit option given with it wins over it."""
+    context = click.get_current_context(silent=True)
+    if context is None:
+        return False
+    return context.get_parameter_source(parameter) is click.core.ParameterSource.ENVIRONMENT
+
+
 app_argument = click.argument("app_argument", metavar="[MODULE:APP]", required=False)
 
 

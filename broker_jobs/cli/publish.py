@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from broker_jobs.app_loader import load_app
-from broker_jobs.cli.options import url_option
+from broker_jobs.cli.options import from_environment, url_option
 from broker_jobs.errors import BrokerJobsError, ConfigurationError, UnroutableError
 from broker_jobs.publish.publisher import Publisher
 from broker_jobs.store import Store, open_store
@@ -25,17 +25,17 @@ from topology.names import DEFAULT_NAMESPACE
     "--app",
     "app_path",
     metavar="MODULE:APP",
+    envvar="BROKER_JOBS_APP",
     help="Validate PAYLOAD against the task's model and take the namespace from the app"
-    " (its topology is declared unless --no-declare).",
+    " (its topology is declared unless --no-declare; $BROKER_JOBS_APP, which --namespace"
+    " overrides).",
 )
 @click.option(
     "--namespace",
     help=f"Namespace of the jobs, without --app (default {DEFAULT_NAMESPACE!r}).",
 )
 @click.option("--key", "idempotency_key", help="Idempotency key (default: the job id).")
-@click.option(
-    "--delay", type=click.FloatRange(min=0), help="Run it this many seconds from now."
-)
+@click.option("--delay", type=click.FloatRange(min=0), help="Run it this many seconds from now.")
 @click.option(
     "--eta",
     help="Run it at this time: ISO 8601 with a time zone, e.g. 2026-12-24T18:00:00Z.",
@@ -125,6 +125,8 @@ def _publisher(
     """The publisher and its namespace. With an app: typed, in its namespace,
     declaring its topology unless told not to. Without: untyped, declaring nothing
     (a typo in a task or a namespace must not leave exchanges behind)."""
+    if app_path is not None and namespace is not None and from_environment("app_path"):
+        app_path = None
     if app_path is None:
         namespace = namespace or DEFAULT_NAMESPACE
         return Publisher(url, namespace=namespace, declare=False, ledger=ledger), namespace

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import click
 
 from broker_jobs.app_loader import load_app
-from broker_jobs.cli.options import app_option
+from broker_jobs.cli.options import app_option, from_environment
 from topology.names import InvalidNameError, Names, check_task_name
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -83,8 +83,7 @@ def chosen_tasks(
 def _app_path(app: str | None, namespace: str | None) -> str | None:
     if app is None or namespace is None:
         return app
-    source = click.get_current_context().get_parameter_source("app_option")
-    if source is click.core.ParameterSource.ENVIRONMENT:
+    if from_environment("app_option"):
         return None
     raise click.UsageError("give --app or --namespace (with --task), not both")
 

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import click
 
 from broker_jobs.app_loader import load_app
+from broker_jobs.cli.options import from_environment
 from topology import Names
 from topology.file import NamespaceSpec, load_file
 from topology.names import DEFAULT_NAMESPACE
@@ -32,7 +33,9 @@ def source_options(function: F) -> F:
         "--app",
         "app_path",
         metavar="MODULE:ATTR",
-        help="The App object, e.g. myproject.tasks:app (imported from the current directory).",
+        envvar="BROKER_JOBS_APP",
+        help="The App object, e.g. myproject.tasks:app (imported from the current directory;"
+        " $BROKER_JOBS_APP, which --file or --namespace overrides).",
     )(function)
 
 
@@ -52,7 +55,10 @@ def namespace_spec(
     required: bool = True,
 ) -> NamespaceSpec:
     """The namespace of the options given (one of them); without any, a usage error
-    when ``required``, else the namespace alone (``--namespace`` or the default)."""
+    when ``required``, else the namespace alone (``--namespace`` or the default). An
+    app from ``BROKER_JOBS_APP`` gives way to an explicit --file or --namespace."""
+    if app_path and (file_path or namespace is not None) and from_environment("app_path"):
+        app_path = None
     given = [option for option, value in [("--app", app_path), ("--file", file_path)] if value]
     if namespace is not None:
         given.append("--namespace")

@@ -18,7 +18,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from broker_jobs.observe.link_metrics import LinkMetrics
 
 #: The ``outcome`` label's values: how a delivery was settled (acked).
-OUTCOMES = ("succeeded", "retried", "failed", "dead", "duplicate", "cancelled", "busy", "rerouted")
+OUTCOMES = (
+    "succeeded",
+    "retried",
+    "failed",
+    "dead",
+    "duplicate",
+    "cancelled",
+    "busy",
+    "rerouted",
+    "rescued",
+)
 
 #: Seconds: from a millisecond (the fast path's typical lag) to the broker's
 #: consumer_timeout (30 min), the longest a run may last.
