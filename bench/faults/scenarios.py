@@ -12,6 +12,7 @@ import errno
 import os
 import random
 import signal
+import socket
 import subprocess
 import time
 import traceback
@@ -278,7 +279,7 @@ def postgres_kill(env: Env, store: str, settings: Settings) -> dict[str, Any]:
             down,
             "kill -9 of every PostgreSQL process, restart",
             lambda: {"processes": kill_postgres(postgres)},
-            postgres.start,
+            lambda: start_postgres_when_its_port_is_free(postgres),
         )
         return run.end(steady)
 
@@ -301,6 +302,29 @@ def kill_postgres(node: PostgresNode) -> int:
             raise ScenarioError(f"PostgreSQL processes survived SIGKILL: {sorted(pids)}")
         time.sleep(0.05)
     return len(pids)
+
+
+def start_postgres_when_its_port_is_free(node: PostgresNode, within: float = 30.0) -> None:
+    """Start ``node`` again on its port once nothing holds that port: a backend forked
+    as the postmaster was killed (a worker reconnecting) is not among the children
+    listed before the kill, and may hold the listening socket for a moment; a start
+    meanwhile fails with "could not bind ... Address already in use"."""
+    deadline = time.monotonic() + within
+    while not _port_free(node.port):
+        if time.monotonic() > deadline:
+            raise ScenarioError(f"port {node.port} still held {within:.0f} s after the kill")
+        time.sleep(0.1)
+    node.start()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as PostgreSQL binds
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _alive(pid: int) -> bool:
