@@ -12,7 +12,6 @@ import errno
 import os
 import random
 import signal
-import socket
 import subprocess
 import time
 import traceback
@@ -41,6 +40,7 @@ from bench.faults.run import Run
 from bench.figures import spread
 from bench.workers import worker_has_option
 from broker_jobs.store.base import TERMINAL
+from broker_jobs.testing.ports import port_free
 from broker_jobs.testing.postgres_node import PostgresNode
 from broker_jobs.testing.processes import child_pids
 from broker_jobs.testing.rabbit_cluster import RabbitCluster
@@ -310,21 +310,11 @@ def start_postgres_when_its_port_is_free(node: PostgresNode, within: float = 30.
     listed before the kill, and may hold the listening socket for a moment; a start
     meanwhile fails with "could not bind ... Address already in use"."""
     deadline = time.monotonic() + within
-    while not _port_free(node.port):
+    while not port_free(node.port, "127.0.0.1"):
         if time.monotonic() > deadline:
             raise ScenarioError(f"port {node.port} still held {within:.0f} s after the kill")
         time.sleep(0.1)
     node.start()
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as PostgreSQL binds
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _alive(pid: int) -> bool:

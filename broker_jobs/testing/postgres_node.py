@@ -20,12 +20,12 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker_jobs.testing.ports import free_port
 from broker_jobs.testing.throwaway import Throwaway, newest, tail
 
 BIN_ENV = "BROKER_JOBS_PG_BIN"
@@ -45,12 +45,6 @@ def _find_bin() -> Path | None:
     if override := os.environ.get(BIN_ENV):
         return Path(override) if (Path(override) / "initdb").is_file() else None
     return newest(p for p in Path("/").glob(_BIN_GLOB) if (p / "initdb").is_file())
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _run_as_user() -> pwd.struct_passwd | None:
@@ -97,7 +91,7 @@ class PostgresNode(Throwaway):
         return cls(
             base_dir=base,
             cluster_dir=cluster,
-            port=_free_port(),
+            port=free_port(),
             run_as=user.pw_name if user else None,
             durable=durable,
         )

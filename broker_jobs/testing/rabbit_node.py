@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker_jobs.testing import ports
 from broker_jobs.testing.processes import child_pids
 from broker_jobs.testing.throwaway import Throwaway, newest, tail
 
@@ -66,36 +67,23 @@ def _find_sbin(root: Path = Path("/")) -> Path | None:
 _HANDED_OUT: set[int] = set()
 
 
-def free_port(taken: int = 0) -> int:
-    """Let the kernel pick: if the AMQP port is taken the node boots, then dies ~8 s later.
+#: Where every rabbitmqctl on the machine puts its own dist listener.
+_RABBITMQCTL_PORTS = frozenset(range(35672, 35683))
 
-    Skips 35672-35682, where every rabbitmqctl on the machine puts its own dist listener,
-    and the ports of every node created before in this process.
-    """
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port != taken and port not in _HANDED_OUT and not 35672 <= port <= 35682:
-            _HANDED_OUT.add(port)
-            return port
+
+def free_port(taken: int = 0) -> int:
+    """A free port (:func:`broker_jobs.testing.ports.free_port`: below the ephemeral
+    range): if the AMQP port is taken the node boots, then dies ~8 s later. Skips
+    rabbitmqctl's ports and those of every node created before in this process."""
+    port = ports.free_port(avoid={taken, *_HANDED_OUT, *_RABBITMQCTL_PORTS})
+    _HANDED_OUT.add(port)
+    return port
 
 
 def scratch_dir(prefix: str, root: Path | str | None = None) -> Path:
     """A new directory for a throwaway node: in ``root``'s ``/tmp`` for a node of
     another root (its chrooted tools see only that tree), else in the host's."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir=Path(root) / "tmp" if root else None))
-
-
-def _port_free(port: int) -> bool:
-    """Nobody listens on ``port`` (SO_REUSEADDR, like Erlang, so TIME_WAIT does not count)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-        return True
 
 
 def _alive(pid: int) -> bool:
@@ -298,7 +286,7 @@ class RabbitNode(Throwaway):
         if self.running:
             raise RabbitNodeError(f"{self.nodename} is already running; stop() it first")
         command = self._command("rabbitmq-server")
-        busy = [p for p in (self.amqp_port, self.dist_port) if not _port_free(p)]
+        busy = [p for p in (self.amqp_port, self.dist_port) if not ports.port_free(p)]
         if busy:  # else the node boots, then dies ~8 s later (and a TCP probe would lie)
             raise RabbitNodeError(f"port(s) {busy} of {self.nodename} in use; create() anew")
         self._prepare()
@@ -407,7 +395,7 @@ class RabbitNode(Throwaway):
         if not self._wait_gone(pids, deadline):
             raise RabbitNodeError(f"{self.nodename} survived SIGKILL for {timeout}s")
         self._forget()
-        while self._in_epmd() or not (_port_free(self.dist_port) and _port_free(self.amqp_port)):
+        while self._in_epmd() or not all(map(ports.port_free, (self.dist_port, self.amqp_port))):
             if time.monotonic() > deadline:
                 raise RabbitNodeError(f"{self.nodename}: epmd name/ports not released after kill")
             time.sleep(0.05)
