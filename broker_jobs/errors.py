@@ -7,11 +7,13 @@ translated at the boundary into these, so callers catch one tree:
     │   ├── UnknownTaskError      the app does not declare this task
     │   ├── PayloadValidationError  the payload fails the task's model
     │   ├── PayloadEncodingError  the payload is not JSON-serialisable
+    │   ├── MessageTooLargeError  the message is larger than the broker takes
     │   └── DecodeError           a message is not a valid job (bad JSON, headers...)
     ├── PublishError              the broker did not take a job
     │   ├── UnroutableError       no queue is bound for the task (mandatory flag)
     │   ├── NackedError           the broker refused the job (e.g. queue full)
     │   ├── ConfirmTimeoutError   no confirm within the timeout: outcome unknown
+    │   ├── PublisherBusyError    not sent: other threads held the shared publisher
     │   └── PublishBatchError     part of a batch failed; says which jobs were confirmed
     ├── BrokerConnectionError     the broker cannot be reached or the connection broke
     │   ├── BrokerUnreachableError  no node answered (or each refused us); says why
@@ -83,6 +85,17 @@ class PayloadEncodingError(JobError):
         )
 
 
+class MessageTooLargeError(JobError):
+    def __init__(self, task: str, size: int, limit: int) -> None:
+        self.task, self.size, self.limit = task, size, limit
+        super().__init__(
+            f"job for task {task!r} is a message of {size:,} bytes, more than the"
+            f" {limit:,} a RabbitMQ node takes (its max_message_size; 128 MiB by default):"
+            " nothing was sent. Keep large data elsewhere (object storage) and send its"
+            " address, or raise both max_message_size and the publisher's max_message_bytes"
+        )
+
+
 class DecodeError(JobError):
     """A message that is not a valid job; ``reason`` is a short machine-usable cause."""
 
@@ -151,6 +164,19 @@ class ConfirmTimeoutError(PublishError):
             f"no confirm for job {job_id} of task {task!r} within {timeout:g} s: the"
             " outcome is unknown. Publishing it again with the same idempotency key is"
             " safe (it runs once)." + (f" {hint}" if hint else "")
+        )
+
+
+class PublisherBusyError(PublishError):
+    def __init__(self, task: str, job_id: str, waited: float) -> None:
+        self.task = task
+        self.job_id = job_id
+        super().__init__(
+            f"job {job_id} of task {task!r} was not sent: other threads' publishes held"
+            f" this publisher for {waited:g} s (its confirm_timeout), so the broker is"
+            " slow or blocks publishing (a memory or disk alarm: rabbitmq-diagnostics"
+            " alarms). Nothing was stored: publish it again later; a thread with its own"
+            " Publisher waits for no other"
         )
 
 

@@ -7,10 +7,12 @@ These tests run last (see conftest) and leave the node running.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import aio_pika
 import pytest
@@ -24,6 +26,7 @@ from broker_jobs import (
     JobRequest,
     PublishBatchError,
     Publisher,
+    PublisherBusyError,
 )
 from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
 from broker_jobs.publish.prepare import JobFactory
@@ -209,6 +212,74 @@ def test_a_publish_whose_connection_is_closed_under_it_fails_as_a_broken_link(
     finally:
         node.ctl("set_vm_memory_high_watermark", "0.4")
     assert isinstance(outcome, BrokerJobsError), outcome
+
+
+def test_threads_sharing_a_publisher_the_broker_blocks_wait_at_most_their_timeout(
+    broker: Broker, node: RabbitNode, app: App
+) -> None:
+    """A thread queued behind others' publishes to a blocked broker gives up after
+    its confirm_timeout, saying nothing was sent, instead of waiting for each of theirs."""
+    with Publisher(broker.url, app, confirm_timeout=1) as publisher:
+        publisher.publish("order.ship", {"number": 0})  # connected and declared
+        outcomes: list[BaseException | Job] = []
+        node.ctl("set_vm_memory_high_watermark", "0")
+        try:
+
+            def publish(number: int) -> None:
+                try:
+                    outcomes.append(publisher.publish("order.ship", {"number": number}))
+                except BrokerJobsError as error:
+                    outcomes.append(error)
+
+            threads = [threading.Thread(target=publish, args=(n,)) for n in range(1, 5)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            node.ctl("set_vm_memory_high_watermark", "0.4")
+    kinds = Counter(type(outcome).__name__ for outcome in outcomes)
+    assert set(kinds) <= {"ConfirmTimeoutError", "PublisherBusyError"}, outcomes
+    assert kinds["PublisherBusyError"] >= 1, outcomes  # (4 threads, 1 s each: they queue)
+    busy = next(o for o in outcomes if isinstance(o, PublisherBusyError))
+    assert "was not sent" in str(busy)
+
+
+def test_publishes_in_flight_when_an_async_publisher_closes_open_no_connection(
+    broker: Broker, node: RabbitNode, app: App
+) -> None:
+    """close() under publishes waiting for confirms: each fails with the library's
+    error, and none opens a new connection for itself (a closed publisher would hold
+    it); the publisher opens one again only for a publish made after close()."""
+
+    class Counting(AsyncPublisher):
+        connects = 0
+
+        async def _connect(self) -> Any:
+            self.connects += 1
+            return await super()._connect()
+
+    async def close_under_publishes() -> tuple[list[object], int]:
+        publisher = Counting(broker.url, app, confirm_timeout=5)
+        await publisher.publish("order.ship", {"number": 0})  # connected, declared
+        node.ctl("set_vm_memory_high_watermark", "0")
+        waiting = [
+            asyncio.create_task(publisher.publish("order.ship", {"number": n}))
+            for n in range(1, 20)
+        ]
+        for _ in range(20):  # loop turns: they go out, their confirms cannot come
+            await asyncio.sleep(0)
+        await publisher.close()
+        outcomes = await asyncio.gather(*waiting, return_exceptions=True)
+        await publisher.close()
+        return outcomes, publisher.connects
+
+    try:
+        outcomes, connects = asyncio.run(close_under_publishes())
+    finally:
+        node.ctl("set_vm_memory_high_watermark", "0.4")
+    assert all(isinstance(outcome, BrokerJobsError) for outcome in outcomes), outcomes
+    assert connects == 1  # none reconnected after close()
 
 
 @pytest.mark.also_on_rabbitmq_4

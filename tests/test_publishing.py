@@ -6,11 +6,13 @@ publisher, through the ``make_publisher`` fixture: same calls, same outcomes.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import socket
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pika
 import pytest
@@ -18,10 +20,13 @@ from pydantic import BaseModel
 
 from broker_jobs import (
     App,
+    AsyncPublisher,
     BrokerConnectionError,
+    BrokerJobsError,
     BrokerUnreachableError,
     JobError,
     JobRequest,
+    MessageTooLargeError,
     PayloadEncodingError,
     PayloadValidationError,
     PublishBatchError,
@@ -95,6 +100,28 @@ def test_unknown_task_and_invalid_payloads_are_refused_before_sending(
     with pytest.raises(PayloadValidationError, match="url"):
         publisher.publish("image.resize", {"width": 3})
     assert drain(connection, app.names.task_queue("image.resize")) == []
+
+
+class Loose(BaseModel):
+    data: dict[str, Any]
+
+
+def test_a_message_larger_than_the_broker_takes_and_unserialisable_models_fail_before_sending(
+    make_publisher: MakePublisher, make_app: Callable[[], App]
+) -> None:
+    app = make_app()
+    app.declare("blob.keep", Loose)
+    with socket.socket() as probe:  # a port nothing listens on: nothing may connect
+        probe.bind(("127.0.0.1", 0))
+        nowhere = f"amqp://guest:guest@127.0.0.1:{probe.getsockname()[1]}/"
+    publisher = make_publisher(app, url=nowhere, max_message_bytes=1000)
+    with pytest.raises(MessageTooLargeError, match=r"2,0\d\d bytes, more than the 1,000"):
+        publisher.publish("blob.keep", {"data": {"x": "y" * 2000}})
+    with pytest.raises(PayloadEncodingError, match="JSON"):
+        publisher.publish("blob.keep", {"data": {"b": b"\xff\xfe"}})  # not UTF-8
+    with pytest.raises(PayloadEncodingError, match="JSON"):
+        publisher.publish("blob.keep", {"data": {"o": object()}})
+    assert isinstance(MessageTooLargeError("t", 2, 1), JobError)
 
 
 @pytest.mark.parametrize(
@@ -300,3 +327,71 @@ def test_connect_opens_the_connection_before_any_publish_and_says_when_it_cannot
     with pytest.raises(BrokerUnreachableError) as caught:
         unreachable.connect()
     assert "secret" not in str(caught.value)
+
+
+def test_a_cancelled_async_publish_still_completes_and_spares_the_others(
+    broker: Broker, app: App, connection: pika.BlockingConnection
+) -> None:
+    """A caller that stops waiting (a request's timeout, a client gone) does not cancel
+    the send under aiormq: cancelling a confirm's future as the broker returns the
+    message broke the channel's reader, and every publish in flight timed out."""
+    declare(connection, app.topology(ladder=False))
+    lost = make_app_like(app, "image.lost")  # declared in the app, without a queue
+
+    async def cancel_some() -> tuple[list[object], BaseException | None]:
+        async with AsyncPublisher(broker.url, lost, declare=False, confirm_timeout=5) as publisher:
+            first = asyncio.create_task(publisher.publish("image.resize", Resize(url="a", width=1)))
+            await asyncio.sleep(0)  # it is connecting: cancel it there
+            first.cancel()
+            cancelled = None
+            try:
+                await first
+            except asyncio.CancelledError as error:
+                cancelled = error
+            impatient = [
+                asyncio.wait_for(publisher.publish("image.lost", {"url": "x", "width": n}), 0.002)
+                for n in range(150)
+            ]
+            patient = [
+                publisher.publish("image.resize", Resize(url="b", width=n)) for n in range(50)
+            ]
+            outcomes = await asyncio.gather(*impatient, *patient, return_exceptions=True)
+            return outcomes[150:], cancelled
+
+    kept, cancelled = asyncio.run(cancel_some())
+    assert isinstance(cancelled, asyncio.CancelledError)
+    assert all(not isinstance(outcome, BaseException) for outcome in kept), kept
+    stored = drain(connection, app.names.task_queue("image.resize"))
+    # The cancelled first publish went on to its end: stored, with the 50 others.
+    assert sorted(job.payload["url"] for job in stored) == ["a"] + ["b"] * 50
+
+
+def make_app_like(app: App, extra: str) -> App:
+    """An app of ``app``'s namespace and tasks, plus ``extra`` (no queue declared)."""
+    like = App(namespace=app.namespace)
+    like.declare("image.resize", Resize)
+    like.declare(extra, Resize)
+    return like
+
+
+def test_a_publish_whose_resend_finds_no_broker_says_its_outcome_is_unknown(
+    app: App,
+) -> None:
+    """The first send went out and its connection broke before the confirm; the
+    resend found no node: the job may be stored, and the caller must hear that."""
+
+    class BrokenThenGone(Publisher):
+        sends = 0
+
+        def _send_one(self, prepared: Any) -> BrokerJobsError | None:
+            self.sends += 1
+            if self.sends == 1:
+                return BrokerConnectionError("the connection broke: its outcome is unknown")
+            return BrokerUnreachableError("no node answered")
+
+    publisher = BrokenThenGone("amqp://guest:guest@127.0.0.1:1/", app, declare=False)
+    with pytest.raises(BrokerConnectionError, match="outcome is unknown") as caught:
+        publisher.publish("image.resize", Resize(url="u", width=1))
+    assert not isinstance(caught.value, BrokerUnreachableError)
+    assert isinstance(caught.value.__cause__, BrokerUnreachableError)
+    assert publisher.sends == 2

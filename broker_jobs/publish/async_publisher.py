@@ -66,6 +66,11 @@ class AsyncPublisher(PublisherBase):
         self._channel: aio_pika.abc.AbstractChannel | None = None
         self._exchanges: dict[str, aio_pika.abc.AbstractExchange] = {}
         self._connecting = asyncio.Lock()
+        #: How many times ``close()`` was called: a publish under way when it was does
+        #: not open a new connection for itself (the publisher was closed under it).
+        self._closings = 0
+        #: Sends whose callers stopped waiting (cancelled): kept until they end.
+        self._sending: set[asyncio.Future[Job]] = set()
 
     @overload
     async def publish(
@@ -93,15 +98,36 @@ class AsyncPublisher(PublisherBase):
         return await self._publish_prepared(self._factory.again(job, original))
 
     async def _publish_prepared(self, prepared: Prepared) -> Job:
+        """Send ``prepared`` and wait for its confirm, shielded from the caller's
+        cancellation (a request's timeout, a client gone): cancelling a confirm's
+        future in aiormq as the broker returns the message breaks the channel's
+        reader, and with it every publish in flight. A cancelled caller's send goes
+        on to its end; the job may then be stored, as the docs say."""
+        sending = asyncio.ensure_future(self._send_and_record(prepared))
+        self._sending.add(sending)
+        sending.add_done_callback(self._sent)
+        return await asyncio.shield(sending)
+
+    def _sent(self, sending: asyncio.Future[Job]) -> None:
+        self._sending.discard(sending)
+        if not sending.cancelled():
+            sending.exception()  # retrieved: its caller may have stopped waiting
+
+    async def _send_and_record(self, prepared: Prepared) -> Job:
+        closings = self._closings
         with self._traced(prepared) as sent:
-            error = await self._send_one(sent)
-            if isinstance(error, BrokerConnectionError) and not isinstance(
-                error, BrokerUnreachableError
+            error = await self._send_one(sent, closings)
+            if (
+                isinstance(error, BrokerConnectionError)
+                and not isinstance(error, BrokerUnreachableError)
+                and self._closings == closings
             ):
                 # Found dead mid-publish: send again on a fresh connection; a copy
                 # that did arrive carries the same id and key, so it runs once.
                 log.warning("%s; reconnecting to publish it again", error)
-                error = await self._send_one(sent)
+                unknown, error = error, await self._send_one(sent, closings)
+                if isinstance(error, BrokerUnreachableError):
+                    raise unknown from error  # the first may be stored: outcome unknown
             if error is not None:
                 raise error
         await self._record_confirmed_async([sent.job])
@@ -136,7 +162,13 @@ class AsyncPublisher(PublisherBase):
             return outcome
         outcome.failed.update(refused)
         to_send = [item for item in prepared if item.job.id not in refused]
-        batch = _Batch(self._settings.confirm_timeout, self._translate, outcome, on_confirmed)
+        connection = self._connection
+        batch = _Batch(
+            self._settings.confirm_timeout,
+            lambda job, error: self._translate(job, error, connection),
+            outcome,
+            on_confirmed,
+        )
         sent = 0
         for item in to_send:
             if len(batch) >= CONFIRM_WINDOW and not await batch.wait_below(REFILL_BELOW):
@@ -160,6 +192,7 @@ class AsyncPublisher(PublisherBase):
         await self._ready_channel(())
 
     async def close(self) -> None:
+        self._closings += 1
         connection = self._connection
         self._forget_channel()
         self._node = None  # used again, it starts with the first node
@@ -184,12 +217,20 @@ class AsyncPublisher(PublisherBase):
         if self._ledger is not None and jobs:
             await asyncio.to_thread(self._record_confirmed, jobs)
 
-    async def _send_one(self, prepared: Prepared) -> BrokerJobsError | None:
+    async def _send_one(self, prepared: Prepared, closings: int) -> BrokerJobsError | None:
+        """One send of ``prepared``; its error, or None once confirmed. ``closings``:
+        :attr:`_closings` when the publish began (closed since: no new connection)."""
         job = prepared.job
+        if self._closings != closings and self._channel is None:
+            return BrokerConnectionError(
+                f"the publisher was closed before job {job.id} was confirmed: its outcome is"
+                " unknown; publishing it again with the same id and key is safe"
+            )
         try:
             channel, refused = await self._ready_channel([prepared])
         except BrokerConnectionError as error:
             return error
+        connection = self._connection
         if refused:
             return refused[job.id]
         route = self._factory.current_route(prepared)
@@ -212,14 +253,20 @@ class AsyncPublisher(PublisherBase):
                 " and key is safe"
             )
         except Exception as error:  # translated below; unknown errors are re-raised
-            translated = self._translate(job, error)
+            translated = self._translate(job, error, connection)
             if not isinstance(translated, UnroutableError | NackedError):
                 # The channel is closed or in an unknown state: start afresh next time.
                 await self._drop_connection()
             return translated
         return None
 
-    def _translate(self, job: Job, error: Exception) -> BrokerJobsError:
+    def _translate(
+        self,
+        job: Job,
+        error: Exception,
+        connection: aio_pika.abc.AbstractConnection | None,
+    ) -> BrokerJobsError:
+        """``error`` of ``job``'s publish on ``connection`` as the library's."""
         if isinstance(error, aio_pika.exceptions.ChannelNotFoundEntity):
             return TopologyMissingError(mask_text(str(error.args[-1] if error.args else error)))
         if isinstance(error, aio_pika.exceptions.PublishError):  # returned; a DeliveryError
@@ -227,11 +274,17 @@ class AsyncPublisher(PublisherBase):
         if isinstance(error, aio_pika.exceptions.DeliveryError):
             return NackedError(job.task, job.id)
         if isinstance(error, TimeoutError):
-            hint = confirm_timeout_hint(None, blocked=_blocked(self._connection))
+            hint = confirm_timeout_hint(None, blocked=_blocked(connection))
             return ConfirmTimeoutError(job.task, job.id, self._settings.confirm_timeout, hint)
         if isinstance(error, aio_pika.exceptions.CONNECTION_EXCEPTIONS):
             return BrokerConnectionError(
                 f"the connection to {self._node_name()} broke before job {job.id} was"
+                f" confirmed ({type(error).__name__}: {mask_text(str(error))}): its outcome"
+                " is unknown; publishing it again with the same id and key is safe"
+            )
+        if connection is None or connection.is_closed:  # aiormq raises bare errors then
+            return BrokerConnectionError(
+                f"the connection to {self._node_name()} closed before job {job.id} was"
                 f" confirmed ({type(error).__name__}: {mask_text(str(error))}): its outcome"
                 " is unknown; publishing it again with the same id and key is safe"
             )

@@ -25,6 +25,7 @@ from broker_jobs.errors import (
     BrokerJobsError,
     ConfigurationError,
     JobError,
+    MessageTooLargeError,
     PayloadEncodingError,
     PayloadValidationError,
     PublishBatchError,
@@ -56,6 +57,10 @@ def task_name(task: TaskRef) -> str:
 DEFAULT_CONFIRM_TIMEOUT = 10.0
 #: Seconds to wait for the TCP and AMQP handshake.
 DEFAULT_CONNECT_TIMEOUT = 10.0
+
+
+#: RabbitMQ's default ``max_message_size`` (128 MiB, 3.8 and later).
+DEFAULT_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,7 @@ class PublisherBase:
         declare: bool = True,
         connection_name: str | None = None,
         ledger: Store | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         """``url``: the broker's AMQP URL, or the URLs of its nodes (a sequence, or
         separated by commas): the publisher connects to the first that answers and,
@@ -165,12 +171,15 @@ class PublisherBase:
         name); ``declare=False`` leaves the topology to the operator;
         ``connection_name`` shows in the broker's connection list; ``ledger``, the
         store the workers use, records each confirmed job as queued or scheduled, so
-        it can be listed and cancelled before it starts (``docs/store.md``)."""
+        it can be listed and cancelled before it starts (``docs/store.md``);
+        ``max_message_bytes``: a job whose message is larger is refused before it is
+        sent (:class:`MessageTooLargeError`), as the broker would refuse it (its
+        ``max_message_size``) by closing the channel under every publish in flight."""
         self._urls = BrokerURLs.parse(url)
         #: The node of the current connection, or of the last one (lost or closed):
         #: the next connection tries the others first.
         self._node: BrokerURL | None = None
-        self._factory = JobFactory(app, namespace)
+        self._factory = JobFactory(app, namespace, max_message_bytes=max_message_bytes)
         self._settings = PublisherSettings(
             confirm_timeout,
             connect_timeout,
@@ -305,13 +314,20 @@ JOB_OPTIONS = JobOptions.__required_keys__ | JobOptions.__optional_keys__
 class JobFactory:
     """Builds validated, encoded jobs for one app, or for plain task names."""
 
-    def __init__(self, app: App | None, namespace: str | None) -> None:
+    def __init__(
+        self,
+        app: App | None,
+        namespace: str | None,
+        *,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
         if app is not None and namespace not in (None, app.namespace):
             raise ConfigurationError(
                 f"namespace {namespace!r} differs from the app's {app.namespace!r}:"
                 " pass one or the other"
             )
         self.app = app
+        self.max_message_bytes = max_message_bytes
         try:
             self.names = app.names if app else Names(namespace or DEFAULT_NAMESPACE)
         except InvalidNameError as error:
@@ -350,6 +366,7 @@ class JobFactory:
             message = encode(job)
         except (TypeError, ValueError) as error:
             raise PayloadEncodingError(task, str(error)) from None
+        self._check_size(task, message)
         return Prepared(job, message, route_for(self.names, job, now, self._shards(task)))
 
     def _build_plain(self, task: str, data: dict[str, Any], now: datetime) -> Prepared:
@@ -360,9 +377,15 @@ class JobFactory:
             message = encode_new(job_id, task, data, now)
         except (TypeError, ValueError) as error:
             raise PayloadEncodingError(task, str(error)) from None
+        self._check_size(task, message)
         lane = Lane(Priority.NORMAL, shard_of(job_id, self._shards(task)))
         fields = {"id": job_id, "task": task, "payload": data, "created_at": now}
         return Prepared(fields, message, direct_route(self.names, task, lane))
+
+    def _check_size(self, task: str, message: WireMessage) -> None:
+        limit = self.max_message_bytes
+        if len(message.body) > limit:
+            raise MessageTooLargeError(task, len(message.body), limit)
 
     def build_request(self, request: JobRequest) -> Prepared:
         return self.build(
@@ -425,11 +448,13 @@ class JobFactory:
         return level
 
     def _payload_data(self, task: str, payload: Payload) -> dict[str, Any]:
-        if self.app is not None:
-            model = self.app.get(task).validate(payload)
-            return model.model_dump(mode="json")
-        if isinstance(payload, BaseModel):
-            return payload.model_dump(mode="json")
+        try:
+            if self.app is not None:
+                return self.app.get(task).validate(payload).model_dump(mode="json")
+            if isinstance(payload, BaseModel):
+                return payload.model_dump(mode="json")
+        except ValueError as error:  # pydantic's serialisation errors, invalid UTF-8 bytes
+            raise PayloadEncodingError(task, str(error)) from None
         if not isinstance(payload, Mapping):
             raise PayloadValidationError(
                 task, f"payload must be a dict or a pydantic model, got {type(payload).__name__}"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Unpack, overload
 
 from pika.exceptions import ChannelClosedByBroker
@@ -19,6 +20,7 @@ from broker_jobs.errors import (
     BrokerUnreachableError,
     ConfirmTimeoutError,
     NackedError,
+    PublisherBusyError,
     TopologyMissingError,
 )
 from broker_jobs.keywords import refuse_unknown_keywords
@@ -91,7 +93,7 @@ class Publisher(PublisherBase, Closing):
         ``delay`` (seconds or timedelta) or ``eta`` (aware datetime) to run it later.
         """
         with self._traced(self._factory.build(task, payload, **options)) as prepared:
-            with self._lock:
+            with self._turn(prepared.job):
                 error = self._send_one(prepared)
                 if isinstance(error, BrokerConnectionError) and not isinstance(
                     error, BrokerUnreachableError
@@ -100,7 +102,11 @@ class Publisher(PublisherBase, Closing):
                     # calls): the job may or may not be stored; sending it again with
                     # the same id and key is harmless, since it runs once.
                     log.warning("%s; reconnecting to publish it again", error)
-                    error = self._send_one(prepared)
+                    unknown, error = error, self._send_one(prepared)
+                    if isinstance(error, BrokerUnreachableError):
+                        # Not sent again, but the first may be stored: the caller must
+                        # learn that the outcome is unknown, not that no node answered.
+                        raise unknown from error
             if error is not None:
                 raise error
         self._record_confirmed([prepared.job])
@@ -121,7 +127,8 @@ class Publisher(PublisherBase, Closing):
         """
         prepared = [self._factory.build_request(request) for request in requests]
         check_unique_ids([item.job for item in prepared])
-        with self._traced_batch(prepared) as batch, self._lock:
+        first = prepared[0].job if prepared else None
+        with self._traced_batch(prepared) as batch, self._turn(first):
             outcome = self._send_batch(batch.prepared, on_confirmed)
             batch.failed = outcome.failed
         self._record_confirmed(outcome.confirmed_jobs())
@@ -142,6 +149,21 @@ class Publisher(PublisherBase, Closing):
             self._node = None  # used again, it starts with the first node
 
     # -- sending --------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _turn(self, job: Job | None) -> Iterator[None]:
+        """This thread's turn on the shared connection, waited for at most
+        ``confirm_timeout``: a broker that blocks publishing holds each publish that
+        long, and the threads queued behind it would otherwise wait for all of them."""
+        timeout = self._settings.confirm_timeout
+        if job is None:  # an empty batch: nothing to refuse
+            self._lock.acquire()
+        elif not self._lock.acquire(timeout=timeout):
+            raise PublisherBusyError(job.task, job.id, timeout)
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def _send_one(self, prepared: Prepared) -> BrokerJobsError | None:
         """One job's publish and confirm: :meth:`_send_batch` of a batch of one, without

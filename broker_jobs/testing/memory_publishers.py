@@ -89,7 +89,7 @@ class MemoryPublisher(MemoryConnected, Publisher):
 class MemoryAsyncPublisher(MemoryConnected, AsyncPublisher):
     """An :class:`~broker_jobs.AsyncPublisher` whose broker is ``broker``."""
 
-    async def _send_one(self, prepared: Prepared) -> BrokerJobsError | None:
+    async def _send_one(self, prepared: Prepared, closings: int) -> BrokerJobsError | None:
         return self._route_one(prepared)
 
     async def _send_batch(
