@@ -103,9 +103,14 @@ def mask_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{hostinfo}"))
 
 
-_URL_PASSWORD = re.compile(r"(amqps?://[^:/@\s]*):[^@\s]*@")
-#: A ``user:password@`` anywhere: what a text that is not a well-formed URL may hold.
-_LOOSE_PASSWORD = re.compile(r"([^:/@\s]*):[^@\s]*@")
+#: The longest user name and password a mask looks across. Masking runs on every log
+#: line, text from messages included: an unbounded ``[^@]*`` tried from each place
+#: of a long line without an ``@`` is quadratic (a 40 KB key held a worker 15 s).
+_PART = "{0,1024}"
+_URL_PASSWORD = re.compile(rf"(amqps?://[^:/@\s]{_PART}):[^@\s]{_PART}@")
+#: A ``user:password@`` anywhere: what a text that is not a well-formed URL may hold
+#: (from the start of a run of user-name characters only: linear, as above).
+_LOOSE_PASSWORD = re.compile(rf"((?<![^:/@\s])[^:/@\s]{_PART}):[^@\s]{_PART}@")
 
 
 def mask_text(text: str) -> str:

@@ -419,3 +419,19 @@ def test_connection_errors_tell_a_refused_port_a_refused_login_and_a_missing_vho
             publish_once(url)
         assert expected in str(raised.value), str(raised.value)
         assert "wrong-pw" not in str(raised.value)
+
+
+def test_masks_hold_on_long_passwords_and_long_lines_without_any() -> None:
+    """Masking runs on every log line, with text from messages in it (keys, errors):
+    its patterns are bounded and anchored, so a long line costs linear time
+    (``python -m bench.masking``), and a long password is masked still."""
+    from broker_jobs.store.values import mask_dsn  # noqa: PLC0415
+
+    secret = "p" * 1000
+    assert secret not in mask_url(f"amqp://u:{secret}@h/")
+    assert secret not in mask_text(f"error at amqp://u:{secret}@h/ now")
+    assert secret not in mask_dsn(f"postgresql://u:{secret}@h/db")
+    assert secret not in mask_url(f"u:{secret}@h")  # the loose form
+    for line in ("a" * 40_000, "a:" * 20_000, "amqp://u:" * 5_000, "x://a:" * 8_000):
+        assert mask_text(line) == line
+        assert mask_dsn(line) == line

@@ -120,7 +120,11 @@ def check_limit(limit: int) -> int:
     return limit
 
 
-_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s]*):[^@\s]*@", re.IGNORECASE)
+#: Bounded, and from the start of a scheme only: masking runs on every log line, and
+#: unbounded parts tried from each place of a long line are quadratic (urls.py).
+_URL_PASSWORD = re.compile(
+    r"((?<![a-z0-9+.-])[a-z][a-z0-9+.-]{0,32}://[^:/@\s]{0,1024}):[^@\s]{0,1024}@", re.IGNORECASE
+)
 _KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
 
 
