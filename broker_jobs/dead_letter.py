@@ -14,7 +14,6 @@ commands (:mod:`broker_jobs.ops.dead_letters`) read, replay and purge them.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from typing import Any
 
 import pika.spec
 
+from broker_jobs.envelope import strict_json
 from broker_jobs.errors import BrokerJobsError
 from topology import names as n
 
@@ -196,13 +196,18 @@ def _time(value: Any) -> datetime | None:
         moment = datetime.fromisoformat(text)
     except ValueError:
         return None
-    return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
+    try:
+        return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
+    except OverflowError:  # before year 1 in UTC
+        return None
 
 
 def _json(body: bytes) -> Any:
+    """The body's JSON, as a job's is read (no NaN, which no strict reader of a
+    ``--json`` or an API document takes); None when it is none, or too deep."""
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, ValueError):
+        return strict_json(body.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
 
 

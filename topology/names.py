@@ -61,6 +61,8 @@ INTEGER_HEADERS = (HEADER_WIRE_VERSION, HEADER_ATTEMPT)
 # Headers the worker adds to a dead letter (a new message: RabbitMQ's ``x-`` headers
 # of the original are dropped, so a dead letter carries no ``x-death``).
 #: Why the job is dead: one of :data:`DEAD_REASONS`.
+#: What every header of a dead letter's cause starts with.
+DEAD_HEADER_PREFIX = "bj-dead-"
 HEADER_DEAD_REASON = "bj-dead-reason"
 #: The error, ``Type: message``, at most 2,000 characters.
 HEADER_DEAD_ERROR = "bj-dead-error"
@@ -79,14 +81,17 @@ DEAD_REASONS: dict[str, str] = {
     "content-type": "content_type is not application/json",
     "content-encoding": "content_encoding is neither absent nor utf-8",
     "encoding": "the body is not UTF-8",
-    "json": "the body is not JSON, or not a JSON object",
+    "json": (
+        "the body is not JSON (NaN and Infinity are not), not a JSON object, or nested"
+        " too deeply"
+    ),
     "wire-version": "bj-wire-version is not 1",
     "message-id": "message_id is missing",
     "type": "the type property (the task name) is missing",
     "header": "a bj- or trace header has the wrong type or is not UTF-8",
     "envelope": "a property or header value is invalid (a bad task name, a bad time,"
     " an attempt below 1, an id or key too long, a bj-priority other than high, normal"
-    " or low)",
+    " or low, a bj-due-at further than the delay ladder reaches)",
     "wrong-queue": "the type property names another task than the queue's: never run",
     "schema": "the payload fails the task's model",
     "no-handler": "the worker's app has no handler for the task",
@@ -96,6 +101,10 @@ DEAD_REASONS: dict[str, str] = {
         " `permanent`, or an exception its `retry_on` leaves out"
     ),
     "crash-loop": "the job killed its worker on each delivery up to the queue's limit",
+    "worker-error": (
+        "processing the message failed twice in one worker with an error no rule"
+        " expected (the error and traceback say which): replay it once that is fixed"
+    ),
 }
 
 #: Set by RabbitMQ on a quorum queue's redeliveries (read only): how many times the

@@ -153,6 +153,8 @@ def dead_record(
 
     - no record (a poison message never claimed): a DEAD record is created from ``job``,
       or from ``job_id`` (default: the key) and ``task`` (default: empty), attempts 0;
+    - a record of another task: unchanged (a message of one task never decides
+      another task's job, whatever key it carries);
     - already SUCCEEDED, FAILED or DEAD: unchanged (an outcome is never overwritten);
     - RETRYING: DEAD;
     - RUNNING: DEAD if ``worker`` holds it, or if ``worker`` is None and the lease
@@ -173,7 +175,8 @@ def dead_record(
             last_error=error,
             due_at=None,
         )
-    if record.status in TERMINAL:
+    dying_task = job.task if job else task
+    if record.status in TERMINAL or (dying_task and record.task and dying_task != record.task):
         return None
     if record.status is Status.RUNNING:
         expired = record.lease_until is None or record.lease_until <= now

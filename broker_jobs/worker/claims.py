@@ -26,5 +26,11 @@ def claim_verdict(job: Job, claim: Claim, observer: JobObserver) -> str:
         outcome, why = "cancelled", "it was cancelled: the ledger has it"
     else:  # DONE or STALE
         outcome, why = "duplicate", "the ledger has it"
-    observer.skipped(job, outcome, why, claim.record)
+    record = claim.record
+    if record.task and record.task != job.task:
+        why += (
+            f" under task {record.task!r} (job {record.job_id}): a key is shared by every"
+            " task of a ledger, so give each task's effect a key of its own"
+        )
+    observer.skipped(job, outcome, why, record)
     return outcome

@@ -57,10 +57,12 @@ def dead_letter_message(
 ) -> aio_pika.Message:
     """The original message with the cause in its headers; RabbitMQ's own ``x-``
     headers are dropped (``x-death`` would trip cycle detection on a replay)."""
+    # A message's own bj-dead-* headers are dropped too: what a dead letter says of
+    # its death is the worker's, never a publisher's (a forged traceback, say).
     headers = {
         key: value
         for key, value in dict(properties.get("headers") or {}).items()
-        if not key.startswith(n.BROKER_HEADER_PREFIX)
+        if not key.startswith((n.BROKER_HEADER_PREFIX, n.DEAD_HEADER_PREFIX))
     }
     headers[HEADER_REASON] = cause.reason
     headers[HEADER_ERROR] = cause.error[:MAX_ERROR]

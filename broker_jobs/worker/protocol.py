@@ -37,7 +37,7 @@ from pydantic import BaseModel
 from broker_jobs.app import App, TaskSpec
 from broker_jobs.clock import utc_now
 from broker_jobs.dead_letter import dead_letter_from
-from broker_jobs.due import due_time, seconds_until_due
+from broker_jobs.due import InvalidDelayError, due_time, seconds_until_due
 from broker_jobs.envelope import Job
 from broker_jobs.errors import (
     BrokerConnectionError,
@@ -69,6 +69,7 @@ from broker_jobs.worker.observer import JobObserver, Run
 from broker_jobs.worker.overrun import Overruns
 from broker_jobs.worker.settings import ProtocolSettings
 from broker_jobs.worker.settling import Finished, Settled, Settling
+from broker_jobs.worker.strikes import Strikes
 from topology import names as n
 from topology.delay import MAX_HOLD
 
@@ -138,6 +139,8 @@ class Runner:
         # One thread for the store's short calls: several threads would only take
         # turns at the GIL and at SQLite's write lock (measured: slower, not faster).
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="broker-jobs-store")
+        #: Messages whose processing failed unexpectedly: dead-lettered the 2nd time.
+        self._strikes = Strikes()
         self._stopping = False
         #: Tasks whose jobs must not start (paused: :mod:`broker_jobs.worker.controls`).
         self.paused: frozenset[str] = frozenset()
@@ -239,14 +242,38 @@ class Runner:
             # would count against the queue's delivery limit). Left unsettled: the
             # broker returns it when the channel goes, and its record decides then.
             outcome = None
-        except Exception:
-            log.exception("processing a %s delivery failed; returning it to the queue", task)
-            await self.settling.give_back(message.acks, message.tag, task)
-            return
+        except Exception as error:
+            outcome = await self._after_unexpected(message, task, error)
+            if outcome is None:
+                return
         if outcome is None:  # stopping, paused, or the channel lost, before the job started
             await self.not_started(message, task)
             return
         await self.settling.ack(message.acks, [Settled(message.tag, task, outcome)])
+
+    async def _after_unexpected(self, message: Delivery, task: str, error: Exception) -> str | None:
+        """A delivery whose processing raised ``error``, which no rule expected: given
+        back, or dead-lettered the second time (:mod:`~broker_jobs.worker.strikes`).
+        The dead letter's outcome, or None once it was given back."""
+        message_id = message.properties.message_id
+        if self._strikes.out(message_id):
+            log.error(
+                "processing message %s of %s failed again (%s: %s); dead-lettering it",
+                message_id,
+                task,
+                type(error).__name__,
+                error,
+                exc_info=error,
+            )
+            cause = DeathCause.from_exception("worker-error", error, 0)
+            try:
+                return await self._dead_letter(message, task, cause, record=False)
+            except Exception:
+                log.exception("dead-lettering message %s failed; returning it", message_id)
+        else:
+            log.exception("processing a %s delivery failed; returning it to the queue", task)
+        await self.settling.give_back(message.acks, message.tag, task)
+        return None
 
     def in_store(
         self,
@@ -330,7 +357,11 @@ class Runner:
             # foreign publisher): send it through the ladder rather than hold it.
             if self.must_not_start(message):
                 return None
-            await self._publish_again(message, job, eta=job.due_at)
+            try:
+                await self._publish_again(message, job, eta=job.due_at)
+            except InvalidDelayError as error:  # due beyond what the ladder can hold
+                cause = DeathCause("envelope", f"bj-due-at: {error}")
+                return await self._dead_letter(message, job.task, cause, record=False)
             return "rerouted"
         await asyncio.sleep(hold)
         return await self.run_when_free(message, job, spec, payload)
