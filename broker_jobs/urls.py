@@ -51,8 +51,21 @@ class BrokerURL:
             )
         try:
             _ = parts.port
-        except ValueError as error:
-            raise ConfigurationError(f"broker URL {mask_url(self.url)!r}: {error}") from None
+        except ValueError:
+            # Not the parser's text: it quotes what it took for the port, which is part
+            # of the password when the password holds a "/", "#" or "?".
+            raise ConfigurationError(
+                f"broker URL for host {parts.hostname!r}: what follows the host is not a port"
+                " number; in a password, write / as %2F, # as %23, ? as %3F, @ as %40 and a"
+                " space as %20"
+            ) from None
+        if "@" in parts.path:
+            # The rest of a list whose next URL lacks its scheme, or a password's "@"
+            # unescaped: not shown, since it may hold a password.
+            raise ConfigurationError(
+                f"broker URL for host {parts.hostname!r}: its vhost holds an '@': start each"
+                " URL of a list with amqp:// or amqps://, and write @ in a password as %40"
+            )
 
     @property
     def host(self) -> str:

@@ -435,3 +435,19 @@ def test_masks_hold_on_long_passwords_and_long_lines_without_any() -> None:
     for line in ("a" * 40_000, "a:" * 20_000, "amqp://u:" * 5_000, "x://a:" * 8_000):
         assert mask_text(line) == line
         assert mask_dsn(line) == line
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "amqp://u:s3cr3t/pw@h/",  # an unescaped / in the password
+        "amqp://u:s3cr#et@h/",
+        "amqp://u:s3cr",  # the part before a space of BROKER_JOBS_URL's password
+        "amqp://u:pw@h/, sec:s3cr3t@h2/",  # the second URL of a list without its scheme
+    ],
+)
+def test_a_url_that_does_not_parse_says_why_without_any_of_its_password(url: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        BrokerURLs.parse(url)
+    assert "s3cr" not in str(caught.value)
+    assert "%" in str(caught.value) or "amqp://" in str(caught.value)
