@@ -156,6 +156,18 @@ def test_list_shows_every_job_newest_first_with_its_fields(listed: Store, store_
     assert "more:" not in people.stdout
 
 
+def test_values_from_messages_are_printed_with_their_control_characters_escaped(
+    ledger: Store, store_url: str
+) -> None:
+    ledger.record_published([job("evil\x1b[2J\nkey")], now=at(1))
+    listed = jobs("list", "--store", store_url)
+    shown = jobs("show", "evil\x1b[2J\nkey", "--store", store_url)
+    for result in (listed, shown):
+        assert result.exit_code == 0, result.output
+        assert "\x1b" not in result.stdout
+        assert "evil\\x1b[2J\\nkey" in result.stdout
+
+
 def test_a_job_given_back_at_a_stop_is_listed_as_queued_not_running(
     listed: Store, store_url: str
 ) -> None:

@@ -172,6 +172,21 @@ def test_text_logs_mask_passwords_and_keep_the_level(capsys: pytest.CaptureFixtu
 
 
 @pytest.mark.usefixtures("root_logging")
+def test_a_text_line_from_a_messages_values_stays_one_line_without_escapes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("info", "text")
+    forged = "job-1\n2026-01-01 00:00:00,000 INFO broker_jobs.worker: all clear\x1b[2J\x1b]0;x\x07"
+    logging.getLogger("broker_jobs.worker").info("job %s failed", forged)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "\x1b" not in err
+    assert "\x07" not in err
+    assert "job-1\\n2026-01-01" in err
+    assert "\\x1b[2J" in err
+
+
+@pytest.mark.usefixtures("root_logging")
 def test_a_handlers_text_lines_name_its_job(capsys: pytest.CaptureFixture[str]) -> None:
     configure_logging("info", "text")
     JobContext.for_test(task="mail.send", job_id="j-7", attempt=2).log.info("sent to %s", "a@b.c")

@@ -31,7 +31,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from broker_jobs.cli.options import store_option, url_option
-from broker_jobs.cli.output import ask_first, console, echo_json, fail, json_option
+from broker_jobs.cli.output import (
+    PrintableTable,
+    ask_first,
+    console,
+    echo_json,
+    fail,
+    json_option,
+)
 from broker_jobs.cli.tasks import chosen_tasks, task_options
 from broker_jobs.clock import utc_now
 from broker_jobs.errors import BrokerJobsError
@@ -45,6 +52,7 @@ from broker_jobs.ops.dead_letters import (
     ReplayProgress,
     ReplaySummary,
 )
+from broker_jobs.printable import printable, printable_lines
 from broker_jobs.store.base import Store, mask_dsn
 from broker_jobs.store.urls import open_store
 from broker_jobs.urls import BrokerURLs
@@ -460,7 +468,7 @@ def _with_ledger(letter: DeadLetter, statuses: dict[str, str]) -> dict[str, Any]
 def _table(
     letters: Sequence[DeadLetter], statuses: dict[str, str], *, several_tasks: bool
 ) -> Table:
-    table = Table(show_edge=False, pad_edge=False)
+    table = PrintableTable(show_edge=False, pad_edge=False)
     columns = ["job id", "key", "reason", "attempts", "dead at", "error"]
     if several_tasks:
         columns.insert(0, "task")
@@ -495,32 +503,44 @@ def _table(
     return table
 
 
+def _echo(text: str) -> None:
+    """One line from a message's values, on one line whatever they hold."""
+    click.echo(printable(text))
+
+
+def _echo_block(text: str) -> None:
+    """Lines from a message (a payload, a body, a traceback), each kept a line."""
+    click.echo(printable_lines(text))
+
+
 def _echo_letter(letter: DeadLetter, statuses: dict[str, str]) -> None:
+    """The letter for people: every value from the message with its control
+    characters escaped (:mod:`broker_jobs.printable`)."""
     document = letter.to_json()
     fields = ["task", "job_id", "idempotency_key", "reason", "attempts", "dead_at", "worker"]
     for name in fields:
         value = document[name]
-        click.echo(f"{name.replace('_', ' ')}: {'-' if value is None else value}")
+        _echo(f"{name.replace('_', ' ')}: {'-' if value is None else value}")
     if statuses:
-        click.echo(f"ledger: {statuses.get(letter.idempotency_key or '', '-')}")
-    click.echo(f"error: {letter.error or '-'}")
+        _echo(f"ledger: {statuses.get(letter.idempotency_key or '', '-')}")
+    _echo(f"error: {letter.error or '-'}")
     if letter.payload is not None:
-        click.echo("payload:")
-        click.echo(_indent(json.dumps(letter.payload, indent=2)))
+        _echo("payload:")
+        _echo_block(_indent(json.dumps(letter.payload, indent=2)))
     else:
-        click.echo("body (not JSON):")
-        click.echo(_indent(document["body"]))
-    click.echo("headers:")
+        _echo("body (not JSON):")
+        _echo_block(_indent(document["body"]))
+    _echo("headers:")
     for name, value in document["headers"].items():
         if name != HEADER_DEAD_TRACEBACK:  # printed whole below
-            click.echo(f"  {name}: {json.dumps(value)}")
-    click.echo("properties:")
+            _echo(f"  {name}: {json.dumps(value)}")
+    _echo("properties:")
     for name, value in document["properties"].items():
         if value is not None:
-            click.echo(f"  {name}: {value}")
+            _echo(f"  {name}: {value}")
     if letter.traceback:
-        click.echo("traceback:")
-        click.echo(_indent(letter.traceback.rstrip("\n")))
+        _echo("traceback:")
+        _echo_block(_indent(letter.traceback.rstrip("\n")))
 
 
 def _replay_with_progress(

@@ -35,6 +35,7 @@ from broker_jobs.ops.documents import (
     too_large_text,
 )
 from broker_jobs.ops.readable import first_line, span, when
+from broker_jobs.printable import printable
 from broker_jobs.store.base import (
     CancelOutcome,
     JobRecord,
@@ -197,7 +198,7 @@ def show_command(ref: str, store_url: str, as_json: bool) -> None:
         )
         return
     for label, value in _fields(record):
-        click.echo(f"{label + ':':<12} {value}")
+        click.echo(f"{label + ':':<12} {printable(value)}")
     click.echo(f"{'payload:':<12} {_payload_text(kept)}")
     if record.status is Status.SUCCEEDED:
         click.echo(f"{'result:':<12} {_result_text(output)}")

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from broker_jobs.errors import BrokerJobsError
+from broker_jobs.printable import printable
 from broker_jobs.store.base import mask_dsn
 from broker_jobs.urls import mask_text
 
@@ -65,7 +66,7 @@ def fail(message: str, code: int = 1) -> NoReturn:
     """``error: message`` on one line of stderr (URLs and DSNs masked; a driver's
     multi-line text joined), then exit ``code``."""
     line = " ".join(part.strip() for part in message.splitlines() if part.strip())
-    click.echo(f"error: {mask_dsn(mask_text(line))}", err=True)
+    click.echo(f"error: {printable(mask_dsn(mask_text(line)))}", err=True)
     sys.exit(code)
 
 
@@ -84,10 +85,19 @@ def console() -> Console:
     return Console(width=PIPE_WIDTH, **plain)
 
 
+class PrintableTable(Table):
+    """A rich table whose cells are printed with their control characters escaped:
+    ids, keys and errors come from messages (:mod:`broker_jobs.printable`)."""
+
+    def add_row(self, *renderables: Any, **options: Any) -> None:
+        cells = [printable(cell) if isinstance(cell, str) else cell for cell in renderables]
+        super().add_row(*cells, **options)
+
+
 def table(*headers: str, right: tuple[str, ...] = ()) -> Table:
     """A table with a rule under the header and no other lines; the columns named in
     ``right`` (numbers) are right-aligned."""
-    grid = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    grid = PrintableTable(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for header in headers:
         grid.add_column(header, justify="right" if header in right else "left", no_wrap=True)
     return grid

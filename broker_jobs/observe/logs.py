@@ -18,6 +18,7 @@ from typing import Any
 from pythonjsonlogger.json import JsonFormatter
 
 from broker_jobs.job_context import HANDLER_LOGGER
+from broker_jobs.printable import printable, printable_lines
 from broker_jobs.store.base import mask_dsn
 from broker_jobs.urls import mask_text
 
@@ -64,6 +65,9 @@ def _masked(text: str) -> str:
 
 class _Text(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
+        # One record, one line: a newline or an escape sequence from a message's text
+        # (a job id, a handler's error) must not forge a line or reach the terminal.
+        record.message = printable(record.message)
         line = super().formatMessage(record)
         job_id = getattr(record, "job_id", None)
         if record.name != HANDLER_LOGGER or job_id is None:
@@ -73,7 +77,7 @@ class _Text(logging.Formatter):
         return f"{line} [{task} job {job_id} attempt {attempt}]"
 
     def formatException(self, ei: Any) -> str:
-        return _masked(super().formatException(ei))
+        return printable_lines(_masked(super().formatException(ei)))
 
 
 class _JsonLines(JsonFormatter):
