@@ -1673,3 +1673,20 @@ def test_mask_dsn() -> None:
     assert mask_dsn("host=h password='se cret' user=u") == "host=h password=*** user=u"
     assert mask_dsn("postgresql://h/db?password=secret&x=1") == "postgresql://h/db?password=***&x=1"
     assert mask_dsn("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+def test_sqlite_creates_its_ledger_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """The ledger holds payloads, results and errors: not for every local user. A file
+    that exists keeps the mode its operator gave it."""
+    path = tmp_path / "ledger.db"
+    with SQLiteStore(path) as store:
+        store.claim(job(), A, LEASE, now=at(0))
+        modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert modes["ledger.db"] == 0o600
+    assert all(mode == 0o600 for mode in modes.values()), modes  # -wal, -shm alike
+    shared = tmp_path / "shared.db"
+    shared.touch(mode=0o640)
+    shared.chmod(0o640)
+    with SQLiteStore(shared) as store:
+        store.claim(job(), A, LEASE, now=at(0))
+    assert shared.stat().st_mode & 0o777 == 0o640

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import sqlite3
 import threading
@@ -215,6 +216,7 @@ class SQLiteStore(ExclusiveStore):
             if conn is not None:
                 return conn
             with self._translate("open"):
+                _create_private(self.path)
                 conn = sqlite3.connect(
                     self.path,
                     timeout=self._busy_timeout if wait else 0,
@@ -762,3 +764,18 @@ def _is_busy(error: sqlite3.Error) -> bool:
 
 def _duration(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.1f} s"
+
+
+#: The ledger's mode: it holds payloads, results and errors, often personal data; its
+#: -wal and -shm files take the same mode from it (SQLite copies it).
+PRIVATE_MODE = 0o600
+
+
+def _create_private(path: Path) -> None:
+    """Create the database file readable by its owner only, unless it exists (its mode
+    is then the operator's) or is SQLite's in-memory name; a missing directory is
+    left to SQLite's own error."""
+    if str(path) == ":memory:":
+        return
+    with suppress(FileExistsError, FileNotFoundError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, PRIVATE_MODE))
