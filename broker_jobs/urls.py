@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from broker_jobs.amqp.tls import check_tls_query
 from broker_jobs.errors import ConfigurationError
 
 _SCHEMES = {"amqp": 5672, "amqps": 5671}
@@ -59,6 +60,7 @@ class BrokerURL:
                 " number; in a password, write / as %2F, # as %23, ? as %3F, @ as %40 and a"
                 " space as %20"
             ) from None
+        check_tls_query(parts.scheme.lower(), parts.query)
         if "@" in parts.path:
             # The rest of a list whose next URL lacks its scheme, or a password's "@"
             # unescaped: not shown, since it may hold a password.

@@ -30,6 +30,7 @@ import pika
 import pika.exceptions
 from pika.adapters.utils import connection_workflow as workflow
 
+from broker_jobs.amqp.tls import pika_parameters
 from broker_jobs.errors import BrokerUnreachableError
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs, mask_text
 
@@ -155,7 +156,7 @@ def first_answering(
 def _blocking_connection(
     url: BrokerURL, timeout: float, connection_name: str
 ) -> pika.BlockingConnection:
-    parameters = pika.URLParameters(url.url)
+    parameters = pika_parameters(url.url)
     parameters.connection_attempts = 1
     parameters.socket_timeout = timeout
     parameters.stack_timeout = timeout

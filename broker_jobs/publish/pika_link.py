@@ -27,6 +27,7 @@ from pika.adapters.utils.io_services_utils import (  # type: ignore[attr-defined
 )
 
 from broker_jobs.amqp.connecting import NodeUnreachable, first_answering
+from broker_jobs.amqp.tls import pika_parameters
 from broker_jobs.envelope import WireMessage
 from broker_jobs.errors import BrokerConnectionError
 from broker_jobs.publish.frames import publish_frames
@@ -72,7 +73,7 @@ class PikaLink:
         self._channel: pika.channel.Channel | None = None
         self._open_error: BaseException | None = None
         self._last_turn = time.monotonic()
-        parameters = pika.URLParameters(url.url)
+        parameters = pika_parameters(url.url)
         parameters.connection_attempts = 1
         parameters.socket_timeout = connect_timeout
         parameters.stack_timeout = connect_timeout

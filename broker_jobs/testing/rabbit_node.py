@@ -31,6 +31,7 @@ from pathlib import Path
 from broker_jobs.testing import ports
 from broker_jobs.testing.processes import child_pids
 from broker_jobs.testing.throwaway import Throwaway, newest, tail
+from broker_jobs.testing.tls import ServerCertificates
 
 SBIN_ENV = "BROKER_JOBS_RABBITMQ_SBIN"
 
@@ -112,6 +113,9 @@ class RabbitNode(Throwaway):
     root: Path = Path("/")
     #: The epmd port of a node in another root (None: the host's default epmd).
     epmd_port: int | None = None
+    #: A TLS listener's port and certificates (:meth:`with_tls`); None: plain AMQP only.
+    tls_port: int | None = None
+    tls: ServerCertificates | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -150,6 +154,18 @@ class RabbitNode(Throwaway):
             root=tree,
             epmd_port=epmd,
         )
+
+    def with_tls(self, certificates: ServerCertificates) -> RabbitNode:
+        """This node (not started yet) with a TLS listener too (:attr:`tls_url`)."""
+        self.tls, self.tls_port = certificates, free_port(taken=self.amqp_port)
+        return self
+
+    @property
+    def tls_url(self) -> str:
+        """``amqps://`` URL of the TLS listener, its CA given as ``cafile``."""
+        if self.tls is None or self.tls_port is None:
+            raise RabbitNodeError("this node has no TLS listener: create it with_tls()")
+        return f"amqps://guest:guest@127.0.0.1:{self.tls_port}/?cafile={self.tls.ca}"
 
     @staticmethod
     def available(root: Path | str | None = None) -> bool:
@@ -250,6 +266,15 @@ class RabbitNode(Throwaway):
             cookie.write_text(self.cookie or secrets.token_hex(16).upper())
             cookie.chmod(0o400)
         conf = f"loopback_users = none\nlisteners.tcp.1 = 127.0.0.1:{self.amqp_port}\n"
+        if self.tls is not None:
+            conf += (
+                f"listeners.ssl.1 = 127.0.0.1:{self.tls_port}\n"
+                f"ssl_options.cacertfile = {self.tls.ca}\n"
+                f"ssl_options.certfile = {self.tls.certificate}\n"
+                f"ssl_options.keyfile = {self.tls.key}\n"
+                "ssl_options.verify = verify_none\n"
+                "ssl_options.fail_if_no_peer_cert = false\n"
+            )
         (self.base_dir / "rabbitmq.conf").write_text(conf)
         (self.base_dir / "advanced.config").write_text(_ADVANCED_CONFIG)
         (self.base_dir / "enabled_plugins").write_text("[].\n")
