@@ -223,6 +223,47 @@ def test_poison_messages_are_dead_lettered_and_the_worker_carries_on(
     assert indexed[poison_ids[3]].body_size > 10_000_000
 
 
+def test_a_message_whose_properties_cannot_be_read_is_dead_lettered_not_fatal(
+    broker: Broker, app: App, effects: Effects, connection: pika.BlockingConnection
+) -> None:
+    """A message id that is not UTF-8, a header table nested too deeply: the AMQP
+    parser cannot read the delivery's properties. The connection used to close on
+    it, and the same message came first again on every new one: no job of that
+    queue ran. Now its delivery is dead-lettered (reason header) and the rest run."""
+    declare(connection, app.topology(ladder=False))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    queue = app.names.task_queue("counter.add")
+    channel.basic_publish(
+        "",
+        queue,
+        b'{"key": "x"}',
+        pika.BasicProperties(message_id=b"bad-\xff\xfe-id", type="counter.add"),  # type: ignore[arg-type]
+    )
+    deep: dict[str, object] = {}
+    level = deep
+    for _ in range(700):
+        level["a"] = level = {}
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # pika encodes the table recursively too
+    try:
+        channel.basic_publish(
+            "", queue, b'{"key": "y"}',
+            pika.BasicProperties(message_id="deep-1", type="counter.add", headers={"t": deep}),
+        )  # fmt: skip
+    finally:
+        sys.setrecursionlimit(limit)
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish("counter.add", {"key": "fine"})
+    outcomes = run_burst_worker(broker, app, MemoryStore())
+    assert effects.runs == Counter({"fine": 1})
+    assert (outcomes["succeeded"], outcomes["dead:header"]) == (1, 2)
+    reasons = [
+        str(headers[HEADER_REASON]) for headers in dead_letters(connection, app, "counter.add")
+    ]
+    assert reasons == ["header", "header"]
+
+
 def test_the_worker_command_runs_an_app_in_burst_mode(
     broker: Broker,
     namespace: str,

@@ -88,7 +88,10 @@ DEAD_REASONS: dict[str, str] = {
     "wire-version": "bj-wire-version is not 1",
     "message-id": "message_id is missing",
     "type": "the type property (the task name) is missing",
-    "header": "a bj- or trace header has the wrong type or is not UTF-8",
+    "header": (
+        "a bj- or trace header has the wrong type or is not UTF-8, or the message's"
+        " properties cannot be read at all (a property not UTF-8, headers nested too deeply)"
+    ),
     "envelope": "a property or header value is invalid (a bad task name, a bad time,"
     " an attempt below 1, an id or key too long, a bj-priority other than high, normal"
     " or low, a bj-due-at further than the delay ladder reaches)",

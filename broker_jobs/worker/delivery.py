@@ -9,8 +9,9 @@ from aiormq import spec
 from aiormq.abc import DeliveredMessage
 
 from broker_jobs.envelope import Job, WireMessage, decode
-from broker_jobs.errors import BrokerJobsError
+from broker_jobs.errors import BrokerJobsError, DecodeError
 from broker_jobs.worker.acks import ChannelAcks
+from broker_jobs.worker.frame_reading import UNREADABLE_PROPERTIES
 from topology.lanes import lane_of_routing_key
 
 
@@ -36,6 +37,9 @@ def decode_for_queue(message: WireMessage, queue_task: str, routing_key: str | N
     not a valid job, :class:`WrongQueueError` if it names another task. Its priority
     is the level of the queue it came from (``routing_key`` names it), whatever its
     ``bj-priority`` header says: its retries go back to that queue, which exists."""
+    unreadable = message.headers.get(UNREADABLE_PROPERTIES)
+    if unreadable is not None:
+        raise DecodeError("header", str(unreadable))
     job = decode(message)
     if job.task != queue_task:
         raise WrongQueueError(job.task)

@@ -31,7 +31,9 @@ from typing import Any
 import pamqp.frame
 from aiormq.connection import FrameReceiver
 from aiormq.exceptions import InvalidFrameError
+from pamqp import commands
 from pamqp.exceptions import PAMQPException
+from pamqp.header import ContentHeader
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,57 @@ def whole_frame(receiver: Any) -> ReceivedFrame | None:
         return pamqp.frame.unmarshal(data)
     except PAMQPException as error:  # what aiormq's own path raises
         raise InvalidFrameError(str(error)) from error
+
+
+#: The header a content header whose properties cannot be read is given instead of
+#: them (``x-``: never one of a publisher's, dropped from its dead letter).
+UNREADABLE_PROPERTIES = "x-broker-jobs-unreadable-properties"
+#: A content header frame's type, and its payload's start: class, weight, body size.
+_CONTENT_HEADER = 2
+_HEADER_START = struct.Struct(">HHQ")
+
+
+@contextmanager
+def tolerating_unreadable_headers() -> Iterator[None]:
+    """Inside the block, pamqp reads a content header whose properties it cannot read
+    as :func:`unreadable_header` makes it, for every aiormq connection of the process
+    (aiormq's own path and :func:`whole_frame` alike call ``pamqp.frame.unmarshal``).
+    ``Worker.run`` runs inside one. Nested blocks leave it to the outermost."""
+    original = pamqp.frame.unmarshal
+    if getattr(original, "tolerates_unreadable_headers", False):
+        yield
+        return
+
+    def unmarshal(data: bytes) -> ReceivedFrame:
+        try:
+            return original(data)
+        except (PAMQPException, ValueError, RecursionError) as error:
+            unreadable = unreadable_header(data, error)
+            if unreadable is None:
+                raise
+            return unreadable
+
+    unmarshal.tolerates_unreadable_headers = True  # type: ignore[attr-defined]
+    pamqp.frame.unmarshal = unmarshal  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        pamqp.frame.unmarshal = original
+
+
+def unreadable_header(data: bytes, error: BaseException) -> ReceivedFrame | None:
+    """A content header frame (``data``) whose properties pamqp cannot read (a
+    message id that is not UTF-8, a header table nested too deeply) as one with no
+    properties but :data:`UNREADABLE_PROPERTIES`: its delivery is then dead-lettered
+    like any bad message, instead of the connection closing on it, and the same
+    message coming back first on every new connection. None for any other frame."""
+    kind, channel, size = _FRAME_HEADER.unpack_from(data)
+    if kind != _CONTENT_HEADER or size < _HEADER_START.size:
+        return None
+    _class, weight, body_size = _HEADER_START.unpack_from(data, _FRAME_HEADER.size)
+    why = f"its properties cannot be read ({type(error).__name__}: {str(error)[:200]})"
+    properties = commands.Basic.Properties(headers={UNREADABLE_PROPERTIES: why})
+    return len(data), channel, ContentHeader(weight, body_size, properties)
 
 
 @contextmanager
