@@ -459,8 +459,13 @@ def test_a_dead_job_shows_its_executions_escaped_and_replays_until_it_succeeds(
     letters = client.get("/dead-letters")
     assert "<script>alert" not in letters.text
     assert f"{TASK}: permanent (1)" in letters.text
-    detail = client.get("/api/jobs/bad-1").json()
+    api = client.get("/api/jobs/bad-1")
+    detail = api.json()
     assert detail["dead_letter"]["payload"]["note"] == SCRIPT
+    # Every response has the headers: the API (text from messages), a 404, a file.
+    for response in (api, client.get("/no/such/page"), client.get("/static/dashboard.css")):
+        assert response.headers["x-content-type-options"] == "nosniff", response.url
+        assert response.headers["content-security-policy"].startswith("default-src 'self'")
 
     handlers.fixed = True
     result = act(client, "/actions/replay", {"ref": "bad-1", "task": TASK, "replay": "one"})

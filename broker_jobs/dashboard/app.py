@@ -14,6 +14,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from broker_jobs.dashboard import api, operations, pages, posts
+from broker_jobs.dashboard.headers import SecurityHeaders
 from broker_jobs.dashboard.operations import Operations, masked
 from broker_jobs.dashboard.safety import Refused
 from broker_jobs.dashboard.settings import DashboardSettings
@@ -57,7 +58,10 @@ def create_app(settings: DashboardSettings) -> Starlette:
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(settings.served_hosts()))],
+        middleware=[
+            Middleware(SecurityHeaders),  # outermost: the Host check's refusals get them too
+            Middleware(TrustedHostMiddleware, allowed_hosts=list(settings.served_hosts())),
+        ],
         exception_handlers={Refused: _refused, BrokerJobsError: _failed},
     )
     app.state.settings = settings
