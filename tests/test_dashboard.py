@@ -299,6 +299,8 @@ def test_the_jobs_list_filters_and_pages(
     assert client.get("/jobs?state=nonsense").status_code == 400
     assert client.get("/api/jobs?after=garbage").status_code == 400
     assert client.get("/jobs?since=yesterday").status_code == 400
+    assert client.get("/jobs?since=0001-01-01T00:00:00%2B14:00").status_code == 400
+    assert client.get("/api/jobs?until=9999-12-31T23:59:59-14:00").status_code == 400
 
 
 #: The jobs list's "updated" header: its aria-sort, and its link to the other order.

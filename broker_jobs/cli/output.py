@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 import click
@@ -56,6 +56,10 @@ class AwareDateTime(click.ParamType):  # type: ignore[type-arg]  # generic only 
             self.fail(
                 f"{value!r} has no time zone: add Z (UTC) or an offset such as +01:00", param, ctx
             )
+        try:
+            moment.astimezone(UTC)  # the stores compare times in UTC
+        except OverflowError:
+            self.fail(f"{value!r} is out of range (year 1 to 9999 in UTC)", param, ctx)
         return moment
 
 

@@ -30,7 +30,12 @@ def moment(text: str, name: str) -> datetime | None:
         value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         raise Refused(400, f"{name}: {text!r} is not a time (ISO 8601)") from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)  # in range: the stores compare it in UTC
+    except OverflowError:
+        raise Refused(400, f"{name}: {text!r} is out of range (year 1 to 9999 in UTC)") from None
 
 
 @dataclass(frozen=True)
