@@ -216,7 +216,8 @@ def test_a_handler_stuck_past_the_grace_replaces_the_worker_after_the_others_set
 ) -> None:
     """The stuck handler waits in C code (a lock) and never sees its interrupt: the
     worker lets the healthy job running beside it finish, records the stuck attempt
-    as failed by its time limit (its retry due no sooner than 5 s), and raises
+    as failed by its time limit (its retry due no sooner than the worker's --grace
+    and 5 s: by then the process is gone, whatever it still waits for), and raises
     HandlerStuckError for its process to exit with code 70."""
     app = make_app()
     release = threading.Event()
@@ -235,7 +236,8 @@ def test_a_handler_stuck_past_the_grace_replaces_the_worker_after_the_others_set
         stuck_job = publisher.publish("stuck.job", {"key": "s"}, delay=delay)
         healthy_job = publisher.publish("healthy.job", {"key": "h"})
     store = MemoryStore()
-    worker = Worker(broker.url, app, store, WorkerSettings(concurrency=2, overrun_grace=0.5))
+    settings = WorkerSettings(concurrency=2, overrun_grace=0.5, grace=2)
+    worker = Worker(broker.url, app, store, settings)
     started = datetime.now(UTC)
     try:
         with pytest.raises(HandlerStuckError) as raised:
@@ -254,9 +256,10 @@ def test_a_handler_stuck_past_the_grace_replaces_the_worker_after_the_others_set
     assert record.status is Status.RETRYING
     assert "did not stop within 0.5 s of being interrupted" in (record.last_error or "")
     assert record.due_at is not None
-    # Due 5 s after the attempt ended: after the start plus the time limit and grace
-    # at the least (the record's own time is stamped after the due was computed).
-    assert record.due_at >= started + timedelta(seconds=5.8)
+    # Due the worker's --grace (2 s: how long it may still live, the stuck thread with
+    # it) and 5 s after the attempt ended, itself after the start, the time limit and
+    # the overrun grace (the record's own time is stamped after the due was computed).
+    assert record.due_at >= started + timedelta(seconds=0.3 + 0.5 + 2 + 5)
     # The next attempt runs (not as a crash loop): a new worker takes it once due.
     outcomes = run_burst_worker(broker, app, store, overrun_grace=0.5)
     assert outcomes["succeeded"] == 1

@@ -285,7 +285,10 @@ class Worker:
             publisher=publisher,
             link=link,
             settings=ProtocolSettings(
-                self._worker_id, lease=settings.lease, overrun_grace=settings.overrun_grace
+                self._worker_id,
+                lease=settings.lease,
+                overrun_grace=settings.overrun_grace,
+                shutdown_grace=settings.grace,
             ),
             observer=JobObserver(
                 self._app.namespace,

@@ -51,7 +51,8 @@ class TimeLimitInterrupt(BaseException):
 class TimeLimitExceeded(Exception):
     """The handler ran longer than its task's time limit. ``stuck``: it did not
     return within the overrun grace after being interrupted, and the worker was
-    replaced (its next attempt is then due no sooner than :data:`STUCK_RETRY_FLOOR`)."""
+    replaced (its next attempt is then due no sooner than the worker's --grace and
+    :data:`STUCK_RETRY_FLOOR`)."""
 
     def __init__(self, message: str, *, stuck: bool = False) -> None:
         super().__init__(message)
@@ -72,9 +73,10 @@ def stuck_error(seconds: float, grace: float) -> TimeLimitExceeded:
     )
 
 
-#: Seconds: the least delay of a stuck job's next attempt. The worker that records it
-#: exits at once after; the floor keeps the attempt from starting elsewhere before
-#: this process (and the stuck thread) is gone.
+#: Seconds beyond the worker's --grace: the least delay of a stuck job's next attempt.
+#: The worker that records it gives its other jobs (those waiting for a thread too)
+#: at most --grace to settle, then exits: the delay keeps the attempt from starting
+#: elsewhere before this process (and the stuck thread) is gone.
 STUCK_RETRY_FLOOR = 5.0
 
 

@@ -529,8 +529,9 @@ class Runner:
         if decision.delay is not None:
             delay = decision.delay
             if isinstance(error, TimeLimitExceeded) and error.stuck:
-                # This process exits right after: the attempt starts once it is gone.
-                delay = max(delay, STUCK_RETRY_FLOOR)
+                # This process exits once its other jobs settled (within --grace), the
+                # stuck thread with it: the attempt starts once it is gone.
+                delay = max(delay, self._settings.shutdown_grace + STUCK_RETRY_FLOOR)
             due = utc_now() + timedelta(seconds=delay)
             # The next attempt is confirmed before this one is recorded and acked.
             try:

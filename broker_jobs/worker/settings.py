@@ -86,6 +86,8 @@ class ProtocolSettings:
     confirm_timeout: float = 10.0
     #: WorkerSettings.overrun_grace.
     overrun_grace: float = 30.0
+    #: WorkerSettings.grace: how long a stopping worker lets its jobs settle.
+    shutdown_grace: float = 30.0
 
     @property
     def recheck_every(self) -> float:
