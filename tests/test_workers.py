@@ -181,6 +181,23 @@ def test_the_workers_command_lists_the_live_the_lost_and_the_stopped(tmp_path: P
     assert "host-a:1:aaa" not in picked.output
     assert "beat-1" in picked.output
 
+    # A lost worker reads no request: not asked, said at once, exit 1.
+    stop = runner.invoke(
+        main,
+        ["workers", "stop", "host-b:2:bbb", "--namespace", "jobs", "--store", store_url,
+         "--wait", "30", "--json"],
+    )  # fmt: skip
+    assert stop.exit_code == 1, stop.output
+    assert json.loads(stop.stdout)["lost"] == ["host-b:2:bbb"]
+    assert json.loads(stop.stdout)["asked"] == []
+    with SQLiteStore(path) as store:
+        assert store.stop_requests("jobs") == {}
+    said = runner.invoke(
+        main, ["workers", "stop", "host-b:2:bbb", "--namespace", "jobs", "--store", store_url]
+    )
+    assert said.exit_code == 1
+    assert "host-b:2:bbb is lost (no heartbeat for" in said.stderr
+
 
 def test_the_workers_command_says_what_to_do_without_heartbeats_or_a_ledger(
     tmp_path: Path,

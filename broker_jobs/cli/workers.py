@@ -239,12 +239,16 @@ def stop_command(  # noqa: PLR0917 - click passes every option positionally
             # One stopping or stopped already is not asked again: a request written
             # after it exited would wait for its next start, to be deleted there.
             going = {w for w in worker_ids if known[w].liveness in _GOING}
+            # A lost one reads no request (dead, frozen, or cut off from the ledger):
+            # asking it would only leave a request to wait for its next start.
+            lost = sorted(w for w in worker_ids if known[w].liveness is Liveness.LOST)
             asked = [
                 store.request_stop(chosen_namespace, w, who_asks())
                 for w in worker_ids
-                if w not in going
+                if w not in going and w not in lost
             ]
-            running = still_waiting(lambda: _not_stopped(store, chosen_namespace, worker_ids), wait)
+            waited_for = tuple(w for w in worker_ids if w not in lost)
+            running = still_waiting(lambda: _not_stopped(store, chosen_namespace, waited_for), wait)
     except BrokerJobsError as error:
         fail(str(error))
     if as_json:
@@ -253,6 +257,7 @@ def stop_command(  # noqa: PLR0917 - click passes every option positionally
                 "namespace": chosen_namespace,
                 "asked": [{"worker": a.worker_id, "at": when(a.at), "by": a.by} for a in asked],
                 "already": {w: known[w].liveness.value for w in sorted(going)},
+                "lost": lost,
                 "not_stopped": running,
             }
         )
@@ -264,9 +269,18 @@ def stop_command(  # noqa: PLR0917 - click passes every option positionally
             )
         for worker_id in sorted(going):
             click.echo(f"{worker_id} is {known[worker_id].liveness.value} already: not asked again")
+        for worker_id in lost:
+            click.echo(
+                f"{worker_id} is lost (no heartbeat for {span(known[worker_id].silent_for)}):"
+                " it cannot read a request; stop its process where it runs (a worker only"
+                " cut off from the ledger stops by itself once it reads it again)",
+                err=True,
+            )
         if running:
             click.echo(f"not stopped yet: {', '.join(running)}", err=True)
-    if running:
+        elif wait and waited_for:
+            click.echo(f"stopped: {', '.join(waited_for)}")
+    if running or lost:
         raise SystemExit(1)
 
 
