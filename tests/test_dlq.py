@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from broker_jobs import App, JobRequest, Publisher, QueueOptions
 from broker_jobs.cli import main
-from broker_jobs.errors import TopologyMissingError
+from broker_jobs.errors import TopologyMissingError, UnroutableError
 from broker_jobs.ops.dead_letters import (
     DeadLetterFilter,
     DeadLetterQueues,
@@ -288,6 +288,25 @@ def test_the_filters_and_the_json_of_list(
 
 
 # -- replay -----------------------------------------------------------------------------
+
+
+def test_a_replay_the_broker_refuses_leaves_the_job_dead_in_the_ledger(
+    broker: Broker, app: App, store: SQLiteStore, connection: pika.BlockingConnection
+) -> None:
+    """The task's queue deleted since: the publish comes back unroutable, so the job
+    is surely not stored and its record says dead again (it said queued: a phantom
+    waiting job in status, and dlq list showing queued for a letter still there)."""
+    kill_jobs(broker, app, store, connection, ["gone-1"])
+    channel = connection.channel()
+    channel.queue_delete(app.names.task_queue(TASK))
+    channel.close()
+    with (
+        DeadLetterQueues(broker.url, app.names, [TASK]) as dlq,
+        pytest.raises(UnroutableError),
+    ):
+        dlq.replay(store, DeadLetterFilter(ref="gone-1"))
+    assert store.get("gone-1").status is Status.DEAD  # type: ignore[union-attr]
+    assert depth(connection, app.names.dead_letter_queue(TASK)) == 1
 
 
 @pytest.mark.also_on_rabbitmq_4

@@ -374,7 +374,12 @@ class DeadLetterQueues(Closing):
             action = LedgerAction.UNCHANGED if found else LedgerAction.UNKNOWN
             status = found.status if found else None
         # 2. publish and wait for the confirm.
-        self._publish(link, job, replay_message(letter))
+        try:
+            self._publish(link, job, replay_message(letter))
+        except (UnroutableError, NackedError):
+            if reset is not None:  # surely not stored: the ledger says dead again
+                store.dead(job.idempotency_key, None, reset.last_error or "not replayed", job=job)
+            raise
         summary.replayed.append(Replayed(letter, action, status))
         return True
 
