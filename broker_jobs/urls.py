@@ -9,9 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
-from broker_jobs.amqp.tls import check_tls_query
 from broker_jobs.errors import ConfigurationError
 
 _SCHEMES = {"amqp": 5672, "amqps": 5671}
@@ -96,6 +95,31 @@ class BrokerURL:
 
     def __repr__(self) -> str:
         return f"BrokerURL({self.masked!r})"
+
+
+#: The query options of an ``amqps`` URL that set its TLS (``broker_jobs/amqp/tls.py``).
+TLS_OPTIONS = ("cafile", "certfile", "keyfile")
+#: Query options refused, and why.
+REFUSED = {
+    "ssl_options": "pika's own form, which the worker's driver ignores: use cafile=,"
+    " certfile= and keyfile=",
+    "no_verify_ssl": "the broker's certificate is always verified: give its CA with"
+    " cafile=/path/ca.pem",
+}
+
+
+def check_tls_query(scheme: str, query: str) -> None:
+    """Refuse what :data:`REFUSED` names, and TLS options on a plain ``amqp`` URL
+    (``broker_jobs/amqp/tls.py`` gives pika the TLS of the others)."""
+    given = parse_qs(query)
+    for option, why in REFUSED.items():
+        if option in given:
+            raise ConfigurationError(f"broker URL option {option}= is not supported: {why}")
+    tls = [option for option in TLS_OPTIONS if option in given]
+    if tls and scheme != "amqps":
+        raise ConfigurationError(
+            f"broker URL option {tls[0]}= sets TLS, which needs an amqps:// URL"
+        )
 
 
 def mask_url(url: str) -> str:

@@ -40,6 +40,7 @@ CORE = frozenset(
         "version",
         "closing",
         "watched_loop",
+        "printable",
     }
 )
 

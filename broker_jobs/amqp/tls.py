@@ -18,29 +18,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 import pika
 
 from broker_jobs.errors import ConfigurationError
-
-#: The query options of an ``amqps`` URL that set its TLS.
-TLS_OPTIONS = ("cafile", "certfile", "keyfile")
-#: Query options refused, and why.
-REFUSED = {
-    "ssl_options": "pika's own form, which the worker's driver ignores: use cafile=,"
-    " certfile= and keyfile=",
-    "no_verify_ssl": "the broker's certificate is always verified: give its CA with"
-    " cafile=/path/ca.pem",
-}
-
-
-def check_tls_query(scheme: str, query: str) -> None:
-    """Refuse what :data:`REFUSED` names, and TLS options on a plain ``amqp`` URL."""
-    given = parse_qs(query)
-    for option, why in REFUSED.items():
-        if option in given:
-            raise ConfigurationError(f"broker URL option {option}= is not supported: {why}")
-    tls = [option for option in TLS_OPTIONS if option in given]
-    if tls and scheme != "amqps":
-        raise ConfigurationError(
-            f"broker URL option {tls[0]}= sets TLS, which needs an amqps:// URL"
-        )
+from broker_jobs.urls import TLS_OPTIONS
 
 
 def tls_context(url: str) -> ssl.SSLContext | None:
