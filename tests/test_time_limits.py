@@ -268,6 +268,39 @@ def test_a_handler_stuck_past_the_grace_replaces_the_worker_after_the_others_set
     assert (final.status, final.attempts) == (Status.SUCCEEDED, 2)
 
 
+def test_jobs_waiting_behind_a_stuck_handler_go_back_to_the_queue_at_once(
+    broker: Broker, make_app: Callable[[], App]
+) -> None:
+    """One handler thread, stuck: the jobs claimed behind it will never start here.
+    The replaced worker gives their claims back and returns their deliveries, so
+    another worker runs them at once (they waited for this process and their leases
+    to lapse: a minute and more)."""
+    app = make_app()
+    release = threading.Event()
+
+    @app.task("stuck.job", time_limit=0.3, retry=ONE_RETRY)
+    def stuck(payload: Key) -> None:
+        if payload.key == "s":
+            release.wait(60)
+
+    with Publisher(broker.url, app) as publisher:
+        first = publisher.publish("stuck.job", {"key": "s"})
+        behind = [publisher.publish("stuck.job", {"key": f"b{n}"}) for n in range(3)]
+    store = MemoryStore()
+    settings = WorkerSettings(concurrency=1, overrun_grace=0.5, grace=1, lease=600)
+    try:
+        with pytest.raises(HandlerStuckError):
+            asyncio.run(Worker(broker.url, app, store, settings).run())
+    finally:
+        release.set()
+    for job in behind:  # claimed behind it, given back: no lease of 600 s to wait out
+        record = store.get(job.idempotency_key)
+        assert record is None or record.released, record
+    outcomes = run_burst_worker(broker, app, store, concurrency=3, lease=600)
+    assert outcomes["succeeded"] == 4  # the three, and the stuck job's retry once due
+    assert store.get(first.idempotency_key).attempts == 2  # type: ignore[union-attr]
+
+
 def test_the_worker_command_exits_70_on_a_stuck_handler_and_its_supervisor_restarts_it(
     broker: Broker,
     namespace: str,

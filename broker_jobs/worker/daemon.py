@@ -422,6 +422,8 @@ class Worker:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         overruns = runner.overruns
+        if returned := fast_path.return_waiting():  # behind the stuck threads: never run here
+            log.info("%d jobs waiting for a handler thread returned to their queues", returned)
         while fast_path.in_hand + runner.in_hand > len(overruns.stuck) and loop.time() < deadline:
             await asyncio.sleep(REPLACE_POLL)
         overruns.settle_stuck.set()
@@ -432,6 +434,8 @@ class Worker:
         deliveries not started stay unsettled (the broker gives them back)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
+        if returned := fast_path.return_waiting():
+            log.info("%d jobs not started yet returned to their queues", returned)
         abandoned = 0 if await fast_path.wait_idle(grace) else fast_path.in_hand
         await fast_path.stop()
         abandoned += await runner.finish(max(0.0, deadline - loop.time()))

@@ -511,6 +511,21 @@ class FastPath:
                 " returned to their queues (docs/worker.md, Prefetch)", returned,
             )  # fmt: skip
 
+    def return_waiting(self) -> int:
+        """The worker stops: every job still waiting for a handler thread gives its
+        claim back and its delivery goes back to the queue now, for another worker,
+        instead of when a thread frees up (never, while handlers are stuck: they
+        waited for this process to go and for their leases to lapse). How many."""
+        returned = 0
+        for item in list(self._waiting):
+            try:
+                self._waiting.remove(item)  # atomic: a thread may be starting it
+            except KeyError:
+                continue  # started (or starting): it runs, or sees the stop
+            self._return_late(item)
+            returned += 1
+        return returned
+
     def _return_late(self, item: _Item) -> None:
         """A job left waiting by an ended boost: its claim given back, then its
         delivery returned to the queue (another worker, or this one's remaining
