@@ -550,8 +550,9 @@ def test_purge_with_filters_and_all(
 
     code, out, err = cli("purge", *queue_args(broker, app), "--limit", "1", "--yes")
     assert (code, "purged 1 dead letter(s)" in out) == (0, True), err
-    code, out, err = cli("purge", *queue_args(broker, app), "--yes")
-    assert (code, "purged 2 dead letter(s)" in out) == (0, True), err
+    code, out, err = cli("purge", *queue_args(broker, app), "--yes", "--json")
+    assert code == 0, err
+    assert json.loads(out) == {"purged": 2, "queues": [queue]}
     assert depth(connection, queue) == 0
 
 
@@ -564,6 +565,7 @@ def test_purge_without_yes_and_without_a_terminal_refuses(
     kill_jobs(broker, app, store, connection, ["keep"])
     code, out, err = cli("purge", *queue_args(broker, app))
     assert code == 1
+    assert "every dead letter (1)" in err  # how many it would delete
     assert out == ""
     assert err.count("\n") == 1
     assert err.startswith("error: ")

@@ -371,28 +371,36 @@ def replay_command(
 @_filter_options
 @_optional_store_option
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-def purge_command(
+@json_option
+def purge_command(  # noqa: PLR0917 - click passes every option positionally
     queues: _Queues,
     where: DeadLetterFilter,
     limit: int | None,
     store_url: str | None,
     yes: bool,
+    as_json: bool,
 ) -> None:
     """Delete dead letters for good: those matching the filters, or all of them.
 
-    Asks first unless --yes; without a terminal, --yes is required.
+    Asks first (saying how many the queues hold) unless --yes; without a terminal,
+    --yes is required.
     """
-    with _errors():
-        every = where.is_empty and limit is None
-        what = "every dead letter" if every else "the matching dead letters"
+    with _errors(), contextlib.ExitStack() as stack:
+        store = None
+        if store_url is not None:
+            store = stack.enter_context(open_store(store_url, must_exist=True))
+        dlq = stack.enter_context(queues.open("purge", ledger=store))
         if not yes:
-            ask_first(f"delete {what} of {queues.listed} for good?", deletes="dead letters")
-        with contextlib.ExitStack() as stack:
-            store = None
-            if store_url is not None:
-                store = stack.enter_context(open_store(store_url, must_exist=True))
-            dlq = stack.enter_context(queues.open("purge", ledger=store))
-            deleted = dlq.purge(where, limit=limit)
+            held = sum(dlq.depths().values())
+            every = where.is_empty and limit is None
+            what = (
+                f"every dead letter ({held})" if every else f"the matching dead letters (of {held})"
+            )
+            ask_first(f"delete {what} of {queues.listed} for good?", deletes=what)
+        deleted = dlq.purge(where, limit=limit)
+    if as_json:
+        echo_json({"purged": deleted, "queues": queues.listed.split(", ")})
+        return
     click.echo(f"purged {deleted} dead letter(s) from {queues.listed}")
 
 
