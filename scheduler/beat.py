@@ -188,6 +188,15 @@ class Beat:
             self._identity,
             len(self._schedules),
         )
+        for schedule in self._schedules:
+            if (past := schedule.past_for_good(utc_now())) is not None:
+                log.warning(
+                    "schedule %s fires once, at %s: more than its lookback (%s) ago, so it"
+                    " never fires (whether or not it fired then); move its time, or remove it",
+                    schedule.name,
+                    past.isoformat().replace("+00:00", "Z"),
+                    schedule.lookback,
+                )
         heartbeat = Heartbeat(
             self._store,
             process_record(

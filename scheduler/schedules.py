@@ -446,6 +446,14 @@ class Schedule:
                 [f"payload is not JSON-serialisable ({error}); use JSON types only"]
             ) from None
 
+    def past_for_good(self, now: datetime) -> datetime | None:
+        """A one-off's time when it lies further back than the lookback at ``now``: no
+        leader emits it any more (it looks like a one-off that fired); else None."""
+        timing = self.timing
+        if isinstance(timing, OneOff) and timing.at < as_utc(now, "now") - self.lookback:
+            return timing.at
+        return None
+
     def fence_key(self, fire: datetime) -> str:
         """``beat:<name>:<fire>``, the fire in UTC to the second (microseconds only when
         set): the key leaders fence on, so each fire is emitted once."""

@@ -304,6 +304,13 @@ def test_a_one_off_fires_once() -> None:
         OneOff(datetime(2026, 12, 1, 9))
 
 
+def test_a_one_off_further_back_than_its_lookback_is_past_for_good() -> None:
+    once = schedule(OneOff(utc(2026, 12, 1, 8)), lookback=timedelta(hours=1))
+    assert once.past_for_good(utc(2026, 12, 1, 8, 59)) is None  # a leader still catches it up
+    assert once.past_for_good(utc(2026, 12, 1, 9, 1)) == utc(2026, 12, 1, 8)
+    assert schedule(Interval(timedelta(minutes=5))).past_for_good(utc(2030, 1, 1)) is None
+
+
 # -- fence keys, job ids, jitter -------------------------------------------------------
 
 
