@@ -192,9 +192,11 @@ def encode_again(job: Job, original: WireMessage) -> WireMessage:
     its first attempt read, not the payload written again), its content type and
     timestamp, and the headers a publisher added of its own; the job's headers
     (attempt, due time, trace context...) from ``job``; RabbitMQ's ``x-`` ones dropped."""
-    fresh = encode(job)
+    # The job's fields but its payload: the body is the original's, and a payload the
+    # decoder took may not encode again (a lone surrogate escape, say).
+    fresh = encode(job.copy(payload={}))
     headers = {
-        key: value
+        key: encodable(value)
         for key, value in original.headers.items()
         if key not in JOB_HEADERS and not key.startswith(n.BROKER_HEADER_PREFIX)
     }
@@ -207,6 +209,19 @@ def encode_again(job: Job, original: WireMessage) -> WireMessage:
         timestamp=fresh.timestamp if original.timestamp is None else original.timestamp,
         headers=headers,
     )
+
+
+def encodable(value: Any) -> Any:
+    """A header value as it came, in a form the AMQP encoder takes again: a string
+    that was not UTF-8 comes in as ``bytes``, which pamqp cannot write, so it goes out
+    as a byte array (``x``), its bytes kept; tables and arrays alike, all the way down."""
+    if isinstance(value, bytes):
+        return bytearray(value)
+    if isinstance(value, Mapping):
+        return {key: encodable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [encodable(item) for item in value]
+    return value
 
 
 def decode(message: WireMessage) -> Job:

@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
 
-from broker_jobs import App, Job, JobRequest, Publisher, QueueOptions
+from broker_jobs import App, Job, JobContext, JobRequest, Publisher, QueueOptions
 from broker_jobs.cli import main
 from broker_jobs.errors import ConfigurationError, TopologyMissingError
 from broker_jobs.retry import PermanentError, RetryPolicy
@@ -262,6 +262,66 @@ def test_a_message_whose_properties_cannot_be_read_is_dead_lettered_not_fatal(
         str(headers[HEADER_REASON]) for headers in dead_letters(connection, app, "counter.add")
     ]
     assert reasons == ["header", "header"]
+
+
+class NotUtf8(str):
+    """A header string that pika writes as these bytes: not UTF-8."""
+
+    raw = b"bad-\xff\xfe"
+
+    def encode(self, *args: object, **kwargs: object) -> bytes:  # type: ignore[override]
+        return self.raw
+
+
+def test_header_strings_that_are_not_utf8_never_loop(
+    broker: Broker, app: App, effects: Effects, connection: pika.BlockingConnection
+) -> None:
+    """A bj- header: dead-lettered as header (its dead letter once could not be
+    written: pamqp cannot encode the bytes it read, and the message came back forever
+    on a classic queue). A header of the publisher's own: the job runs, and its retry
+    and its dead letter carry the header's bytes."""
+    declare(connection, app.topology(ladder=False))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    queue = app.names.task_queue("counter.add")
+    properties = pika.BasicProperties(
+        content_type="application/json",
+        message_id="m-key",
+        type="counter.add",
+        headers={"bj-idempotency-key": NotUtf8("k")},
+    )
+    channel.basic_publish("", queue, b'{"key": "x"}', properties)
+    mine = pika.BasicProperties(
+        content_type="application/json",
+        message_id="m-own",
+        type="counter.add",
+        headers={"source": NotUtf8("s")},
+    )
+    channel.basic_publish("", queue, b'{"key": "own", "fail_times": 9}', mine)
+    outcomes = run_burst_worker(broker, app, MemoryStore())
+    assert effects.runs == Counter({"own": 3})  # all its attempts: retries published
+    assert (outcomes["dead:header"], outcomes["dead:exhausted"]) == (1, 1)
+    letters = {str(h[HEADER_REASON]): h for h in dead_letters(connection, app, "counter.add")}
+    assert set(letters) == {"header", "exhausted"}
+    assert bytes(letters["exhausted"]["source"]) == NotUtf8.raw
+
+
+def test_a_handler_raising_keyboard_interrupt_fails_its_attempts_not_the_worker(
+    broker: Broker, make_app: Callable[[], App], connection: pika.BlockingConnection
+) -> None:
+    app = make_app()
+    attempts: list[int] = []
+
+    @app.task("rude.job", retry=RetryPolicy(max_attempts=2, base_delay=0.1, jitter=False))
+    def rude(payload: Add, job: JobContext) -> None:
+        attempts.append(job.attempt)
+        raise KeyboardInterrupt
+
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish("rude.job", {"key": "r"})
+    outcomes = run_burst_worker(broker, app, MemoryStore())  # returns: the worker lives
+    assert attempts == [1, 2]
+    assert outcomes["dead:exhausted"] == 1
 
 
 def test_the_worker_command_runs_an_app_in_burst_mode(

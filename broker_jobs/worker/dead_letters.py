@@ -16,6 +16,7 @@ import aio_pika
 import aio_pika.abc
 
 from broker_jobs.clock import utc_now
+from broker_jobs.envelope import encodable
 from topology import names as n
 
 #: Header names added to a dead letter (wire names: topology/names.py).
@@ -60,7 +61,7 @@ def dead_letter_message(
     # A message's own bj-dead-* headers are dropped too: what a dead letter says of
     # its death is the worker's, never a publisher's (a forged traceback, say).
     headers = {
-        key: value
+        key: encodable(value)
         for key, value in dict(properties.get("headers") or {}).items()
         if not key.startswith((n.BROKER_HEADER_PREFIX, n.DEAD_HEADER_PREFIX))
     }

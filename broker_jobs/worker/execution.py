@@ -47,6 +47,7 @@ __all__ = [
     "HandlerThreads",
     "RunLimit",
     "TimeLimitExceeded",
+    "handler_failure",
     "run_async_handler",
     "stuck_error",
     "time_limit_error",
@@ -321,3 +322,10 @@ async def _renew_forever(renew: Callable[[], Awaitable[bool]], every: float) -> 
         await asyncio.sleep(every)
         if not await renew():
             return
+
+
+def handler_failure(error: BaseException) -> Exception:
+    """What a handler raised, as the failure its task's policy decides: a
+    ``KeyboardInterrupt`` or ``SystemExit`` raised by the handler itself (not an
+    ``Exception``) as a ``RuntimeError`` naming it, since it must not end the worker."""
+    return error if isinstance(error, Exception) else RuntimeError(repr(error))

@@ -55,7 +55,7 @@ from broker_jobs.worker.calling import bound_handler
 from broker_jobs.worker.claims import BUSY, RUN, claim_verdict
 from broker_jobs.worker.delivery import Delivery, decode_for_queue, delivered_wire_message
 from broker_jobs.worker.delivery_limit import at_delivery_limit
-from broker_jobs.worker.execution import RunLimit, run_async_handler
+from broker_jobs.worker.execution import RunLimit, handler_failure, run_async_handler
 from broker_jobs.worker.ledger_gate import LedgerGaveUp
 from broker_jobs.worker.observer import Run
 from broker_jobs.worker.overrun import LimitWatch, RunGuard
@@ -682,8 +682,7 @@ class FastPath:
     def _fail(self, item: _Item, error: BaseException) -> None:
         """The handler's failure goes to the runner's retry policy (per delivery)."""
         runner = self._runner
-        if not isinstance(error, Exception):  # KeyboardInterrupt and the like
-            error = RuntimeError(repr(error))
+        error = handler_failure(error)
 
         async def after_failure() -> str | None:
             try:

@@ -61,7 +61,13 @@ from broker_jobs.worker.claims import BUSY, RUN, claim_verdict
 from broker_jobs.worker.dead_letters import DeathCause, dead_letter_message, publish_dead_letter
 from broker_jobs.worker.delivery import Delivery, WrongQueueError, decode_for_queue, wire_message
 from broker_jobs.worker.delivery_limit import Rescue, at_delivery_limit, judge_last_delivery
-from broker_jobs.worker.execution import STUCK_RETRY_FLOOR, Executor, RunLimit, TimeLimitExceeded
+from broker_jobs.worker.execution import (
+    STUCK_RETRY_FLOOR,
+    Executor,
+    RunLimit,
+    TimeLimitExceeded,
+    handler_failure,
+)
 from broker_jobs.worker.follow_ups import FollowUps
 from broker_jobs.worker.ledger_gate import LedgerGate, LedgerGaveUp, StalledCalls
 from broker_jobs.worker.link import BrokerLink, LinkStoppedError
@@ -454,8 +460,11 @@ class Runner:
                 renew_every=settings.lease / 3,
                 level=job.priority,
             )
-        except Exception as error:  # the handler's failure, decided by its policy
-            return await self.after_failure(message, job, spec, error, holder, run=run)
+        except asyncio.CancelledError:  # the worker stops: left unsettled
+            raise
+        except BaseException as error:  # the handler's failure, decided by its policy
+            failure = handler_failure(error)
+            return await self.after_failure(message, job, spec, failure, holder, run=run)
         output = call.output(returned)
         recorded = await self.settling.record_successes([Finished(job, holder, run, output)])
         return await self.after_success(job, output if recorded else None)
@@ -498,7 +507,10 @@ class Runner:
                 self.observer.lease_lost(job.task)
                 log.warning("job %s: lease taken over before its transaction; not run", job.id)
                 return "duplicate"
-            except Exception as error:  # rolled back
+            except asyncio.CancelledError:
+                raise
+            except BaseException as raised:  # rolled back
+                error = handler_failure(raised)
                 if not isinstance(error, StoreError) and not store.is_outage(error):
                     # The handler's failure: decided by the task's policy.
                     return await self.after_failure(message, job, spec, error, holder, run=run)
