@@ -6,6 +6,7 @@ first, so a password never leaves the process.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -26,8 +27,9 @@ class BrokerURL:
         try:
             parts = urlsplit(self.url)
         except ValueError as error:  # an unclosed IPv6 bracket
+            # Not shown: what cannot be split cannot be masked for sure either.
             raise ConfigurationError(
-                f"broker URL {mask_url(self.url)!r} cannot be read ({error}): use"
+                f"a broker URL cannot be read ({error}): use"
                 " amqp://user:password@host:5672/vhost, an IPv6 host in brackets: [::1]"
             ) from None
         if parts.scheme not in _SCHEMES:
@@ -120,13 +122,27 @@ def check_tls_query(scheme: str, query: str) -> None:
         raise ConfigurationError(
             f"broker URL option {tls[0]}= sets TLS, which needs an amqps:// URL"
         )
+    for option in tls:
+        values = given[option]
+        if len(values) > 1:  # the two drivers would take different ones
+            raise ConfigurationError(f"broker URL option {option}= is given twice: give it once")
+        if not os.path.isfile(values[0]):
+            raise ConfigurationError(
+                f"broker URL option {option}={values[0]}: no such file (a path on this host)"
+            )
 
 
 def mask_url(url: str) -> str:
     """``amqp://user:secret@host/`` -> ``amqp://user:***@host/``; other text unchanged.
     Text that does not split as such a URL (``user:secret@host``, ``amqp:/user:s@host``,
     a password with an unescaped ``/``, an unclosed ``[``) has whatever stands between
-    a ``:`` and an ``@`` masked."""
+    a ``:`` and an ``@`` masked. A list of URLs (separated by commas) has each masked."""
+    if _URL_SEPARATOR.search(url):
+        return ",".join(_mask_one(part) for part in _URL_SEPARATOR.split(url))
+    return _mask_one(url)
+
+
+def _mask_one(url: str) -> str:
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -146,7 +162,7 @@ def mask_url(url: str) -> str:
 #: line, text from messages included: an unbounded ``[^@]*`` tried from each place
 #: of a long line without an ``@`` is quadratic (a 40 KB key held a worker 15 s).
 _PART = "{0,1024}"
-_URL_PASSWORD = re.compile(rf"(amqps?://[^:/@\s]{_PART}):[^@\s]{_PART}@")
+_URL_PASSWORD = re.compile(rf"(amqps?://[^:/@\s]{_PART}):[^@\s]{_PART}@", re.IGNORECASE)
 #: A ``user:password@`` anywhere: what a text that is not a well-formed URL may hold
 #: (from the start of a run of user-name characters only: linear, as above).
 _LOOSE_PASSWORD = re.compile(rf"((?<![^:/@\s])[^:/@\s]{_PART}):[^@\s]{_PART}@")

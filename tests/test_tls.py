@@ -96,6 +96,8 @@ def test_a_wrong_ca_is_refused_by_every_driver_and_nothing_falls_back(
         ("amqps://h/?no_verify_ssl=1", "always verified"),
         ("amqps://h/?ssl_options=%7B%7D", "cafile="),
         ("amqp://h/?cafile=/ca.pem", "needs an amqps://"),
+        ("amqps://h/?cafile=/no/such/ca.pem", "no such file"),
+        ("amqps://h/?cafile=/etc/hostname&cafile=/etc/hostname", "given twice"),
     ],
 )
 def test_tls_options_for_one_driver_only_or_none_are_refused(url: str, says: str) -> None:
@@ -103,8 +105,12 @@ def test_tls_options_for_one_driver_only_or_none_are_refused(url: str, says: str
         BrokerURLs.parse(url)
 
 
-def test_a_cafile_that_cannot_be_read_is_a_configuration_error() -> None:
+def test_a_cafile_that_is_no_certificate_and_an_unknown_option_are_configuration_errors(
+    tmp_path: Path,
+) -> None:
+    garbage = tmp_path / "ca.pem"
+    garbage.write_text("not a certificate")
     with pytest.raises(ConfigurationError, match="TLS files"):
-        Publisher(
-            "amqps://guest:guest@127.0.0.1:1/?cafile=/no/such/ca.pem", namespace="t"
-        ).connect()
+        Publisher(f"amqps://guest:guest@127.0.0.1:1/?cafile={garbage}", namespace="t").connect()
+    with pytest.raises(ConfigurationError, match="verify"):
+        Publisher("amqp://guest:guest@127.0.0.1:1/?verify=none", namespace="t").connect()

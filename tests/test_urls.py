@@ -451,3 +451,15 @@ def test_a_url_that_does_not_parse_says_why_without_any_of_its_password(url: str
         BrokerURLs.parse(url)
     assert "s3cr" not in str(caught.value)
     assert "%" in str(caught.value) or "amqp://" in str(caught.value)
+
+
+def test_masks_cover_lists_any_case_and_libpq_passphrases() -> None:
+    from broker_jobs.store.values import mask_dsn  # noqa: PLC0415
+
+    assert mask_url("amqp://u:p1@h1/,amqp://u:p2@h2/") == "amqp://u:***@h1/,amqp://u:***@h2/"
+    assert mask_text("lost AMQP://user:pw@host/ now") == "lost AMQP://user:***@host/ now"
+    assert "s3cret" not in mask_dsn("postgresql://u:p@h/db?sslpassword=s3cret")
+    assert "s3cret" not in mask_dsn("host=h sslpassword=s3cret")
+    with pytest.raises(ConfigurationError) as caught:
+        BrokerURLs.parse("amqp://user:s3c ret@[::1/")
+    assert "s3c" not in str(caught.value)

@@ -44,7 +44,13 @@ def pika_parameters(url: str) -> pika.URLParameters:
     options pika does not know taken out of the query)."""
     parts = urlsplit(url)
     kept = [(k, v) for k, vs in parse_qs(parts.query).items() if k not in TLS_OPTIONS for v in vs]
-    parameters = pika.URLParameters(urlunsplit(parts._replace(query=urlencode(kept))))
+    try:
+        parameters = pika.URLParameters(urlunsplit(parts._replace(query=urlencode(kept))))
+    except ValueError as error:  # an option pika does not know, or a bad value of one
+        raise ConfigurationError(
+            f"broker URL for host {parts.hostname!r}: {error}; TLS takes cafile=, certfile="
+            " and keyfile=, and the other options are pika's (heartbeat=, ...)"
+        ) from None
     context = tls_context(url)
     if context is not None:
         parameters.ssl_options = pika.SSLOptions(context, server_hostname=parts.hostname)

@@ -125,7 +125,10 @@ def check_limit(limit: int) -> int:
 _URL_PASSWORD = re.compile(
     r"((?<![a-z0-9+.-])[a-z][a-z0-9+.-]{0,32}://[^:/@\s]{0,1024}):[^@\s]{0,1024}@", re.IGNORECASE
 )
-_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
+#: libpq's ``password=`` and ``sslpassword=`` (a client key's passphrase).
+_KEYWORD_PASSWORD = re.compile(
+    r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE
+)
 
 
 def mask_dsn(text: str) -> str:
