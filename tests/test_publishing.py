@@ -395,3 +395,44 @@ def test_a_publish_whose_resend_finds_no_broker_says_its_outcome_is_unknown(
     assert not isinstance(caught.value, BrokerUnreachableError)
     assert isinstance(caught.value.__cause__, BrokerUnreachableError)
     assert publisher.sends == 2
+
+
+def test_close_under_publishes_leaves_no_connection_and_only_the_librarys_errors(
+    broker: Broker, app: App, connection: pika.BlockingConnection
+) -> None:
+    """close() while publishes connect or wait for confirms: each returns its job or
+    raises a BrokerJobsError (aiormq's bare Exception of a closing connection once
+    leaked), and no connection outlives close() (one opened by a publish under way
+    did)."""
+    declare(connection, app.topology(ladder=False))
+
+    async def round_trip(pause: float, connect_first: bool) -> tuple[list[object], bool]:
+        publisher = AsyncPublisher(broker.url, app, declare=False)
+        if connect_first:
+            await publisher.connect()
+        sending = [
+            asyncio.create_task(publisher.publish("image.resize", Resize(url="u", width=n)))
+            for n in range(20)
+        ]
+        await asyncio.sleep(pause)
+        await publisher.close()
+        outcomes = await asyncio.gather(*sending, return_exceptions=True)
+        left_open = publisher._connection is not None
+        await publisher.close()
+        return outcomes, left_open
+
+    async def rounds() -> list[tuple[list[object], bool]]:
+        return [
+            await round_trip(pause / 1000, connect_first)
+            for pause in range(0, 12, 2)
+            for connect_first in (False, True)
+        ]
+
+    for outcomes, left_open in asyncio.run(rounds()):
+        assert not left_open
+        wrong = [
+            o
+            for o in outcomes
+            if isinstance(o, BaseException) and not isinstance(o, BrokerJobsError)
+        ]
+        assert wrong == [], wrong

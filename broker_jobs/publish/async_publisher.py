@@ -103,7 +103,8 @@ class AsyncPublisher(PublisherBase):
         future in aiormq as the broker returns the message breaks the channel's
         reader, and with it every publish in flight. A cancelled caller's send goes
         on to its end; the job may then be stored, as the docs say."""
-        sending = asyncio.ensure_future(self._send_and_record(prepared))
+        # A close() from here on is one under this publish: it does not reconnect.
+        sending = asyncio.ensure_future(self._send_and_record(prepared, self._closings))
         self._sending.add(sending)
         sending.add_done_callback(self._sent)
         return await asyncio.shield(sending)
@@ -113,8 +114,7 @@ class AsyncPublisher(PublisherBase):
         if not sending.cancelled():
             sending.exception()  # retrieved: its caller may have stopped waiting
 
-    async def _send_and_record(self, prepared: Prepared) -> Job:
-        closings = self._closings
+    async def _send_and_record(self, prepared: Prepared, closings: int) -> Job:
         with self._traced(prepared) as sent:
             error = await self._send_one(sent, closings)
             if (
@@ -193,9 +193,12 @@ class AsyncPublisher(PublisherBase):
 
     async def close(self) -> None:
         self._closings += 1
-        connection = self._connection
-        self._forget_channel()
-        self._node = None  # used again, it starts with the first node
+        # After a connect under way (a publish's first): else the connection it opens
+        # would outlive close(), held by a closed publisher.
+        async with self._connecting:
+            connection = self._connection
+            self._forget_channel()
+            self._node = None  # used again, it starts with the first node
         if connection is not None and not connection.is_closed:
             await connection.close()
 
@@ -282,7 +285,9 @@ class AsyncPublisher(PublisherBase):
                 f" confirmed ({type(error).__name__}: {mask_text(str(error))}): its outcome"
                 " is unknown; publishing it again with the same id and key is safe"
             )
-        if connection is None or connection.is_closed:  # aiormq raises bare errors then
+        if connection is None or connection.is_closed or connection is not self._connection:
+            # Closed or closing under the publish (a close(), another publish dropping
+            # it): aiormq raises bare errors then.
             return BrokerConnectionError(
                 f"the connection to {self._node_name()} closed before job {job.id} was"
                 f" confirmed ({type(error).__name__}: {mask_text(str(error))}): its outcome"

@@ -615,10 +615,11 @@ class Runner:
             )
         elif properties.message_id:
             # A poison message never became a job: the ledger still says it is dead,
-            # under its idempotency key if it had a readable one, else its id.
+            # under its message id, never its key: a bad message (anyone's) must not
+            # settle the key's job, of this task or another, before it comes.
             await self.recorded(
                 self._store.dead,
-                key or properties.message_id,
+                properties.message_id,
                 None,
                 f"{cause.reason}: {cause.error}",
                 job_id=properties.message_id,
