@@ -284,20 +284,15 @@ def test_header_strings_that_are_not_utf8_never_loop(
     channel = connection.channel()
     channel.confirm_delivery()
     queue = app.names.task_queue("counter.add")
-    properties = pika.BasicProperties(
-        content_type="application/json",
-        message_id="m-key",
-        type="counter.add",
-        headers={"bj-idempotency-key": NotUtf8("k")},
-    )
-    channel.basic_publish("", queue, b'{"key": "x"}', properties)
-    mine = pika.BasicProperties(
-        content_type="application/json",
-        message_id="m-own",
-        type="counter.add",
-        headers={"source": NotUtf8("s")},
-    )
-    channel.basic_publish("", queue, b'{"key": "own", "fail_times": 9}', mine)
+    for message_id, body, headers in [
+        ("m-key", b'{"key": "x"}', {"bj-idempotency-key": NotUtf8("k")}),
+        ("m-own", b'{"key": "own", "fail_times": 9}', {"source": NotUtf8("s")}),
+    ]:
+        properties = pika.BasicProperties(
+            content_type="application/json", message_id=message_id, type="counter.add",
+            headers=headers,
+        )  # fmt: skip
+        channel.basic_publish("", queue, body, properties)
     outcomes = run_burst_worker(broker, app, MemoryStore())
     assert effects.runs == Counter({"own": 3})  # all its attempts: retries published
     assert (outcomes["dead:header"], outcomes["dead:exhausted"]) == (1, 1)
