@@ -225,10 +225,7 @@ class AsyncPublisher(PublisherBase):
         :attr:`_closings` when the publish began (closed since: no new connection)."""
         job = prepared.job
         if self._closings != closings and self._channel is None:
-            return BrokerConnectionError(
-                f"the publisher was closed before job {job.id} was confirmed: its outcome is"
-                " unknown; publishing it again with the same id and key is safe"
-            )
+            return _outcome_unknown(job, "the publisher was closed")
         try:
             channel, refused = await self._ready_channel([prepared])
         except BrokerConnectionError as error:
@@ -250,11 +247,7 @@ class AsyncPublisher(PublisherBase):
                 raise
             # Another publish on this connection failed and dropped it under this one.
             await self._drop_connection()
-            return BrokerConnectionError(
-                f"the connection to {self._node_name()} closed before job {job.id} was"
-                " confirmed: its outcome is unknown; publishing it again with the same id"
-                " and key is safe"
-            )
+            return _outcome_unknown(job, f"the connection to {self._node_name()} closed")
         except Exception as error:  # translated below; unknown errors are re-raised
             translated = self._translate(job, error, connection)
             if not isinstance(translated, UnroutableError | NackedError):
@@ -279,20 +272,13 @@ class AsyncPublisher(PublisherBase):
         if isinstance(error, TimeoutError):
             hint = confirm_timeout_hint(None, blocked=_blocked(connection))
             return ConfirmTimeoutError(job.task, job.id, self._settings.confirm_timeout, hint)
+        why = f"({type(error).__name__}: {mask_text(str(error))})"
         if isinstance(error, aio_pika.exceptions.CONNECTION_EXCEPTIONS):
-            return BrokerConnectionError(
-                f"the connection to {self._node_name()} broke before job {job.id} was"
-                f" confirmed ({type(error).__name__}: {mask_text(str(error))}): its outcome"
-                " is unknown; publishing it again with the same id and key is safe"
-            )
+            return _outcome_unknown(job, f"the connection to {self._node_name()} broke {why}")
         if connection is None or connection.is_closed or connection is not self._connection:
             # Closed or closing under the publish (a close(), another publish dropping
             # it): aiormq raises bare errors then.
-            return BrokerConnectionError(
-                f"the connection to {self._node_name()} closed before job {job.id} was"
-                f" confirmed ({type(error).__name__}: {mask_text(str(error))}): its outcome"
-                " is unknown; publishing it again with the same id and key is safe"
-            )
+            return _outcome_unknown(job, f"the connection to {self._node_name()} closed {why}")
         raise error
 
     async def _ready_channel(
@@ -356,6 +342,14 @@ class AsyncPublisher(PublisherBase):
             # Already broken: the next publish opens a new one.
             with contextlib.suppress(*aio_pika.exceptions.CONNECTION_EXCEPTIONS):
                 await connection.close()
+
+
+def _outcome_unknown(job: Job, what: str) -> BrokerConnectionError:
+    """``what`` happened before ``job``'s confirm came: it may or may not be stored."""
+    return BrokerConnectionError(
+        f"{what} before job {job.id} was confirmed: its outcome is unknown; publishing it"
+        " again with the same id and key is safe"
+    )
 
 
 def _blocked(connection: aio_pika.abc.AbstractConnection | None) -> bool:
