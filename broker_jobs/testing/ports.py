@@ -16,6 +16,10 @@ from pathlib import Path
 
 #: The lowest port handed out; below it are well-known and registered services.
 LOWEST = 20000
+#: The first port not handed out: a rabbitmqctl run against a node listens on that
+#: node's distribution port + 10000 (up to + 10010), which must not be the port of
+#: another node picked here (a node's AMQP port was taken so, once).
+HIGHEST = 30000
 #: The kernel's default ephemeral range starts here (when its setting cannot be read).
 EPHEMERAL_DEFAULT = 32768
 #: Fewer ports than this below the ephemeral range: let the kernel pick instead.
@@ -36,10 +40,10 @@ def port_free(port: int, host: str = "0.0.0.0") -> bool:
 def free_port(avoid: set[int] | frozenset[int] = frozenset()) -> int:
     """A port nobody listens on, below the ephemeral range when there is room, not in
     ``avoid``."""
-    low = _ephemeral_start()
+    high = min(_ephemeral_start(), HIGHEST)
     while True:
-        if low - LOWEST >= ENOUGH:
-            port = random.randrange(LOWEST, low)
+        if high - LOWEST >= ENOUGH:
+            port = random.randrange(LOWEST, high)
         else:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
