@@ -23,7 +23,8 @@ from broker_jobs.store.base import (
 #: Why the ledger may have no payload of a job (the page, `jobs show`).
 PAYLOAD_NOT_KEPT = (
     "not kept: the ledger keeps a job's payload when it was published with the ledger"
-    " or after a failure (not on every claim: that would cost throughput)"
+    " and recorded before a worker claimed it, or after a failure (not on every claim:"
+    " that would cost throughput)"
 )
 
 
