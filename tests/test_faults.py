@@ -7,6 +7,7 @@ These tests run last (see conftest) and leave the node running.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -59,6 +60,23 @@ def app(make_app: Callable[[], App]) -> App:
     app = make_app()
     app.declare("order.ship", Order)
     return app
+
+
+@contextlib.contextmanager
+def memory_alarm(node: RabbitNode, *, now: bool = True) -> Iterator[Callable[[], None]]:
+    """A memory alarm: the broker reads nothing more from publishing connections, so
+    no confirm can come. Raised now, or when the block calls what this yields; cleared
+    after the block whatever happened in it."""
+
+    def raise_alarm() -> None:
+        node.ctl("set_vm_memory_high_watermark", "0")
+
+    if now:
+        raise_alarm()
+    try:
+        yield raise_alarm
+    finally:
+        node.ctl("set_vm_memory_high_watermark", "0.4")
 
 
 def stored_jobs(broker: Broker, app: App, at_least: int, within: float = 5.0) -> list[Job]:
@@ -133,8 +151,7 @@ def test_a_broker_that_stops_confirming_gives_a_timeout_not_a_hang(
     publisher.publish("order.ship", {"number": 1})  # connected and declared
     # A memory alarm blocks every publishing connection: the broker reads nothing
     # more from it, so no confirm can come, as with a quorum queue without majority.
-    node.ctl("set_vm_memory_high_watermark", "0")
-    try:
+    with memory_alarm(node):
         with pytest.raises(ConfirmTimeoutError, match=r"outcome is unknown.*memory or disk alarm"):
             publisher.publish("order.ship", {"number": 2})
         # A batch larger than the confirm window stalls at the window, and says so.
@@ -148,8 +165,6 @@ def test_a_broker_that_stops_confirming_gives_a_timeout_not_a_hang(
         # timeout is a race: its hint is not checked here, the single publish's is.)
         assert any(isinstance(error, ConfirmTimeoutError) for error in errors)
         assert all("not sent" in str(error) for error in errors[-400:])
-    finally:
-        node.ctl("set_vm_memory_high_watermark", "0.4")
     job = publisher.publish("order.ship", {"number": 3})
     assert job.id in {stored.id for stored in stored_jobs(broker, app, at_least=2)}
 
@@ -178,12 +193,8 @@ def test_a_fire_whose_connection_closes_before_its_confirm_is_a_broken_link(
             return error
         return None
 
-    # A memory alarm: the broker reads nothing more from publishers, so no confirm.
-    node.ctl("set_vm_memory_high_watermark", "0")
-    try:
+    with memory_alarm(node):
         error = asyncio.run(emit_while_the_connection_closes())
-    finally:
-        node.ctl("set_vm_memory_high_watermark", "0.4")
     assert isinstance(error, BrokerConnectionError), error
 
 
@@ -199,7 +210,7 @@ def test_a_publish_whose_connection_is_closed_under_it_fails_as_a_broken_link(
     async def closed_under_a_publish() -> BaseException | Job:
         async with AsyncPublisher(broker.url, app, confirm_timeout=2) as publisher:
             await publisher.publish("order.ship", {"number": 0})  # connected, declared
-            node.ctl("set_vm_memory_high_watermark", "0")
+            raise_alarm()
             waiting = asyncio.create_task(publisher.publish("order.ship", {"number": 1}))
             for _ in range(20):  # loop turns: the publish goes out, its confirm cannot come
                 await asyncio.sleep(0)
@@ -207,10 +218,8 @@ def test_a_publish_whose_connection_is_closed_under_it_fails_as_a_broken_link(
             (outcome,) = await asyncio.gather(waiting, return_exceptions=True)
             return outcome
 
-    try:
+    with memory_alarm(node, now=False) as raise_alarm:
         outcome = asyncio.run(closed_under_a_publish())
-    finally:
-        node.ctl("set_vm_memory_high_watermark", "0.4")
     assert isinstance(outcome, BrokerJobsError), outcome
 
 
@@ -222,8 +231,7 @@ def test_threads_sharing_a_publisher_the_broker_blocks_wait_at_most_their_timeou
     with Publisher(broker.url, app, confirm_timeout=1) as publisher:
         publisher.publish("order.ship", {"number": 0})  # connected and declared
         outcomes: list[BaseException | Job] = []
-        node.ctl("set_vm_memory_high_watermark", "0")
-        try:
+        with memory_alarm(node):
 
             def publish(number: int) -> None:
                 try:
@@ -236,8 +244,6 @@ def test_threads_sharing_a_publisher_the_broker_blocks_wait_at_most_their_timeou
                 thread.start()
             for thread in threads:
                 thread.join()
-        finally:
-            node.ctl("set_vm_memory_high_watermark", "0.4")
     kinds = Counter(type(outcome).__name__ for outcome in outcomes)
     assert set(kinds) <= {"ConfirmTimeoutError", "PublisherBusyError"}, outcomes
     assert kinds["PublisherBusyError"] >= 1, outcomes  # (4 threads, 1 s each: they queue)
@@ -259,10 +265,10 @@ def test_publishes_in_flight_when_an_async_publisher_closes_open_no_connection(
             self.connects += 1
             return await super()._connect()
 
-    async def close_under_publishes() -> tuple[list[object], int]:
+    async def close_under_publishes() -> tuple[list[BaseException | Job], int]:
         publisher = Counting(broker.url, app, confirm_timeout=5)
         await publisher.publish("order.ship", {"number": 0})  # connected, declared
-        node.ctl("set_vm_memory_high_watermark", "0")
+        raise_alarm()
         waiting = [
             asyncio.create_task(publisher.publish("order.ship", {"number": n}))
             for n in range(1, 20)
@@ -274,10 +280,8 @@ def test_publishes_in_flight_when_an_async_publisher_closes_open_no_connection(
         await publisher.close()
         return outcomes, publisher.connects
 
-    try:
+    with memory_alarm(node, now=False) as raise_alarm:
         outcomes, connects = asyncio.run(close_under_publishes())
-    finally:
-        node.ctl("set_vm_memory_high_watermark", "0.4")
     assert all(isinstance(outcome, BrokerJobsError) for outcome in outcomes), outcomes
     assert connects == 1  # none reconnected after close()
 
