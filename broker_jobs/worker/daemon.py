@@ -47,7 +47,7 @@ from broker_jobs.urls import BrokerURL, BrokerURLs
 from broker_jobs.worker.controls import ControlWatch
 from broker_jobs.worker.execution import Executor
 from broker_jobs.worker.fast_path import FastPath
-from broker_jobs.worker.frame_reading import tolerating_unreadable_headers
+from broker_jobs.worker.frame_reading import tolerate_unreadable_headers
 from broker_jobs.worker.link import BrokerLink, ExpectedDisconnects
 from broker_jobs.worker.observer import JobObserver
 from broker_jobs.worker.prefetch_boost import PrefetchBoost
@@ -192,7 +192,8 @@ class Worker:
         :class:`~broker_jobs.errors.ReconnectTimeoutError` after ``reconnect_timeout``
         seconds without a broker, :class:`~broker_jobs.errors.ConsumerCancelledError`
         when the broker cancels a consumer (after the running jobs settled)."""
-        with ExpectedDisconnects().installed(), tolerating_unreadable_headers():
+        tolerate_unreadable_headers()
+        with ExpectedDisconnects().installed():
             return await self._run()
 
     async def _run(self) -> Counter[str]:

@@ -84,15 +84,15 @@ _CONTENT_HEADER = 2
 _HEADER_START = struct.Struct(">HHQ")
 
 
-@contextmanager
-def tolerating_unreadable_headers() -> Iterator[None]:
-    """Inside the block, pamqp reads a content header whose properties it cannot read
-    as :func:`unreadable_header` makes it, for every aiormq connection of the process
+def tolerate_unreadable_headers() -> None:
+    """From now on, pamqp reads a content header whose properties it cannot read as
+    :func:`unreadable_header` makes it, for every aiormq connection of the process
     (aiormq's own path and :func:`whole_frame` alike call ``pamqp.frame.unmarshal``).
-    ``Worker.run`` runs inside one. Nested blocks leave it to the outermost."""
+    ``Worker.run`` calls it. Installed once and kept, never taken back: workers of one
+    process (threads, tests) start and end in any order, and a worker still running
+    must keep it; it changes nothing but what became of a frame that failed."""
     original = pamqp.frame.unmarshal
     if getattr(original, "tolerates_unreadable_headers", False):
-        yield
         return
 
     def unmarshal(data: bytes) -> ReceivedFrame:
@@ -106,10 +106,6 @@ def tolerating_unreadable_headers() -> Iterator[None]:
 
     unmarshal.tolerates_unreadable_headers = True  # type: ignore[attr-defined]
     pamqp.frame.unmarshal = unmarshal  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        pamqp.frame.unmarshal = original
 
 
 def unreadable_header(data: bytes, error: BaseException) -> ReceivedFrame | None:
