@@ -45,6 +45,7 @@ from broker_jobs.errors import BrokerJobsError
 from broker_jobs.ops.dead_letter_ledger import IndexedDeadLetters
 from broker_jobs.ops.dead_letters import (
     BROKER_DELIVERY_LIMIT,
+    CONNECT_TIMEOUT,
     DeadLetter,
     DeadLetterFilter,
     DeadLetterQueues,
@@ -99,7 +100,13 @@ class _Queues:
     names: Names
     tasks: tuple[str, ...]
 
-    def open(self, command: str, *, ledger: Store | None = None) -> DeadLetterQueues:
+    def open(
+        self,
+        command: str,
+        *,
+        ledger: Store | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT,
+    ) -> DeadLetterQueues:
         """Their :class:`DeadLetterQueues`, connecting as ``broker-jobs dlq <command>``,
         keeping ``ledger``'s index of dead letters in step."""
         return DeadLetterQueues(
@@ -108,6 +115,7 @@ class _Queues:
             self.tasks,
             connection_name=f"broker-jobs dlq {command}",
             ledger=ledger,
+            connect_timeout=connect_timeout,
         )
 
     @property
@@ -407,13 +415,18 @@ def purge_command(  # noqa: PLR0917 - click passes every option positionally
 # -- helpers --------------------------------------------------------------------------
 
 
+#: Seconds the listing waits for a node to answer its depth check: the list is the
+#: ledger's, whole without it, and a host that drops packets must not hold it long.
+DEPTHS_TIMEOUT = 3.0
+
+
 def _say_what_the_index_misses(queues: _Queues, indexed: Mapping[str, int]) -> None:
     """A warning on stderr when the queues hold dead letters the ledger's index does
     not (dead-lettered by RabbitMQ itself, an older broker-jobs, another tool), or
     when the broker could not be asked: the listing is the index's, whole either way.
     Only the queues' depths are read (a passive declare): no message is touched."""
     try:
-        with queues.open("list") as dlq:
+        with queues.open("list", connect_timeout=DEPTHS_TIMEOUT) as dlq:
             depths = dlq.depths()
     except BrokerJobsError as error:
         click.echo(
