@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import socket
 import threading
 from collections.abc import Callable
@@ -436,3 +437,29 @@ def test_close_under_publishes_leaves_no_connection_and_only_the_librarys_errors
             if isinstance(o, BaseException) and not isinstance(o, BrokerJobsError)
         ]
         assert wrong == [], wrong
+
+
+def test_a_sync_publisher_used_in_a_forked_child_opens_its_own_connection(
+    app: App, broker: Broker, connection: pika.BlockingConnection
+) -> None:
+    """A publisher connected before a fork (gunicorn's ``--preload``, a module-level
+    publisher) must not send on the parent's socket from the child: the child's
+    frames would break the parent's connection and its confirms would go to the
+    parent. The child opens a connection of its own; the parent's stays usable."""
+    with Publisher(broker.url, app, connection_name="test forked publisher") as publisher:
+        before = publisher.publish("image.resize", {"url": "parent", "width": 1})
+        child = os.fork()
+        if child == 0:  # the child: report by exit code only, never return into pytest
+            code = 1
+            try:
+                publisher.publish("image.resize", {"url": "child", "width": 2})
+                publisher.close()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        after = publisher.publish("image.resize", {"url": "parent", "width": 3})
+    assert os.waitstatus_to_exitcode(status) == 0
+    stored = drain(connection, app.names.task_queue("image.resize"))
+    assert sorted(job.payload["width"] for job in stored) == [1, 2, 3]
+    assert {before.id, after.id} <= {job.id for job in stored}

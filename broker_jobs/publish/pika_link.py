@@ -186,6 +186,20 @@ class PikaLink:
                 self._turn(0.0)  # abort finishes (closes the socket) on the next pass
         self._abort()
 
+    def abandon(self) -> None:
+        """Forget this link in a forked child without touching the broker: its socket
+        and the loop's epoll are the parent's too, so nothing is sent and nothing is
+        unregistered (pika's close would do both, breaking the parent's connection);
+        the child's copies of their descriptors are closed, the parent's stay open."""
+        if self._state.closed is None:
+            self._state.closed = BrokerConnectionError("left to the parent process at a fork")
+        transport = getattr(self._connection, "_transport", None)
+        poller = getattr(self._connection.ioloop, "_poller", None)  # pika's internals
+        for inherited in (getattr(transport, "_sock", None), getattr(poller, "_poll", None)):
+            if inherited is not None:
+                with contextlib.suppress(OSError):
+                    inherited.close()
+
     def describe_closed(self) -> str:
         reason = self._state.closed
         return (

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Unpack, overload
@@ -63,7 +65,8 @@ class Publisher(PublisherBase, Closing):
     Threads: a pika connection must not be used from two threads at once, so every
     call takes an internal lock. Sharing one publisher between threads is safe, and
     serialises their publishes; give each thread its own publisher for parallelism.
-    Not safe across ``fork()``: create publishers in the child.
+    Across ``fork()`` (gunicorn's ``--preload``, a module-level publisher), a child
+    leaves the parent's connection alone and opens its own on its first publish.
 
     >>> with Publisher("amqp://guest:guest@localhost/", app) as publisher:
     ...     job = publisher.publish("image.resize", Resize(url="...", width=128))
@@ -72,6 +75,17 @@ class Publisher(PublisherBase, Closing):
     def _init_connection_state(self) -> None:
         self._lock = threading.Lock()
         self._link: PikaLink | None = None
+        _forget_connection_in_forked_children(self)
+
+    def _forget_parents_connection(self) -> None:
+        """In a forked child: drop the connection inherited from the parent without
+        a frame or an epoll change (both are shared with the parent, whose connection
+        they would break), and a lock another thread of the parent may have held."""
+        self._lock = threading.Lock()
+        if self._link is not None:
+            self._link.abandon()
+            self._link = None
+        self._node = None
 
     @overload
     def publish(
@@ -305,6 +319,19 @@ class Publisher(PublisherBase, Closing):
             )
         link.close()
         self._link = None
+
+
+def _forget_connection_in_forked_children(publisher: Publisher) -> None:
+    """Have a forked child drop ``publisher``'s inherited connection at once, while it
+    has a single thread (the publisher itself is not kept alive for it)."""
+    ref = weakref.ref(publisher)
+
+    def after_fork_in_child() -> None:
+        alive = ref()
+        if alive is not None:
+            alive._forget_parents_connection()
+
+    os.register_at_fork(after_in_child=after_fork_in_child)
 
 
 def _is_not_found(reason: BaseException | None) -> bool:
