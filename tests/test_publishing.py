@@ -7,6 +7,7 @@ publisher, through the ``make_publisher`` fixture: same calls, same outcomes.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import socket
@@ -16,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pika
+import pika.exceptions
 import pytest
 from pydantic import BaseModel
 
@@ -463,3 +465,26 @@ def test_a_sync_publisher_used_in_a_forked_child_opens_its_own_connection(
     stored = drain(connection, app.names.task_queue("image.resize"))
     assert sorted(job.payload["width"] for job in stored) == [1, 2, 3]
     assert {before.id, after.id} <= {job.id for job in stored}
+
+
+def test_a_failed_connect_leaves_the_drivers_lines_out_of_the_users_log(
+    app: App, make_publisher: MakePublisher, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the broker down, every publish fails to connect: pika logged ten lines an
+    attempt (seven at ERROR) and aiormq one ERROR, into the publishing service's
+    own log. The error names the node and why; the drivers' lines above DEBUG are
+    dropped while our connect runs, and kept for a connect of the user's own."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nobody listens there once closed
+    url = f"amqp://guest:secret@127.0.0.1:{port}/"
+    publisher = make_publisher(app, url=url)
+    caplog.set_level(logging.DEBUG)
+    for _ in range(3):
+        with pytest.raises(BrokerUnreachableError, match="connection refused"):
+            publisher.publish("image.resize", Resize(url="u", width=1))
+    drivers = [r for r in caplog.records if r.name.startswith(("pika", "aiormq", "aio_pika"))]
+    assert [r.getMessage() for r in drivers if r.levelno > logging.DEBUG] == []
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        pika.BlockingConnection(pika.URLParameters(url))  # the user's own connect
+    assert any(r.name.startswith("pika") and r.levelno == logging.ERROR for r in caplog.records)

@@ -30,6 +30,7 @@ import pika
 import pika.exceptions
 from pika.adapters.utils import connection_workflow as workflow
 
+from broker_jobs.amqp.driver_logs import connect_lines_dropped
 from broker_jobs.amqp.tls import pika_parameters
 from broker_jobs.errors import BrokerUnreachableError
 from broker_jobs.urls import AnyBrokerURLs, BrokerURL, BrokerURLs, mask_text
@@ -101,16 +102,17 @@ async def connect_first(
     failures: list[str] = []
     for url in BrokerURLs.parse(urls).after(after):
         try:
-            connection = await asyncio.wait_for(
-                aio_pika.connect(
-                    url.url,
-                    timeout=timeout,
-                    client_properties={"connection_name": connection_name},
-                    connection_class=Connection,
-                    **options,
-                ),
-                timeout,
-            )
+            with connect_lines_dropped():
+                connection = await asyncio.wait_for(
+                    aio_pika.connect(
+                        url.url,
+                        timeout=timeout,
+                        client_properties={"connection_name": connection_name},
+                        connection_class=Connection,
+                        **options,
+                    ),
+                    timeout,
+                )
         except CONNECT_ERRORS as error:
             failures.append(node_failure(url, error))
             continue
@@ -144,7 +146,8 @@ def first_answering(
     failures: list[str] = []
     for url in BrokerURLs.parse(urls).after(after):
         try:
-            connected = connect(url)
+            with connect_lines_dropped():
+                connected = connect(url)
         except NodeUnreachable as error:
             failures.append(error.line)
             continue
