@@ -26,9 +26,11 @@ from pydantic import BaseModel
 
 from broker_jobs import App, Job, JobRequest, Publisher
 from broker_jobs.errors import HandlerStuckError
+from broker_jobs.ops.processes import process_views
 from broker_jobs.retry import RetryPolicy
 from broker_jobs.store.base import Status
 from broker_jobs.store.memory import MemoryStore
+from broker_jobs.store.processes import Liveness
 from broker_jobs.worker import Worker, WorkerSettings
 from broker_jobs.worker.observer import JobObserver
 from broker_jobs.worker.overrun import (
@@ -260,6 +262,10 @@ def test_a_handler_stuck_past_the_grace_replaces_the_worker_after_the_others_set
     # it) and 5 s after the attempt ended, itself after the start, the time limit and
     # the overrun grace (the record's own time is stamped after the due was computed).
     assert record.due_at >= started + timedelta(seconds=0.3 + 0.5 + 2 + 5)
+    # `broker-jobs workers` shows why it stopped: a restarter must start another.
+    (view,) = process_views(store)
+    assert view.liveness is Liveness.STOPPED
+    assert view.document()["ended"] == f"exit 70: {str(raised.value).splitlines()[0]}"
     # The next attempt runs (not as a crash loop): a new worker takes it once due.
     outcomes = run_burst_worker(broker, app, store, overrun_grace=0.5)
     assert outcomes["succeeded"] == 1

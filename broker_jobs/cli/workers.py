@@ -15,6 +15,7 @@ from broker_jobs.clock import utc_now
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.ops.processes import ProcessView, liveness_counts, process_views
 from broker_jobs.ops.readable import span, when
+from broker_jobs.printable import printable
 from broker_jobs.store.base import Store, mask_dsn
 from broker_jobs.store.processes import Liveness
 from broker_jobs.store.urls import open_store
@@ -143,6 +144,8 @@ def _row(view: ProcessView) -> list[str | Text]:
     state = view.liveness.value
     if view.liveness is Liveness.LOST:
         state = f"lost ({span(view.silent_for)})"
+    elif view.liveness is Liveness.STOPPED and r.ended:
+        state = f"stopped ({printable(r.ended)})"
     kind = r.kind.value if r.role is None else f"{r.kind.value} ({r.role})"
     concurrency = "-" if r.concurrency is None else str(r.concurrency)
     if r.processes and r.processes > 1:

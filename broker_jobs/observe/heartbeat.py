@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from broker_jobs.clock import utc_now
+from broker_jobs.errors import BrokerJobsError
 from broker_jobs.observe.failure_streak import FailureStreak
 from broker_jobs.store.base import Store
 from broker_jobs.store.processes import ProcessKind, ProcessRecord, ProcessState, RunningJob
@@ -150,10 +151,33 @@ class Heartbeat:
         with contextlib.suppress(Exception):
             self._store.forget_processes(utc_now() - FORGET_AFTER)
 
-    async def stopped(self, *, within: float = STOPPED_WITHIN) -> None:
-        """The last heartbeat of a graceful exit: ``stopped``, nothing running. Waits
-        ``within`` seconds at most (a ledger that hangs does not hold up the exit;
-        the record then shows the process lost, later)."""
+    async def stopped(
+        self, *, ended: BaseException | None = None, within: float = STOPPED_WITHIN
+    ) -> None:
+        """The last heartbeat of an exit: ``stopped``, nothing running, and the error it
+        ``ended`` with, if any. Waits ``within`` seconds at most (a ledger that hangs
+        does not hold up the exit; the record then shows the process lost, later)."""
+        self._record = replace(self._record, ended=exit_reason(ended))
         last = replace(self._pulse(), state=ProcessState.STOPPED, in_flight=0, running=())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.beat(last), within)
+
+
+#: The longest reason a record keeps (an error's first line, shortened).
+MAX_EXIT_REASON = 300
+
+
+def exit_reason(error: BaseException | None) -> str | None:
+    """What ``workers`` shows for a process that ended with ``error``: its exit code
+    and the first line of its message; None for a stop it was asked for (a signal,
+    a cancelled task, ``--burst`` drained)."""
+    if error is None or isinstance(error, (asyncio.CancelledError, KeyboardInterrupt)):
+        return None
+    line = (str(error).strip().splitlines() or [""])[0]
+    if isinstance(error, BrokerJobsError):
+        reason = f"exit {error.exit_code}: {line or type(error).__name__}"
+    else:
+        reason = f"crashed: {type(error).__name__}" + (f": {line}" if line else "")
+    if len(reason) > MAX_EXIT_REASON:
+        reason = reason[: MAX_EXIT_REASON - 1] + "\u2026"
+    return reason

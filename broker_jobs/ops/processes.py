@@ -47,6 +47,7 @@ class ProcessView:
             "processes": r.processes,
             "role": r.role,
             "paused": list(r.paused),
+            "ended": r.ended,
             "started_at": when(r.started_at),
             "last_seen": when(r.seen_at),
             "silent_s": round(self.silent_for.total_seconds(), 1),

@@ -80,6 +80,9 @@ class ProcessRecord:
     role: str | None = None
     #: Its tasks that it holds paused (it starts none of their jobs).
     paused: tuple[str, ...] = ()
+    #: Why it stopped, when not because it was asked to: the error it exited with
+    #: (its exit code and message's first line), for an operator to see.
+    ended: str | None = None
 
 
 #: Heartbeat periods of silence after which a process is lost.
@@ -141,6 +144,7 @@ def process_document(record: ProcessRecord) -> str:
         ],
         "role": record.role,
         "paused": list(record.paused),
+        "ended": record.ended,
     }
     return json.dumps(document, separators=(",", ":"))
 
@@ -176,6 +180,11 @@ def process_of(text: str) -> ProcessRecord:
             ),
             role=document.get("role"),
             paused=tuple(map(str, document.get("paused") or ())),
+            ended=_text_or_none(document.get("ended")),
         )
     except (ValueError, KeyError, TypeError) as error:
         raise StoreError(f"a heartbeat record that is not one ({error}): {text[:200]!r}") from None
+
+
+def _text_or_none(value: object) -> str | None:
+    return None if value is None else str(value)

@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -249,30 +250,40 @@ class Worker:
                 await self._finish(runner, fast_path, settings.grace)
                 raise
             session, why = ended if ended is not None else (None, Stopped())
-            if session is not None:
-                await session.cancel_consumers()
-            runner.stopping = True
-            if isinstance(why, Replacing):
-                await self._replace(runner, fast_path, settings.grace)
-            await self._finish(runner, fast_path, settings.grace)
-            if isinstance(why, Cancelled):
-                raise ConsumerCancelledError(why.queue)
-            if isinstance(why, Replacing):
-                raise HandlerStuckError(runner.overruns.ever_stuck)
+            await self._wind_down(session, why, runner, fast_path)
             return runner.outcomes.counts
         finally:
+            failure = sys.exception()  # the error it exits with, for its last heartbeat
             for chore in chores:
                 chore.cancel()
             following.cancel()
             await controls.stopped()
             beating.cancel()
-            await heartbeat.stopped()
+            await heartbeat.stopped(ended=failure)
             runner.observer.flush_summary()  # the last second's successes
             runner.close()
             executor.shutdown()
             await publisher.close()
             if session is not None:
                 await session.close()
+
+    async def _wind_down(
+        self, session: Session | None, why: SessionEnded, runner: Runner, fast_path: FastPath
+    ) -> None:
+        """Consuming ended for ``why``: no new deliveries, the jobs in hand finished
+        (or returned, for a replacement) within the grace; raises the error the worker
+        exits with, if it has one."""
+        if session is not None:
+            await session.cancel_consumers()
+        runner.stopping = True
+        grace = self._settings.grace
+        if isinstance(why, Replacing):
+            await self._replace(runner, fast_path, grace)
+        await self._finish(runner, fast_path, grace)
+        if isinstance(why, Cancelled):
+            raise ConsumerCancelledError(why.queue)
+        if isinstance(why, Replacing):
+            raise HandlerStuckError(runner.overruns.ever_stuck)
 
     def _new_runner(
         self, executor: Executor, publisher: AsyncPublisher, link: BrokerLink
