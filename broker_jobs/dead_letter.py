@@ -13,6 +13,7 @@ commands (:mod:`broker_jobs.ops.dead_letters`) read, replay and purge them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -89,7 +90,7 @@ class DeadLetter:
             "payload": self.payload,
             "body": None if self.payload is not None else self.body.decode("utf-8", "replace"),
             "traceback": self.traceback,
-            "properties": jsonable(self.properties),
+            "properties": _properties_json(self.properties),
             "headers": jsonable(self.headers),
         }
 
@@ -216,6 +217,19 @@ def _json(body: bytes) -> Any:
 
 def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z") if moment else None
+
+
+def _properties_json(properties: Mapping[str, Any]) -> dict[str, Any]:
+    """The properties as JSON values, the timestamp as a UTC time however it was read
+    (pika gives seconds, aio-pika a datetime): read from the queue or from the
+    ledger's index, a dead letter's JSON has one shape."""
+    document: dict[str, Any] = jsonable(properties)
+    stamp = properties.get("timestamp")
+    if isinstance(stamp, int) and not isinstance(stamp, bool):
+        # Out of datetime's range: left as it came.
+        with contextlib.suppress(OverflowError, OSError, ValueError):
+            document["timestamp"] = _iso(datetime.fromtimestamp(stamp, UTC))
+    return document
 
 
 def jsonable(value: Any) -> Any:

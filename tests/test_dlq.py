@@ -768,3 +768,28 @@ def test_reindex_indexes_what_came_another_way_and_drops_what_left(
     assert [e.letter.idempotency_key for e in entries] == [kept, "foreign-1"]
     assert entries[1].letter.headers == {"origin": "tool"}
     assert drain_ids(connection, queue)[-1] == "foreign-1"  # the queue kept its order
+
+
+def test_a_dead_letter_has_one_json_shape_from_the_index_and_from_the_queue(
+    broker: Broker,
+    app: App,
+    store: SQLiteStore,
+    connection: pika.BlockingConnection,
+    tmp_path: Path,
+) -> None:
+    """A script reads `dlq list --json` from the ledger's index or with --from-queue
+    (workers without a shared store): the same letter gives the same document, but
+    for the header the broker adds on the way (the queue's delivery count). The
+    timestamp was a UTC time from the index and epoch seconds from the queue."""
+    kill_jobs(broker, app, store, connection, ["k"], mode="permanent")
+    url = store_url(store, tmp_path)
+    code, indexed, err = cli("list", *queue_args(broker, app), "--store", url, "--json")
+    assert code == 0, err
+    code, queued, err = cli(
+        "list", *queue_args(broker, app), "--store", url, "--json", "--from-queue"
+    )
+    assert code == 0, err
+    [from_index], [from_queue] = json.loads(indexed), json.loads(queued)
+    from_queue["headers"].pop(n.HEADER_DELIVERY_COUNT, None)
+    assert from_queue == from_index
+    assert from_index["properties"]["timestamp"].endswith("Z")
