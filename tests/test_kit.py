@@ -188,6 +188,10 @@ def test_a_handler_called_directly_with_the_kits_context_has_its_next_steps_chec
     def first(payload: Add, job: JobContext) -> None:
         job.then(payload.key, {"key": "next"})
 
+    @app.task("limited", retry=RetryPolicy(max_attempts=3), time_limit=7)
+    def limited(payload: Add) -> None:
+        return None
+
     with JobsKit(app) as kit:
         context = kit.context("first", idempotency_key="order-7", attempt=2)
         first(Add(key="second"), context)
@@ -201,6 +205,12 @@ def test_a_handler_called_directly_with_the_kits_context_has_its_next_steps_chec
             first(Add(key="nope"), kit.context("first"))
         with pytest.raises(FollowUpError, match="second"):
             kit.context("first").then("second", {"wrong": 1})
+        # As a worker gives it: the task's attempts and time limit (a handler that
+        # branches on is_last_attempt or time_left() takes the same branch).
+        context = kit.context("limited", attempt=2)
+        assert (context.max_attempts, context.is_last_attempt, context.time_limit) == (3, False, 7)
+        assert 0 < (context.time_left() or 0) <= 7
+        assert kit.context("limited", max_attempts=2, attempt=2).is_last_attempt
     # JobContext.for_test has no app to check against: it keeps what was asked.
     unchecked = JobContext.for_test("first")
     first(Add(key="nope"), unchecked)

@@ -118,9 +118,17 @@ class JobsKit(Closing):
 
     def context(self, task: str, **fields: Any) -> JobContext:
         """A :class:`~broker_jobs.JobContext` for calling ``task``'s handler directly
-        (``fields`` as for ``JobContext.for_test``), whose ``then()`` checks each
+        (``fields`` as for ``JobContext.for_test``), with the task's ``max_attempts``
+        and ``time_limit`` as a worker gives them, and whose ``then()`` checks each
         follow-up against the kit's app as a worker does: an unknown task or an
         invalid payload is a :class:`~broker_jobs.errors.FollowUpError`."""
+        if task in self.app:
+            spec = self.app.get(task)
+            fields = {
+                "max_attempts": spec.retry.max_attempts,
+                "time_limit": spec.time_limit,
+                **fields,
+            }
         context = JobContext.for_test(task, **fields)
         parent = Job(
             id=context.job_id,
