@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -20,8 +22,12 @@ from broker_jobs import (
     UnroutableError,
 )
 from broker_jobs.clock import utc_now
+from broker_jobs.errors import ConfigurationError
 from broker_jobs.store.base import Status
+from broker_jobs.store.memory import MemoryStore
+from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.testing import JobsKit, KitError, MemoryPublisher
+from broker_jobs.worker import Worker, WorkerSettings
 
 pytest_plugins = ["pytester"]
 
@@ -288,3 +294,36 @@ def test_the_pytest_fixtures_reach_a_users_test_suite(pytester: pytest.Pytester)
     )
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:xdist")
     result.assert_outcomes(passed=1)
+
+
+def test_a_transactional_task_needs_a_ledger_with_transactions(tmp_path: Path) -> None:
+    """The memory store has no transactions: a transactional handler got db=None and
+    failed every attempt. A worker refuses the task at its start, and the kit when
+    it would run one of its jobs, saying which ledger to use; the kit's other tasks
+    still run on the memory store, and with SQLite the transactional one runs."""
+    app = App(namespace="kit")
+
+    @app.task("rows.add", transactional=True)
+    def add_row(payload: Add, db: Any) -> None:
+        db.execute("CREATE TABLE IF NOT EXISTS rows (key TEXT PRIMARY KEY)")
+        db.execute("INSERT INTO rows VALUES (?)", (payload.key,))
+
+    @app.task("plain")
+    def plain(payload: Add) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match=r"rows\.add.*SQLite or PostgreSQL"):
+        Worker("amqp://localhost/", app, MemoryStore(), WorkerSettings())
+    with JobsKit(app) as kit:
+        kit.publisher().publish("plain", Add(key="p"))
+        kit.run()
+        assert kit.outcomes["succeeded"] == 1
+        kit.publisher().publish("rows.add", Add(key="r"))
+        with pytest.raises(ConfigurationError, match=r"JobsKit\(app, store=SQLiteStore"):
+            kit.run()
+    with SQLiteStore(tmp_path / "ledger.db") as store, JobsKit(app, store=store) as kit:
+        job = kit.publisher().publish("rows.add", Add(key="r"))
+        kit.run()
+        record = kit.record(job)
+        assert record is not None
+        assert record.status is Status.SUCCEEDED

@@ -162,6 +162,10 @@ class Store(Closing, ABC):
     for tests with fixed clocks; leave them out in production.
     """
 
+    #: Whether :meth:`succeed_with` gives a transactional handler a database
+    #: connection whose writes commit with the success (not the memory store's).
+    has_transactions: bool = True
+
     @abstractmethod
     def claim(self, job: Job, worker: str, lease: float, *, now: datetime | None = None) -> Claim:
         """Decide whether ``worker`` runs ``job`` (the rules of

@@ -198,6 +198,9 @@ class MemoryStore(ExclusiveStore):
     the dict is only written with a complete new record.
     """
 
+    #: A dict has no transactions: a worker refuses transactional tasks on it.
+    has_transactions = False
+
     def __init__(self, max_finished: int = DEFAULT_MAX_FINISHED) -> None:
         if isinstance(max_finished, bool) or not isinstance(max_finished, int) or max_finished < 1:
             raise StoreError(f"max_finished must be a whole number >= 1, got {max_finished!r}")

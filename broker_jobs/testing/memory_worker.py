@@ -29,7 +29,7 @@ from broker_jobs.store.base import Store
 from broker_jobs.testing.memory_broker import MemoryBroker
 from broker_jobs.testing.memory_publishers import MemoryAsyncPublisher
 from broker_jobs.worker.acks import ChannelAcks
-from broker_jobs.worker.daemon import task_queues
+from broker_jobs.worker.daemon import check_transactions, task_queues
 from broker_jobs.worker.delivery import Delivery
 from broker_jobs.worker.execution import Executor
 from broker_jobs.worker.link import BrokerLink
@@ -148,6 +148,7 @@ class MemoryWorker:
         self, app: App, store: Store, broker: MemoryBroker, *, concurrency: int, worker_id: str
     ) -> None:
         self._app = app
+        self._store = store
         self._broker = broker
         self._channel = MemoryChannel(broker)
         self._acks = ChannelAcks(cast(Any, self._channel))
@@ -193,7 +194,9 @@ class MemoryWorker:
             [w for w in self._waiting if w.due <= now],
             [w for w in self._waiting if w.due > now],
         )
-        for queue in self._queues:
+        for queue, task in self._queues.items():
+            if self._broker.depth(queue):  # as a worker refuses it at its start
+                check_transactions(self._app, (task,), self._store)
             while (taken := self._broker.take(queue)) is not None:
                 tag, message, routing_key = taken
                 waiting = Waiting(now, tag, message, routing_key, queue)

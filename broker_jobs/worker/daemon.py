@@ -114,6 +114,7 @@ class Worker:
         self._store = store
         self._settings = settings
         self._tasks = runnable_tasks(self._app, self._settings.tasks)
+        check_transactions(app, self._tasks, store)
         self._check_time_limits()
         self._priorities = priority_policy(app, self._tasks)
         self._worker_id = settings.worker_id or (
@@ -526,8 +527,11 @@ class Worker:
         about tasks without one."""
         timeout = self._settings.consumer_timeout
         for task in self._tasks:
-            limit = self._app.get(task).time_limit
+            spec = self._app.get(task)
+            limit = spec.time_limit
             if limit is None:
+                if spec.transactional:  # they may not have one: nothing to warn of
+                    continue
                 log.warning(
                     "task %s has no time limit: a run longer than the broker's"
                     " consumer_timeout (%g s) loses its channel and is redelivered",
@@ -558,6 +562,22 @@ def runnable_tasks(app: App, tasks: tuple[str, ...] | None) -> tuple[str, ...]:
                 f"task {task!r} has no handler in this app: declare it with @app.task"
             )
     return tasks
+
+
+def check_transactions(app: App, tasks: tuple[str, ...], store: Store) -> None:
+    """A :class:`ConfigurationError` when one of ``tasks`` is transactional and
+    ``store`` has no transactions: its handler would get ``db=None`` and fail every
+    attempt."""
+    if store.has_transactions:
+        return
+    for task in tasks:
+        if app.get(task).transactional:
+            raise ConfigurationError(
+                f"task {task!r} is transactional (its handler writes through the ledger's"
+                f" connection), but the {type(store).__name__} has no transactions: use an"
+                " SQLite or PostgreSQL ledger (--store sqlite:///ledger.db, or"
+                " JobsKit(app, store=SQLiteStore(path)) in tests)"
+            )
 
 
 def task_queues(app: App, tasks: tuple[str, ...]) -> dict[str, str]:
