@@ -4,6 +4,7 @@ production API and run in the test's process, with no broker and no real sleepin
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,13 @@ from broker_jobs import (
     UnroutableError,
 )
 from broker_jobs.clock import utc_now
-from broker_jobs.errors import ConfigurationError
+from broker_jobs.errors import ConfigurationError, HandlerStuckError
 from broker_jobs.store.base import Status
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.testing import JobsKit, KitError, MemoryPublisher
 from broker_jobs.worker import Worker, WorkerSettings
+from broker_jobs.worker.overrun import TimeLimitInterrupt
 
 pytest_plugins = ["pytester"]
 
@@ -327,3 +329,41 @@ def test_a_transactional_task_needs_a_ledger_with_transactions(tmp_path: Path) -
         record = kit.record(job)
         assert record is not None
         assert record.status is Status.SUCCEEDED
+
+
+def test_a_handler_that_ignores_its_time_limit_replaces_the_kits_worker_as_a_workers() -> None:
+    """A sync handler that swallows its interrupt past the overrun grace makes a worker
+    exit with code 70 and its attempt count as failed by its time limit. The kit did
+    neither: it waited for the handler (forever, for one that never returns) and
+    recorded its late success. Now kit.run() raises HandlerStuckError and the kit
+    goes on with a new worker, which runs the retry."""
+    app = App(namespace="kit")
+    release = threading.Event()
+    attempts: list[int] = []
+
+    @app.task("stubborn", time_limit=0.2, retry=RetryPolicy(max_attempts=2))
+    def stubborn(payload: Add, job: JobContext) -> str:
+        attempts.append(job.attempt)
+        if job.attempt == 1:
+            while not release.is_set():  # a handler that catches its interrupt
+                try:
+                    release.wait(30)
+                except TimeLimitInterrupt:
+                    continue
+        return f"attempt {job.attempt}"
+
+    with JobsKit(app, overrun_grace=0.3) as kit:
+        try:
+            job = kit.publisher().publish("stubborn", Add(key="s"))
+            with pytest.raises(HandlerStuckError, match=job.id):
+                kit.run()
+            record = kit.record(job)
+            assert record is not None
+            assert record.status is Status.RETRYING
+            assert "did not stop within 0.3 s" in (record.last_error or "")
+            kit.run_all()  # the new worker runs the retry when it falls due
+        finally:
+            release.set()
+        assert attempts == [1, 2]
+        assert kit.result(job) == "attempt 2"
+        assert kit.outcomes["succeeded"] == 1

@@ -29,7 +29,7 @@ from broker_jobs.app import App
 from broker_jobs.clock import clock_override
 from broker_jobs.closing import Closing
 from broker_jobs.envelope import Job, WireMessage, decode
-from broker_jobs.errors import BrokerJobsError, DecodeError
+from broker_jobs.errors import BrokerJobsError, DecodeError, HandlerStuckError
 from broker_jobs.job_context import JobContext
 from broker_jobs.publish.prepare import JobFactory
 from broker_jobs.store.base import JobRecord, Store
@@ -46,6 +46,9 @@ T = TypeVar("T")
 
 #: How far :meth:`JobsKit.run_all` moves the clock before it calls the jobs endless.
 RUN_ALL_LIMIT = timedelta(days=400)
+#: Real seconds a sync handler may run past its time limit before the kit's worker is
+#: replaced, as ``broker-jobs worker --overrun-grace`` (30) replaces a worker.
+DEFAULT_OVERRUN_GRACE = 30.0
 
 
 class KitError(BrokerJobsError):
@@ -85,6 +88,7 @@ class JobsKit(Closing):
         start: datetime = DEFAULT_START,
         concurrency: int = 4,
         worker_id: str = "test-worker",
+        overrun_grace: float = DEFAULT_OVERRUN_GRACE,
     ) -> None:
         self.app = app
         self.clock = TestClock(start)
@@ -98,12 +102,21 @@ class JobsKit(Closing):
         )
         self._thread.start()
         self._closed = False
-        self._worker = self._on_loop(self._make_worker(concurrency, worker_id))
-
-    async def _make_worker(self, concurrency: int, worker_id: str) -> MemoryWorker:
-        return MemoryWorker(
-            self.app, self.store, self.broker, concurrency=concurrency, worker_id=worker_id
+        self._new_worker = functools.partial(
+            MemoryWorker,
+            app,
+            self.store,
+            self.broker,
+            concurrency=concurrency,
+            worker_id=worker_id,
+            overrun_grace=overrun_grace,
         )
+        #: The outcomes of the workers replaced after a stuck handler.
+        self._past_outcomes: Counter[str] = Counter()
+        self._worker = self._on_loop(self._make_worker())
+
+    async def _make_worker(self) -> MemoryWorker:
+        return self._new_worker()  # on the kit's loop: its events belong there
 
     # -- publishing ---------------------------------------------------------------------
 
@@ -151,12 +164,23 @@ class JobsKit(Closing):
     def outcomes(self) -> Counter[str]:
         """What the worker did so far, by outcome: ``succeeded``, ``retried``,
         ``duplicate``, ``dead:<reason>`` (``dead:exhausted``, ``dead:schema``, ...)."""
-        return Counter(self._worker.outcomes)
+        return self._past_outcomes + Counter(self._worker.outcomes)
 
     def run(self) -> int:
         """Run every job due now, and what they make due now, until none is; how many
-        deliveries were run. The clock does not move."""
-        return self._on_loop(self._worker.run_ready())
+        deliveries were run. The clock does not move.
+
+        A sync handler still running ``overrun_grace`` seconds past its time limit is
+        what makes a worker exit with code 70: its attempt is recorded as failed by its
+        time limit (retried when due, or dead-lettered), :class:`HandlerStuckError` is
+        raised here, and the kit goes on with a new worker, as a restarter would."""
+        try:
+            return self._on_loop(self._worker.run_ready())
+        except HandlerStuckError:
+            self._past_outcomes += self._worker.outcomes
+            self._worker.replaced()
+            self._worker = self._on_loop(self._make_worker())
+            raise
 
     def advance(
         self, delta: timedelta | None = None, *, seconds: float = 0, minutes: float = 0,

@@ -9,6 +9,7 @@ and dead-letter publishes the protocol makes, and a link that is always up.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from pamqp.header import ContentHeader
 from broker_jobs.app import App
 from broker_jobs.due import seconds_until_due
 from broker_jobs.envelope import WireMessage, decode
-from broker_jobs.errors import BrokerJobsError, DecodeError
+from broker_jobs.errors import BrokerJobsError, DecodeError, HandlerStuckError
 from broker_jobs.store.base import Store
 from broker_jobs.testing.memory_broker import MemoryBroker
 from broker_jobs.testing.memory_publishers import MemoryAsyncPublisher
@@ -145,7 +146,14 @@ class MemoryWorker:
     """Runs the app's tasks from the memory broker's queues, on the caller's loop."""
 
     def __init__(
-        self, app: App, store: Store, broker: MemoryBroker, *, concurrency: int, worker_id: str
+        self,
+        app: App,
+        store: Store,
+        broker: MemoryBroker,
+        *,
+        concurrency: int,
+        worker_id: str,
+        overrun_grace: float,
     ) -> None:
         self._app = app
         self._store = store
@@ -159,7 +167,7 @@ class MemoryWorker:
             executor=self._executor,
             publisher=MemoryAsyncPublisher(broker, app),
             link=cast(BrokerLink, MemoryLink(self._channel)),
-            settings=ProtocolSettings(worker_id=worker_id),
+            settings=ProtocolSettings(worker_id=worker_id, overrun_grace=overrun_grace),
         )
         self._queues = task_queues(app, tuple(spec.name for spec in app if spec.handler))
         self._waiting: list[Waiting] = []
@@ -184,9 +192,28 @@ class MemoryWorker:
         without a delay, a follow-up), until none is left; how many were run."""
         ran = 0
         while started := self._start_due():
-            await self._runner.finish(math.inf)
+            await self._settled()
             ran += started
         return ran
+
+    async def _settled(self) -> None:
+        """Wait until every started delivery settled. A sync handler still running its
+        overrun grace past its time limit is settled as a worker about to be replaced
+        settles it (its attempt failed by its time limit: retried or dead-lettered), once
+        the others settled; then :class:`HandlerStuckError` is raised, as the worker
+        exits with code 70, and this worker is done (its thread may run on)."""
+        overruns = self._runner.overruns
+        settled = asyncio.ensure_future(self._runner.finish(math.inf))
+        stuck = asyncio.ensure_future(overruns.seen_stuck.wait())
+        try:
+            await asyncio.wait({settled, stuck}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stuck.cancel()
+        if overruns.seen_stuck.is_set():
+            overruns.settle_stuck.set()
+            await settled
+            raise HandlerStuckError(overruns.ever_stuck)
+        await settled
 
     def _start_due(self) -> int:
         now = self._broker.clock.now()
@@ -214,8 +241,18 @@ class MemoryWorker:
         return len(due)
 
     def close(self) -> None:
+        """Stop its threads (without waiting for them: a stuck one never ends)."""
         self._runner.close()
         self._executor.shutdown()
+
+    def replaced(self) -> None:
+        """Done after a stuck handler, as its process would exit: the deliveries it
+        holds until they fall due go back to their queues (the broker returns a dead
+        connection's), and its threads are left to end on their own."""
+        for waiting in self._waiting:
+            self._broker.requeue(waiting.tag)
+        self._waiting.clear()
+        self.close()
 
 
 def _due_at(message: WireMessage, now: datetime) -> datetime | None:
