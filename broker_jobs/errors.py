@@ -223,13 +223,32 @@ class HandlerStuckError(BrokerJobsError):
     #: systemd ``Restart=on-failure``, Kubernetes do).
     exit_code = 70
 
-    def __init__(self, jobs: Sequence[str]) -> None:
+    def __init__(self, jobs: Sequence[str], unrecorded: Sequence[str] = ()) -> None:
         self.jobs = tuple(jobs)
+        #: Those whose failed attempt could not be recorded (the ledger not answering
+        #: within the grace): they run again once their lease lapses.
+        self.unrecorded = tuple(unrecorded)
+        recorded = [job for job in self.jobs if job not in self.unrecorded]
+        said = []
+        if recorded:
+            said.append(
+                f"{_listed(recorded)}: the attempt was recorded as failed by the time limit"
+            )
+        if self.unrecorded:
+            said.append(
+                f"{_listed(self.unrecorded)}: the failed attempt could not be recorded (the"
+                " ledger did not answer in time); the job runs again once its lease lapses"
+            )
         super().__init__(
-            f"handler threads stuck past their time limit ({', '.join(self.jobs)}): their"
-            " attempts were recorded as failed by the time limit; this process must exit"
-            " (the threads cannot be stopped otherwise) and be started again"
+            "handler threads stuck past their time limit ("
+            + "; ".join(said)
+            + "): this process must exit (the threads cannot be stopped otherwise) and be"
+            " started again"
         )
+
+
+def _listed(jobs: Sequence[str]) -> str:
+    return ", ".join(jobs)
 
 
 class TopologyError(BrokerJobsError):

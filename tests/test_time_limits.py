@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -28,7 +29,7 @@ from broker_jobs import App, Job, JobRequest, Publisher
 from broker_jobs.errors import HandlerStuckError
 from broker_jobs.ops.processes import process_views
 from broker_jobs.retry import RetryPolicy
-from broker_jobs.store.base import Status
+from broker_jobs.store.base import Status, StoreError
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.processes import Liveness
 from broker_jobs.worker import Worker, WorkerSettings
@@ -266,6 +267,8 @@ def test_a_handler_stuck_past_the_grace_replaces_the_worker_after_the_others_set
     (view,) = process_views(store)
     assert view.liveness is Liveness.STOPPED
     assert view.document()["ended"] == f"exit 70: {str(raised.value).splitlines()[0]}"
+    assert raised.value.unrecorded == ()
+    assert "was recorded as failed by the time limit" in str(raised.value)
     # The next attempt runs (not as a crash loop): a new worker takes it once due.
     outcomes = run_burst_worker(broker, app, store, overrun_grace=0.5)
     assert outcomes["succeeded"] == 1
@@ -371,3 +374,46 @@ def test_a_limit_armed_late_counts_from_the_handlers_start() -> None:
         return ended
 
     assert asyncio.run(scenario())
+
+
+class LedgerDownForRetries(MemoryStore):
+    """A ledger that fails every retry record once ``down`` is set (an outage as the
+    worker sees it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = threading.Event()
+
+    def retry(self, *args: Any, **kwargs: Any) -> None:
+        if self.down.is_set():
+            raise StoreError("the ledger is down (test)")
+        super().retry(*args, **kwargs)
+
+
+def test_a_stuck_attempt_the_ledger_could_not_record_is_not_said_recorded(
+    broker: Broker, make_app: Callable[[], App]
+) -> None:
+    """The worker replaced for a stuck handler said its attempt "was recorded as failed
+    by the time limit" even when the ledger was down all the while: nothing was
+    recorded, and the job ran again only once its lease lapsed. The exit now says
+    which attempts were recorded and which were not."""
+    app = make_app()
+    release = threading.Event()
+    store = LedgerDownForRetries()
+
+    @app.task("stuck.job", time_limit=0.3, retry=ONE_RETRY)
+    def stuck(payload: Key) -> None:
+        store.down.set()
+        release.wait(60)
+
+    with Publisher(broker.url, app) as publisher:
+        job = publisher.publish("stuck.job", {"key": "s"})
+    worker = Worker(broker.url, app, store, WorkerSettings(overrun_grace=0.3, grace=1))
+    try:
+        with pytest.raises(HandlerStuckError) as raised:
+            asyncio.run(worker.run())
+    finally:
+        release.set()
+    assert raised.value.unrecorded == (job.id,)
+    assert "could not be recorded" in str(raised.value)
+    assert "was recorded as failed" not in str(raised.value)

@@ -212,7 +212,7 @@ class MemoryWorker:
         if overruns.seen_stuck.is_set():
             overruns.settle_stuck.set()
             await settled
-            raise HandlerStuckError(overruns.ever_stuck)
+            raise HandlerStuckError(overruns.ever_stuck, overruns.unrecorded)
         await settled
 
     def _start_due(self) -> int:

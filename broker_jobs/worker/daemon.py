@@ -284,7 +284,8 @@ class Worker:
         if isinstance(why, Cancelled):
             raise ConsumerCancelledError(why.queue)
         if isinstance(why, Replacing):
-            raise HandlerStuckError(runner.overruns.ever_stuck)
+            overruns = runner.overruns
+            raise HandlerStuckError(overruns.ever_stuck, overruns.unrecorded)
 
     def _new_runner(
         self, executor: Executor, publisher: AsyncPublisher, link: BrokerLink

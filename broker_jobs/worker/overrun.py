@@ -147,6 +147,8 @@ class Overruns:
         self._stuck: dict[str, Job] = {}
         #: The ids of every job that was stuck (the worker's exit names them).
         self.ever_stuck: list[str] = []
+        #: Those whose failed attempt was recorded (a ledger down may leave some not).
+        self._recorded: set[str] = set()
         #: Set at the first stuck handler: the worker is to be replaced.
         self.seen_stuck = asyncio.Event()
         #: Set by the worker once its other jobs settled: the stuck jobs' attempts are
@@ -190,6 +192,15 @@ class Overruns:
             extra={"job_id": job.id, "key": job.idempotency_key, "task": job.task},
         )
         self.seen_stuck.set()
+
+    def recorded(self, job: Job) -> None:
+        """A stuck job's failed attempt was recorded (its retry or dead letter too)."""
+        self._recorded.add(job.id)
+
+    @property
+    def unrecorded(self) -> list[str]:
+        """The stuck jobs whose failed attempt was not recorded (yet)."""
+        return [job_id for job_id in self.ever_stuck if job_id not in self._recorded]
 
     def returned(self, job: Job) -> None:
         """An interrupted handler returned (or its job was settled without it)."""

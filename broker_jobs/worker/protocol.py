@@ -537,6 +537,21 @@ class Runner:
     ) -> str | None:
         """A run of ``job`` failed with ``error``: publish its next attempt, or
         dead-letter it, as its task's retry policy decides."""
+        outcome = await self._decide_failure(message, job, spec, error, holder, run=run)
+        if outcome is not None and isinstance(error, TimeLimitExceeded) and error.stuck:
+            self.overruns.recorded(job)  # the worker's exit says which were
+        return outcome
+
+    async def _decide_failure(
+        self,
+        message: Delivery,
+        job: Job,
+        spec: TaskSpec[Any],
+        error: Exception,
+        holder: str,
+        *,
+        run: Run | None = None,
+    ) -> str | None:
         decision = spec.retry.decide(error, job.attempt)
         if decision.delay is not None:
             delay = decision.delay
