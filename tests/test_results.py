@@ -347,3 +347,34 @@ def test_a_follow_up_refused_for_a_missing_queue_is_held_then_published_once_dec
             app.names.task_queue("step.second"), passive=True
         )
     assert waiting.method.message_count == 1  # published once
+
+
+def test_a_next_step_is_in_the_ledger_as_queued_before_a_worker_takes_it(
+    broker: Broker, make_app: Callable[[], App], tmp_path: Path
+) -> None:
+    """A worker publishes a next step with the ledger open, but the ledger knew the
+    step only from its first claim: with its task's workers paused or busy, `jobs
+    list/show/cancel` did not find it, and `status` counted it nowhere. It is
+    recorded queued once confirmed (scheduled, with a delay), as a publisher with a
+    ledger records its jobs."""
+    app = make_app()
+
+    @app.task("step.first", retry=ONCE)
+    def first(payload: Item, job: JobContext) -> None:
+        job.then("step.second", Item(n=payload.n + 1))
+
+    @app.task("step.second", retry=ONCE)
+    def second(payload: Item) -> int:
+        return payload.n
+
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish("step.first", Item(n=1), idempotency_key="order-5")
+    with SQLiteStore(tmp_path / "ledger.db") as store:
+        run_burst_worker(broker, app, store, tasks=("step.first",))  # no step.second worker
+        now = store.get("order-5>1")
+        assert now is not None
+        assert now.status is Status.QUEUED
+        output = store.output("order-5")
+        assert output is not None
+        assert now.job_id == output.follow_ups[0].id
+    # The step's worker claims that record: test_a_three_step_chain_and_a_fan_out_...

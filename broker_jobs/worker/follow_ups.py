@@ -3,7 +3,9 @@
     handler: job.then(task, payload)   -> built and checked now (a FollowUpError fails
                                           the attempt; nothing is recorded)
     success recorded WITH the follow-ups, in one transaction of the ledger
-    each follow-up published, confirmed -> the record marked sent -> the delivery acked
+    each follow-up published, confirmed -> recorded queued (or scheduled), as a
+    publisher with a ledger records its jobs -> the record marked sent -> the
+    delivery acked
 
 A worker that dies anywhere in between leaves the delivery unacked. Its redelivery
 meets the success in the ledger (a duplicate: the handler does not run again) and
@@ -58,14 +60,17 @@ class FollowUps:
         return functools.partial(build_follow_up, self._factory, parent)
 
     async def send(self, parent: Job, jobs: Sequence[Job]) -> bool:
-        """Publish ``parent``'s recorded follow-ups (each confirmed), then mark them
-        sent. False if the worker stops before the broker confirmed them all: the
-        delivery is then left unacked, and its redelivery sends them."""
+        """Publish ``parent``'s recorded follow-ups (each confirmed), record them queued
+        (an operator sees, and may cancel, a next step that no worker took yet; a key
+        claimed already keeps its record), then mark them sent. False if the worker
+        stops before the broker confirmed them all: the delivery is then left unacked,
+        and its redelivery sends them."""
         try:
             for job in jobs:
                 await self._publish(parent, job)
         except LinkStoppedError:
             return False
+        await self._recorded(self._store.record_published, list(jobs))
         await self._recorded(self._store.mark_follow_ups_sent, parent.idempotency_key)
         return True
 
