@@ -733,6 +733,34 @@ def test_replay_and_purge_keep_the_index_in_step(
     assert indexed() == []
 
 
+def test_a_replayed_job_that_dies_again_before_the_pass_writes_its_drops_stays_indexed(
+    broker: Broker,
+    app: App,
+    store: SQLiteStore,
+    handlers: Handlers,
+    connection: pika.BlockingConnection,
+) -> None:
+    """The replay reuses the job id; its new dead letter is indexed by the worker before
+    the pass writes the drop of the old one (its drops wait for the acks, and for a
+    batch or a quarter second): the index still holds every queued dead letter."""
+    kill_jobs(broker, app, store, connection, ["r1", "r2", "r3"])
+    queue = app.names.dead_letter_queue(TASK)
+    died_again: list[Counter[str]] = []
+
+    def run_the_workers(progress: object) -> None:
+        del progress
+        if not died_again:  # the first job is confirmed in its queue: a worker takes it
+            died_again.append(run_burst_worker(broker, app, store, concurrency=1))
+
+    with DeadLetterQueues(broker.url, app.names, [TASK], ledger=store) as dlq:
+        summary = dlq.replay(store, limit=1, on_progress=run_the_workers)
+    assert len(summary.replayed) == 1
+    wait_until(lambda: depth(connection, queue) == 3, within=10, what="three dead letters")
+    assert sum(handlers.runs.values()) == 4  # the replayed job ran, and died again
+    indexed = sorted(e.letter.idempotency_key or "" for e in store.dead_letters([TASK]))
+    assert indexed == ["r1", "r2", "r3"]
+
+
 def test_reindex_indexes_what_came_another_way_and_drops_what_left(
     broker: Broker,
     app: App,

@@ -155,12 +155,36 @@ def test_a_pass_sweeps_what_it_did_not_see_and_keeps_what_came_meanwhile(store: 
     # The pass sees 1 (kept) and takes 2 (dropped); 3 left the queue another way;
     # 4 is dead-lettered while the pass runs.
     store.index_dead_letters([letter(1)], pass_id="pass-a")
-    assert store.unindex_dead_letters(TASK, ["job-2", "job-9"]) == 1
+    assert store.unindex_dead_letters(TASK, [letter(2), letter(9)]) == 1
     store.index_dead_letters([letter(4)])
     assert store.sweep_dead_letters(TASK, up_to=mark, pass_id="pass-a") == 1
 
     assert ids(store) == ["job-1", "job-4"]
     assert store.dead_letter_mark(TASK) > mark
+
+
+def test_a_letter_taken_by_a_pass_that_dies_again_before_the_pass_writes_stays_indexed(
+    store: Store,
+) -> None:
+    """A replay reuses the job id; the worker indexes the job's new dead letter before
+    the pass writes the drop of the old one: neither the drop nor the sweep takes it."""
+    store.index_dead_letters([letter(1), letter(2), letter(3)])
+    keeper = IndexKeeper.start(store, TASK)
+    keeper.saw(letter(1), taken=True)  # replayed: its write waits for the ack
+    keeper.saw(letter(2), taken=False)
+    store.index_dead_letters([letter(1, minutes=5, error="again")])  # dead again
+    keeper.saw(letter(3), taken=True)
+    keeper.finish()
+
+    [entry] = store.dead_letters([TASK], DeadLetterFilter(ref="job-1"))
+    assert (entry.letter.error, entry.letter.dead_at) == ("again", DEAD_AT + timedelta(minutes=5))
+    assert ids(store) == ["job-2", "job-1"]  # the new dead letter is placed last
+    assert keeper.dropped == 1  # job-3's entry; job-1's old one was replaced, not dropped
+    # A pass that takes the new one drops it.
+    keeper = IndexKeeper.start(store, TASK)
+    keeper.saw(letter(1, minutes=5), taken=True)
+    keeper.finish()
+    assert ids(store) == []
 
 
 def test_a_pass_writes_what_it_took_within_a_quarter_second_not_only_by_batches(
@@ -286,7 +310,7 @@ def test_a_postgres_role_without_grants_on_the_index_reads_it_empty(
             assert limited.dead_letters([TASK]) == []
             assert limited.dead_letter_counts([TASK]) == {TASK: 0}
             assert limited.dead_letter_mark(TASK) == 0
-            assert limited.unindex_dead_letters(TASK, ["job-1"]) == 0
+            assert limited.unindex_dead_letters(TASK, [letter(1)]) == 0
             assert limited.sweep_dead_letters(TASK, up_to=mark, pass_id="p") == 0
         with PostgresStore(postgres_dsn, schema=pg_schema) as owner:  # untouched
             assert ids(owner) == ["job-1"]

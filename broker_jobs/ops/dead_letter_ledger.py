@@ -113,8 +113,9 @@ class IndexKeeper:
             letters = [letter for _, letter in pending[:run]]
             pending = pending[run:]
             if taken:
-                ids = [letter.letter_id for letter in letters]
-                self.dropped += self.store.unindex_dead_letters(self.task, ids)
+                # By letter id and dead at: a job the pass replayed that died again
+                # before this write has a new entry, which stays.
+                self.dropped += self.store.unindex_dead_letters(self.task, letters)
             else:
                 kept = [_as_queued(letter) for letter in letters]
                 self.store.index_dead_letters(kept, pass_id=self.pass_id)

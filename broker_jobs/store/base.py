@@ -550,14 +550,18 @@ class Store(Closing, ABC):
     def index_dead_letters(
         self, letters: Sequence[DeadLetter], *, pass_id: str | None = None
     ) -> None:
-        """Index ``letters`` (an entry already there is rewritten and keeps its place),
-        seen by the pass ``pass_id`` (None: not by a pass). One transaction."""
+        """Index ``letters``, seen by the pass ``pass_id`` (None: not by a pass). One
+        transaction. An entry already there is rewritten in its place when it is the
+        same dead-lettering (the same dead at: a second copy in the queue); one of an
+        earlier dead-lettering of the job (it was replayed and died again) is replaced
+        by a new entry, placed last."""
         if self.indexes_dead_letters and letters:
             self._index([IndexRow.of(letter) for letter in letters], pass_id)
 
     @abstractmethod
     def _index(self, rows: Sequence[IndexRow], pass_id: str | None) -> None:
-        """Insert or rewrite ``rows`` (by task and letter id), stamped ``pass_id``."""
+        """Insert or rewrite ``rows`` (by task and letter id, as
+        :meth:`index_dead_letters` says), stamped ``pass_id``."""
 
     @abstractmethod
     def dead_letters(
@@ -579,8 +583,11 @@ class Store(Closing, ABC):
         takes."""
 
     @abstractmethod
-    def unindex_dead_letters(self, task: str, letter_ids: Sequence[str]) -> int:
-        """Drop the entries of ``task`` with these letter ids; how many were there."""
+    def unindex_dead_letters(self, task: str, letters: Sequence[DeadLetter]) -> int:
+        """Drop the entries of ``letters`` (dead letters of ``task`` a pass took), each
+        only while it is still that dead-lettering (the same letter id and dead at): a
+        job replayed and dead again meanwhile has a new entry, which stays. How many
+        were dropped."""
 
     @abstractmethod
     def dead_letter_mark(self, task: str) -> int:

@@ -7,10 +7,14 @@ the ledger and never the queue (reading a queue moves every message of it:
 :mod:`broker_jobs.ops.dead_letter_pass`). An entry is keyed by its task and
 :attr:`DeadLetter.letter_id` (a second copy of one dead letter in its queue is one
 entry); its ``seq`` grows with each new entry, so the index lists them in the order
-they reached their queue.
+they reached their queue. A replayed job keeps its id, so when it dies again its new
+dead letter (another ``dead_at``) replaces the entry of the old one with a new entry,
+placed last.
 
 **Keeping in step with the queue.** Replay and purge act on the queue and drop the
-entries of what they took. Every pass over a queue (replay, purge with a filter,
+entries of what they took, by letter id *and* ``dead_at``: the entry of a replayed
+job that died again before the pass wrote its drops is the new dead letter's, and
+stays. Every pass over a queue (replay, purge with a filter,
 ``broker-jobs dlq reindex``) also re-indexes what it kept under its ``pass_id`` and,
 once the pass is complete, *sweeps* the task's entries older than the pass (``seq``
 up to the mark taken before it) that it did not see: dead letters that left the queue

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from broker_jobs.dead_letter import DeadLetterFilter
+from broker_jobs.dead_letter import DeadLetter, DeadLetterFilter
 from broker_jobs.envelope import Job
 from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, IndexRow, read_entry
@@ -106,11 +106,12 @@ class _Entry:
     task: str
     entry: IndexedDeadLetter
     pass_id: str | None
+    dead_at: datetime | None  #: as given (the document keeps milliseconds)
 
     @classmethod
     def of(cls, seq: int, row: IndexRow, pass_id: str | None, now: datetime) -> _Entry:
         entry = read_entry(row.document, row.body, row.body_size, seq, now)
-        return cls(row.task, entry, pass_id)
+        return cls(row.task, entry, pass_id, row.dead_at)
 
     @property
     def seq(self) -> int:
@@ -133,6 +134,10 @@ class _LetterIndex:
         for row in rows:
             key = (row.task, row.letter_id)
             found = self._entries.get(key)
+            if found is not None and found.dead_at != row.dead_at:
+                # The job died again (replayed): a new dead letter, placed last.
+                del self._entries[key]
+                found = None
             if found is None:
                 self._seq += 1
             seq = self._seq if found is None else found.seq
@@ -148,8 +153,14 @@ class _LetterIndex:
             if task in chosen and where.matches(entry.read().letter)
         ]
 
-    def drop(self, task: str, letter_ids: Sequence[str]) -> int:
-        return sum(self._entries.pop((task, i), None) is not None for i in set(letter_ids))
+    def drop(self, task: str, letters: Sequence[DeadLetter]) -> int:
+        dropped = 0
+        for letter in letters:
+            found = self._entries.get((task, letter.letter_id))
+            if found is not None and found.dead_at == letter.dead_at:
+                del self._entries[(task, letter.letter_id)]
+                dropped += 1
+        return dropped
 
     def mark(self, task: str) -> int:
         return max((e.seq for (t, _), e in self._entries.items() if t == task), default=0)
@@ -366,9 +377,9 @@ class MemoryStore(ExclusiveStore):
                 counts[entry.task] += 1
         return counts
 
-    def unindex_dead_letters(self, task: str, letter_ids: Sequence[str]) -> int:
+    def unindex_dead_letters(self, task: str, letters: Sequence[DeadLetter]) -> int:
         with self._open():
-            return self._letters.drop(task, letter_ids)
+            return self._letters.drop(task, letters)
 
     def dead_letter_mark(self, task: str) -> int:
         with self._open():

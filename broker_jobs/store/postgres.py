@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
-from broker_jobs.dead_letter import DeadLetterFilter
+from broker_jobs.dead_letter import DeadLetter, DeadLetterFilter
 from broker_jobs.envelope import Job
 from broker_jobs.store.base import Rule, Store
 from broker_jobs.store.controls import StopRequest, TaskPause
@@ -474,7 +474,9 @@ class PostgresStore(Store):
                     if stored is not None:  # in the record's transaction
                         conn.execute(self._q.keep_payload, payload_params(key, stored, moment))
                 if indexed is not None:  # likewise, whatever the rule decided
-                    conn.execute(self._q.letters.index, letter_params(indexed, None, moment))
+                    params = letter_params(indexed, None, moment)
+                    conn.execute(self._q.letters.renew, params)
+                    conn.execute(self._q.letters.index, params)
                 return new
         raise StoreError(f"PostgreSQL store {self.masked_dsn}: job key {key!r} kept changing")
 
@@ -612,8 +614,12 @@ class PostgresStore(Store):
             self._pool.connection() as conn,
             self._translate(f"index {len(rows)} dead letters"),
             conn.transaction(),
+            conn.pipeline(),
         ):
-            conn.cursor().executemany(self._q.letters.index, params)  # pipelined
+            cursor = conn.cursor()
+            for row in params:  # row by row: a batch may hold one letter twice
+                cursor.execute(self._q.letters.renew, row)
+                cursor.execute(self._q.letters.index, row)
 
     def dead_letters(
         self,
@@ -640,8 +646,13 @@ class PostgresStore(Store):
             counts.update((task, int(count)) for task, count in rows)
         return counts
 
-    def unindex_dead_letters(self, task: str, letter_ids: Sequence[str]) -> int:
-        params = {"task": task, "ids": list(letter_ids)}
+    def unindex_dead_letters(self, task: str, letters: Sequence[DeadLetter]) -> int:
+        taken = {(letter.letter_id, letter.dead_at) for letter in letters}
+        params = {
+            "task": task,
+            "ids": [letter_id for letter_id, _ in taken],
+            "dead_ats": [dead_at for _, dead_at in taken],
+        }
         return self._change("drop dead letters", self._q.letters.unindex, params)
 
     def dead_letter_mark(self, task: str) -> int:

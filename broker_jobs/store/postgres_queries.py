@@ -380,7 +380,8 @@ class LetterQueries:
 
     def __init__(self, table: sql.Identifier) -> None:
         self.table = table
-        # A second copy of an entry rewrites it in its place (seq stays), seen anew.
+        # A second copy of an entry rewrites it in its place (seq stays), seen anew
+        # (after :attr:`renew`).
         self.index = self._q(
             "INSERT INTO {letters} (task, letter_id, job_id, idempotency_key, reason, error,"
             " dead_at, document, body, body_size, pass_id, indexed_at) VALUES (%(task)s,"
@@ -392,8 +393,18 @@ class LetterQueries:
             " body = excluded.body, body_size = excluded.body_size, pass_id = excluded.pass_id,"
             " indexed_at = excluded.indexed_at"
         )
+        # An entry of an earlier dead-lettering of the job (another dead at: it was
+        # replayed and died again) goes before the new one is written: placed last.
+        self.renew = self._q(
+            "DELETE FROM {letters} WHERE task = %(task)s AND letter_id = %(letter_id)s"
+            " AND dead_at IS DISTINCT FROM %(dead_at)s"
+        )
+        # Only while it is the dead-lettering the pass took (the same dead at).
         self.unindex = self._q(
-            "DELETE FROM {letters} WHERE task = %(task)s AND letter_id = ANY(%(ids)s)"
+            "DELETE FROM {letters} AS entry USING unnest(%(ids)s::text[],"
+            " %(dead_ats)s::timestamptz[]) AS taken (letter_id, dead_at)"
+            " WHERE entry.task = %(task)s AND entry.letter_id = taken.letter_id"
+            " AND entry.dead_at IS NOT DISTINCT FROM taken.dead_at"
         )
         self.mark = self._q("SELECT coalesce(max(seq), 0) FROM {letters} WHERE task = %(task)s")
         self.sweep = self._q(

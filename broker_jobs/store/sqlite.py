@@ -45,7 +45,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from broker_jobs.dead_letter import DeadLetterFilter
+from broker_jobs.dead_letter import DeadLetter, DeadLetterFilter
 from broker_jobs.envelope import Job
 from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, read_entry, where_sql
@@ -608,9 +608,10 @@ class SQLiteStore(ExclusiveStore):
         rows = self._read("count dead letters", _LETTER_COUNTS.format(where=condition), params)
         return {**dict.fromkeys(tasks, 0), **dict(rows)}
 
-    def unindex_dead_letters(self, task: str, letter_ids: Sequence[str]) -> int:
+    def unindex_dead_letters(self, task: str, letters: Sequence[DeadLetter]) -> int:
         with self._transaction("drop dead letters") as conn:
-            params = [(task, letter_id) for letter_id in set(letter_ids)]
+            taken = {(letter.letter_id, _text(letter.dead_at)) for letter in letters}
+            params = [(task, letter_id, dead_at) for letter_id, dead_at in taken]
             return conn.executemany(_UNINDEX_LETTER, params).rowcount
 
     def dead_letter_mark(self, task: str) -> int:

@@ -169,7 +169,9 @@ _RECORD_LEADER = (
 
 
 #: The index of dead letters (:mod:`broker_jobs.store.dead_letter_index`). A second
-#: copy of an entry rewrites it in its place (``seq`` stays), seen anew.
+#: copy of an entry rewrites it in its place (``seq`` stays), seen anew; an entry of
+#: an earlier dead-lettering of the job (another dead at) is deleted first
+#: (:data:`_RENEW_LETTER`), so the new one is placed last.
 _LETTER_COLUMNS = (
     "task, letter_id, job_id, idempotency_key, reason, error, dead_at, document, body,"
     " body_size, pass_id, indexed_at"
@@ -191,7 +193,14 @@ _LETTERS = (
     " ORDER BY seq LIMIT :limit OFFSET :offset) ORDER BY seq"
 )
 _LETTER_COUNTS = "SELECT task, count(*) FROM broker_jobs_dead_letters WHERE {where} GROUP BY task"
-_UNINDEX_LETTER = "DELETE FROM broker_jobs_dead_letters WHERE task = ? AND letter_id = ?"
+_RENEW_LETTER = (
+    "DELETE FROM broker_jobs_dead_letters"
+    " WHERE task = :task AND letter_id = :letter_id AND dead_at IS NOT :dead_at"
+)
+#: Only while it is the dead-lettering the pass took (the same dead at).
+_UNINDEX_LETTER = (
+    "DELETE FROM broker_jobs_dead_letters WHERE task = ? AND letter_id = ? AND dead_at IS ?"
+)
 _LETTER_MARK = "SELECT coalesce(max(seq), 0) FROM broker_jobs_dead_letters WHERE task = ?"
 _SWEEP_LETTERS = (
     "DELETE FROM broker_jobs_dead_letters WHERE task = ? AND seq <= ? AND pass_id IS NOT ?"
@@ -405,18 +414,15 @@ def _index_letters(
 ) -> None:
     """Index ``rows`` inside the caller's transaction, seen by ``pass_id`` at ``moment``."""
     indexed_at = _text(moment)
-    conn.executemany(
-        _INDEX_LETTER,
-        [
-            {
-                **row.params(),
-                "dead_at": _text(row.dead_at),
-                "pass_id": pass_id,
-                "indexed_at": indexed_at,
-            }
-            for row in rows
-        ],
-    )
+    for row in rows:  # row by row: a batch may hold one letter twice
+        params = {
+            **row.params(),
+            "dead_at": _text(row.dead_at),
+            "pass_id": pass_id,
+            "indexed_at": indexed_at,
+        }
+        conn.execute(_RENEW_LETTER, params)
+        conn.execute(_INDEX_LETTER, params)
 
 
 class _SQLiteRecords:
