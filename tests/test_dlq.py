@@ -520,6 +520,7 @@ def test_replay_json_and_a_store_that_has_no_record(
     assert (summary["replayed"], summary["ledger"]["unknown"]) == (1, 1)
     assert summary["jobs"][0]["ledger"] == "unknown"
     assert "warning: 1 replayed job(s) have no record in the ledger" in err
+    assert "--limit 1 takes the first matching dead letters in queue order" in err
     assert depth(connection, app.names.dead_letter_queue(TASK)) == 1
 
 
@@ -759,6 +760,47 @@ def test_a_replayed_job_that_dies_again_before_the_pass_writes_its_drops_stays_i
     assert sum(handlers.runs.values()) == 4  # the replayed job ran, and died again
     indexed = sorted(e.letter.idempotency_key or "" for e in store.dead_letters([TASK]))
     assert indexed == ["r1", "r2", "r3"]
+
+
+def test_purge_and_replay_with_a_limit_take_the_dead_letters_list_shows(
+    broker: Broker,
+    app: App,
+    store: SQLiteStore,
+    handlers: Handlers,
+    connection: pika.BlockingConnection,
+) -> None:
+    """``list --limit N`` shows the first N in the index's order, which need not be
+    the queue's (workers side by side record their outcomes in either order): purge
+    and replay with the same limit take those, not the first N in their queue."""
+    kill_jobs(broker, app, store, connection, ["q1", "q2", "q3"])
+    queue = app.names.dead_letter_queue(TASK)
+    in_queue = first_key(connection, queue)
+    # The first in the queue is indexed last, as a slower worker's would be.
+    [first] = [e.letter for e in store.dead_letters([TASK]) if e.letter.idempotency_key == in_queue]
+    store.unindex_dead_letters(TASK, [first])
+    store.index_dead_letters([first])
+
+    def listed(limit: int) -> list[str]:
+        code, out, err = cli("list", *queue_args(broker, app), "--limit", str(limit), "--json")
+        assert code == 0, err
+        return [letter["idempotency_key"] for letter in json.loads(out)]
+
+    def queued() -> list[str | None]:
+        with DeadLetterQueues(broker.url, app.names, [TASK]) as dlq:
+            return [letter.idempotency_key for letter in dlq.list()]
+
+    [shown] = listed(1)
+    assert shown != in_queue
+    code, _out, err = cli("purge", *queue_args(broker, app), "--limit", "1", "--yes")
+    assert code == 0, err
+    assert len(queued()) == 2
+    assert shown not in queued()
+    [shown] = listed(1)
+    handlers.fixed = True
+    code, out, err = cli("replay", *queue_args(broker, app), "--limit", "1", "--json")
+    assert code == 0, err
+    assert [job["idempotency_key"] for job in json.loads(out)["jobs"]] == [shown]
+    assert listed(5) == [in_queue]
 
 
 def test_reindex_indexes_what_came_another_way_and_drops_what_left(

@@ -166,7 +166,10 @@ def _filter_options(function: Command) -> Command:
 
     decorated: Command = with_filter
     decorated = click.option(
-        "--limit", type=click.IntRange(min=1), help="Take at most this many dead letters."
+        "--limit",
+        type=click.IntRange(min=1),
+        help="Take at most this many dead letters: the first as `dlq list` shows them with"
+        " the same filters (the ledger's index, oldest first; queue order without it).",
     )(decorated)
     decorated = click.option(
         "--until",
@@ -359,6 +362,7 @@ def replay_command(
         open_store(store_url, must_exist=True) as store,
         queues.open("replay", ledger=store) as dlq,
     ):
+        _say_which_are_taken(dlq, store, limit)
         summary = _replay_with_progress(dlq, store, where, limit, show=not as_json)
     if as_json:
         echo_json(summary.to_json())
@@ -405,6 +409,7 @@ def purge_command(  # noqa: PLR0917 - click passes every option positionally
                 f"every dead letter ({held})" if every else f"the matching dead letters (of {held})"
             )
             ask_first(f"delete {what} of {queues.listed} for good?", deletes=what)
+        _say_which_are_taken(dlq, store, limit)
         deleted = dlq.purge(where, limit=limit)
     if as_json:
         echo_json({"purged": deleted, "queues": queues.listed.split(", ")})
@@ -443,6 +448,24 @@ def _say_what_the_index_misses(queues: _Queues, indexed: Mapping[str, int]) -> N
             f"warning: the queues hold more dead letters than the ledger's index ({which}):"
             f" broker-jobs dlq reindex --namespace {queues.names.namespace}"
             + "".join(f" --task {task}" for task in missed),
+            err=True,
+        )
+
+
+def _say_which_are_taken(dlq: DeadLetterQueues, store: Store | None, limit: int | None) -> None:
+    """A note on stderr when --limit takes the first in queue order, not the first
+    ``dlq list`` shows: the index is not whole (or there is none)."""
+    if limit is not None and not dlq.indexed_whole(store):
+        click.echo(
+            f"note: --limit {limit} takes the first matching dead letters in queue order,"
+            " which may not be those `broker-jobs dlq list` shows: "
+            + (
+                "give the workers' --store to take the listed ones"
+                if store is None
+                else "the ledger's index does not hold every dead letter of the queues"
+                " (dead letters being made right now, or ones to index with"
+                " `broker-jobs dlq reindex`)"
+            ),
             err=True,
         )
 

@@ -197,25 +197,25 @@ class DeadLetterQueues(Closing):
         limit: int | None = None,
         on_progress: Callable[[ReplayProgress], None] | None = None,
     ) -> ReplaySummary:
-        """Publish the matching dead letters' jobs again, at most ``limit``, one at a
-        time in the order of the module docstring: reset the ledger, publish and
-        wait for the confirm, ack. ``store`` must be the store the workers use."""
-        where = where or DeadLetterFilter()
+        """Publish the matching dead letters' jobs again, at most ``limit`` (the first
+        ``limit`` as :meth:`_pick` says), one at a time in the order of the module
+        docstring: reset the ledger, publish and wait for the confirm, ack. ``store``
+        must be the store the workers use."""
+        ledger = self._ledger or store
+        pick = self._pick(ledger, where, limit)
         summary = ReplaySummary()
         total = sum(self.depths().values())
 
         def visit(letter: DeadLetter, link: PikaLink) -> bool:
             summary.scanned += 1
-            taken = (
-                not _reached(len(summary.replayed), limit)
-                and where.matches(letter)
-                and self._replay_one(link, letter, store, summary)
-            )
+            taken = pick.wants(letter) and self._replay_one(link, letter, store, summary)
+            if taken:
+                pick.took(letter)
             if on_progress is not None:
                 on_progress(summary.progress(total))
             return taken
 
-        self._passes(visit, self._ledger or store)
+        self._passes(visit, ledger)
         return summary
 
     def purge(
@@ -225,8 +225,9 @@ class DeadLetterQueues(Closing):
         limit: int | None = None,
         on_progress: Callable[[PurgeProgress], None] | None = None,
     ) -> int:
-        """Delete the matching dead letters (at most ``limit``); every dead letter of
-        the queues without a filter or a limit. Returns how many were deleted."""
+        """Delete the matching dead letters (at most ``limit``: the first ``limit`` as
+        :meth:`_pick` says); every dead letter of the queues without a filter or a
+        limit. Returns how many were deleted."""
         where = where or DeadLetterFilter()
         if where.is_empty and limit is None:
             with translated():
@@ -236,13 +237,15 @@ class DeadLetterQueues(Closing):
             return purged
         # The depths only for a caller that shows progress: a purge needs none.
         total = sum(self.depths().values()) if on_progress is not None else 0
+        pick = self._pick(self._ledger, where, limit)
         scanned = deleted = 0
 
         def visit(letter: DeadLetter, _link: PikaLink) -> bool:
             nonlocal scanned, deleted
             scanned += 1
-            taken = not _reached(deleted, limit) and where.matches(letter)
+            taken = pick.wants(letter)
             if taken:
+                pick.took(letter)
                 deleted += 1
             if on_progress is not None:
                 on_progress(PurgeProgress(scanned, max(total, scanned), deleted))
@@ -271,6 +274,18 @@ class DeadLetterQueues(Closing):
             return False
 
         return self._passes(visit, self._ledger)
+
+    def indexed_whole(self, ledger: Store | None) -> bool:
+        """Whether ``ledger``'s index holds at least as many dead letters of each task
+        as its queue (a passive declare each): then a replay or a purge with a limit
+        takes the first as listed. Not while some came another way (RabbitMQ's
+        delivery limit, another store's workers), nor, for a moment, while a worker
+        indexes the dead letter it just made."""
+        if ledger is None or not ledger.indexes_dead_letters:
+            return False
+        indexed = ledger.dead_letter_counts(self.tasks)
+        depths = self.depths()
+        return all(depths[task] <= indexed.get(task, 0) for task in self.tasks)
 
     def close(self) -> None:
         connection, self._connection = self._connection, None
@@ -327,6 +342,22 @@ class DeadLetterQueues(Closing):
             finally:
                 link.close()
         return done
+
+    def _pick(
+        self, ledger: Store | None, where: DeadLetterFilter | None, limit: int | None
+    ) -> _Selection:
+        """Which dead letters a replay or a purge takes: those ``where`` matches, at
+        most ``limit``. With a limit and a complete index (:meth:`indexed_whole`), the
+        first ``limit`` in the index's order, the ones ``broker-jobs dlq list --limit``
+        shows with the same filters (the oldest first, over all the tasks), so an
+        operator acts on what was listed; else the first in queue order, task by task
+        (the order of ``list --from-queue``)."""
+        where = where or DeadLetterFilter()
+        if limit is None or not self.indexed_whole(ledger):
+            return _Selection(where, limit)
+        assert ledger is not None  # indexed_whole says so
+        listed = ledger.dead_letters(self.tasks, where, limit=limit)
+        return _Selection(where, limit, frozenset(_listed_as(entry.letter) for entry in listed))
 
     @staticmethod
     def _keeper(task: str, ledger: Store | None) -> IndexKeeper | None:
@@ -415,6 +446,42 @@ def _kept(visit: Visit, keeper: IndexKeeper) -> Visit:
         return taken
 
     return visit_and_keep
+
+
+class _Selection:
+    """The dead letters an operation takes: those ``where`` matches, at most
+    ``limit``; with ``chosen``, only those (each once: a second copy in its queue is
+    kept)."""
+
+    def __init__(
+        self,
+        where: DeadLetterFilter,
+        limit: int | None,
+        chosen: frozenset[tuple[str, str, str | None]] | None = None,
+    ) -> None:
+        self._where = where
+        self._limit = limit
+        self._left = None if chosen is None else set(chosen)
+        self._taken = 0
+
+    def wants(self, letter: DeadLetter) -> bool:
+        """Whether to take ``letter`` (call :meth:`took` once it was)."""
+        if _reached(self._taken, self._limit) or not self._where.matches(letter):
+            return False
+        return self._left is None or _listed_as(letter) in self._left
+
+    def took(self, letter: DeadLetter) -> None:
+        self._taken += 1
+        if self._left is not None:
+            self._left.discard(_listed_as(letter))
+
+
+def _listed_as(letter: DeadLetter) -> tuple[str, str, str | None]:
+    """What tells one dead letter from the others of its task, in the queue as in the
+    index: its letter id and its dead at, as the index's document keeps it (to the
+    millisecond)."""
+    dead_at = letter.dead_at.isoformat(timespec="milliseconds") if letter.dead_at else None
+    return letter.task, letter.letter_id, dead_at
 
 
 def _reached(count: int, limit: int | None) -> bool:
