@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from broker_jobs import App, JobRequest, Publisher, QueueOptions
 from broker_jobs.cli import main
+from broker_jobs.dead_letter import dead_letter_from
 from broker_jobs.errors import TopologyMissingError, UnroutableError
 from broker_jobs.ops.dead_letters import (
     DeadLetterFilter,
@@ -801,6 +802,36 @@ def test_purge_and_replay_with_a_limit_take_the_dead_letters_list_shows(
     assert code == 0, err
     assert [job["idempotency_key"] for job in json.loads(out)["jobs"]] == [shown]
     assert listed(5) == [in_queue]
+
+
+def test_list_shows_a_page_of_fifty_unless_told_and_says_how_to_read_on(
+    broker: Broker, app: App, store: SQLiteStore
+) -> None:
+    """A listing of every dead letter read 20,775 in 16.9 s: pages, as ``jobs list``."""
+    store.index_dead_letters(
+        [
+            dead_letter_from(
+                TASK, {"bj-dead-reason": "permanent"}, {"message_id": f"page-{i:02}"}, b"{}"
+            )
+            for i in range(60)
+        ]
+    )
+    code, out, err = cli("list", *queue_args(broker, app))
+    assert code == 0, err
+    assert "50 dead letter(s) shown of 60" in out
+    assert "10 more: add --offset 50 for the next page" in out
+    assert "page-49" in out
+    assert "page-50" not in out
+    code, out, err = cli("list", *queue_args(broker, app), "--offset", "50")
+    assert (code, "10 dead letter(s) shown (from number 51) of 60" in out) == (0, True), err
+    assert "more:" not in out
+    code, out, err = cli("list", *queue_args(broker, app), "--json")
+    assert (code, len(json.loads(out))) == (0, 50)
+    assert "10 more: add --offset 50" in err
+    code, out, err = cli("list", *queue_args(broker, app), "--limit", "all", "--json")
+    assert (code, len(json.loads(out)), "more:" in err) == (0, 60, False)
+    code, _out, err = cli("list", *queue_args(broker, app), "--limit", "0")
+    assert (code, "neither a whole number from 1 nor 'all'" in err) == (2, True)
 
 
 def test_reindex_indexes_what_came_another_way_and_drops_what_left(

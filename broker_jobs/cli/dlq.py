@@ -1,6 +1,6 @@
 """``broker-jobs dlq``: list, show, replay and purge dead letters.
 
-    broker-jobs dlq list    --app MODULE:APP [--task T] [filters] [--json]
+    broker-jobs dlq list    --app MODULE:APP [filters] [--limit N|all] [--offset M] [--json]
     broker-jobs dlq show    --app MODULE:APP JOB_ID_OR_KEY [--json]
     broker-jobs dlq replay  --app MODULE:APP [filters] [--limit N] --store URL [--json]
     broker-jobs dlq purge   --app MODULE:APP [filters] [--store URL] [--yes]
@@ -144,8 +144,8 @@ def _queue_options(function: Command) -> Command:
 
 
 def _filter_options(function: Command) -> Command:
-    """--reason, --error, --since, --until and --limit. The command function gets the
-    first four as ``where`` (a :class:`DeadLetterFilter`), and ``limit``."""
+    """--reason, --error, --since and --until. The command function gets them as
+    ``where`` (a :class:`DeadLetterFilter`)."""
 
     @functools.wraps(function)
     def with_filter(
@@ -165,12 +165,6 @@ def _filter_options(function: Command) -> Command:
         function(where=where, **options)
 
     decorated: Command = with_filter
-    decorated = click.option(
-        "--limit",
-        type=click.IntRange(min=1),
-        help="Take at most this many dead letters: the first as `dlq list` shows them with"
-        " the same filters (the ledger's index, oldest first; queue order without it).",
-    )(decorated)
     decorated = click.option(
         "--until",
         metavar="TIME",
@@ -195,6 +189,46 @@ def _filter_options(function: Command) -> Command:
         help="Only dead letters with this reason (repeatable; docs/wire-format.md).",
     )(decorated)
 
+
+#: replay's and purge's --limit: every matching dead letter without one.
+_take_limit_option = click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    help="Take at most this many dead letters: the first as `dlq list` shows them with"
+    " the same filters (the ledger's index, oldest first; queue order without it).",
+)
+
+#: Dead letters ``dlq list`` shows without --limit, as ``jobs list`` shows jobs: a
+#: listing of every one read 20,775 in 16.9 s and 295 MB.
+DEFAULT_PAGE = 50
+
+
+class _PageSize(click.ParamType):  # type: ignore[type-arg]
+    """A page's size: a whole number from 1, or ``all`` (None: no limit)."""
+
+    name = "N|all"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or isinstance(value, int):
+            return value
+        if str(value).strip().lower() == "all":
+            return None
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number < 1:
+            self.fail(f"{value!r} is neither a whole number from 1 nor 'all'", param, ctx)
+        return number
+
+
+_page_limit_option = click.option(
+    "--limit",
+    type=_PageSize(),
+    default=DEFAULT_PAGE,
+    show_default=True,
+    help="Dead letters per page (--offset for the next), or 'all' (--json too).",
+)
 
 #: purge keeps the ledger's index in step when it is given one.
 _optional_store_option = click.option(
@@ -226,6 +260,7 @@ _offset_option = click.option(
 @dlq_group.command("list")
 @_queue_options
 @_filter_options
+@_page_limit_option
 @_offset_option
 @store_option
 @_from_queue_option
@@ -240,32 +275,66 @@ def list_command(
     from_queue: bool,
     as_json: bool,
 ) -> None:
-    """List dead letters, oldest first, from the ledger's index (read-only)."""
+    """List dead letters, oldest first, from the ledger's index (read-only), a page
+    of --limit (50 unless given) at a time: the last line says how many more there
+    are and the --offset of the next page (on stderr with --json, whose output stays
+    one array).
+
+    \b
+    Examples:
+      broker-jobs dlq list --app myproject.tasks:app --reason exhausted
+      broker-jobs dlq list --app myproject.tasks:app --offset 50
+      broker-jobs dlq list --app myproject.tasks:app --limit all --json
+    """
     with _errors(), open_store(store_url, must_exist=True) as store:
         if from_queue:
             with queues.open("list") as dlq:
                 total = sum(dlq.depths().values())
-                letters = dlq.list(where, limit=None if limit is None else offset + limit)
-            matching, letters = len(letters), letters[offset:]
+                # One more than the page: whether there is a next page.
+                letters = dlq.list(where, limit=None if limit is None else offset + limit + 1)
+            matching = None if limit is not None and len(letters) > offset + limit else len(letters)
+            letters = letters[offset:][:limit]
         else:
             index = IndexedDeadLetters(store, queues.tasks)
             indexed = index.counts()
             total = sum(indexed.values())
             matching = total if where.is_empty else sum(index.counts(where).values())
-            letters = index.letters(where, limit=limit or matching or 1, offset=offset)
+            page = limit if limit is not None else max(matching - offset, 1)
+            letters = index.letters(where, limit=page, offset=offset)
             _say_what_the_index_misses(queues, indexed)
         statuses = _ledger_statuses(store, letters)
+    following = _next_page(offset, len(letters), matching, limit)
     if as_json:
         echo_json([_with_ledger(letter, statuses) for letter in letters])
+        if following:
+            click.echo(following, err=True)
         return
     if letters:
         console().print(_table(letters, statuses, several_tasks=len(queues.tasks) > 1))
     shown = f"{len(letters)} dead letter(s) shown"
     if offset:
         shown += f" (from number {offset + 1})"
-    filtered = "" if where.is_empty else f", {matching} matching"
+    filtered = "" if where.is_empty or matching is None else f", {matching} matching"
     source = "in" if from_queue else "indexed for"
     click.echo(f"{shown} of {total} {source} {queues.listed}{filtered}")
+    if following:
+        click.echo(following)
+
+
+def _next_page(offset: int, shown: int, matching: int | None, limit: int | None) -> str:
+    """The line telling how to read the next page ("" when this one is the last);
+    ``matching`` None: more are known to match, not how many (a queue's read)."""
+    if limit is None:
+        return ""
+    if matching is None:
+        return f"more: add --offset {offset + shown} for the next page (or --limit all)"
+    left = matching - offset - shown
+    if left <= 0:
+        return ""
+    return (
+        f"{left} more: add --offset {offset + shown} for the next page (same options),"
+        " or --limit all for every one"
+    )
 
 
 @dlq_group.command("show")
@@ -347,6 +416,7 @@ def reindex_command(queues: _Queues, store_url: str, as_json: bool) -> None:
 @dlq_group.command("replay")
 @_queue_options
 @_filter_options
+@_take_limit_option
 @store_option
 @json_option
 def replay_command(
@@ -381,6 +451,7 @@ def replay_command(
 @dlq_group.command("purge")
 @_queue_options
 @_filter_options
+@_take_limit_option
 @_optional_store_option
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @json_option
