@@ -525,6 +525,52 @@ def test_replay_json_and_a_store_that_has_no_record(
     assert depth(connection, app.names.dead_letter_queue(TASK)) == 1
 
 
+def test_replay_of_a_message_that_was_never_a_job_resets_the_record_under_its_id(
+    broker: Broker,
+    app: App,
+    store: SQLiteStore,
+    connection: pika.BlockingConnection,
+) -> None:
+    """A worker records a message it cannot take as a job (here its payload fails the
+    task's model) dead under its message id, not its key: the replay resets that
+    record, and says nothing of another store."""
+    kill_jobs(broker, app, store, connection, ["declared"])  # the topology, a job dead
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.basic_publish(
+        "",
+        app.names.task_queue(TASK),
+        b'{"wrong": "schema"}',
+        pika.BasicProperties(
+            content_type="application/json",
+            message_id="poison-1",
+            type=TASK,
+            delivery_mode=2,
+            headers={n.HEADER_IDEMPOTENCY_KEY: "poison-key"},
+        ),
+    )
+    channel.close()
+    run_burst_worker(broker, app, store, concurrency=1)
+    queue = app.names.dead_letter_queue(TASK)
+    wait_until(lambda: depth(connection, queue) == 2, within=10, what="two dead letters")
+    filed = store.get("poison-1")
+    assert filed is not None
+    assert (filed.status, store.get("poison-key")) == (Status.DEAD, None)
+
+    code, out, err = cli("replay", *queue_args(broker, app), "--reason", "schema", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert (summary["replayed"], summary["ledger"]) == (
+        1,
+        {"reset": 1, "unchanged": 0, "unknown": 0},
+    )
+    assert summary["jobs"][0]["ledger"] == "reset"
+    assert "warning" not in err
+    reset = store.get("poison-1")
+    assert reset is not None
+    assert reset.status is Status.QUEUED
+
+
 # -- purge ------------------------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "BROKER_DELIVERY_LIMIT",
     "BROKER_HEADER_PREFIX",
     "DEAD_HEADERS",
+    "FILED_BY_MESSAGE_ID",
     "HEADER_X_DEATH",
     "DeadLetter",
     "dead_letter_from",
@@ -36,6 +37,24 @@ __all__ = [
     "replay_message",
     "replayable",
 ]
+
+#: The reasons of a message a worker could not take as a job (it failed to decode, or
+#: its payload failed the task's model): the worker records it dead under its message
+#: id, never its idempotency key (``broker_jobs.worker.protocol``: a bad message must
+#: not settle the key's job), so its replay finds the record there.
+FILED_BY_MESSAGE_ID = frozenset(
+    {
+        "content-type",
+        "content-encoding",
+        "encoding",
+        "json",
+        "wire-version",
+        "type",
+        "header",
+        "envelope",
+        "schema",
+    }
+)
 
 #: The headers a dead letter adds to the job (stripped from a replayed job).
 DEAD_HEADERS = frozenset(

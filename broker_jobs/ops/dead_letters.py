@@ -17,7 +17,8 @@ purge reports) and :mod:`~broker_jobs.ops.dead_letter_pass` (a pass over a queue
 letter, one at a time:
 
 1. ``store.reset_for_replay(key)``: a DEAD or FAILED record becomes QUEUED with
-   attempts 0, so that the job published again is claimed as new;
+   attempts 0, so that the job published again is claimed as new (for a message a
+   worker could not take as a job, the record it made under the message id);
 2. publish the job again to the work exchange: attempt 1, the same job id,
    idempotency key, payload and headers, without the ``bj-dead-*`` headers and
    RabbitMQ's ``x-*`` ones, ``mandatory``, and wait for the publisher confirm;
@@ -69,6 +70,7 @@ from broker_jobs.ops.dead_letter_filter import DeadLetterFilter
 from broker_jobs.ops.dead_letter_ledger import IndexKeeper
 from broker_jobs.ops.dead_letter_message import (
     BROKER_DELIVERY_LIMIT,
+    FILED_BY_MESSAGE_ID,
     DeadLetter,
     jsonable,
     moved_message,
@@ -396,12 +398,13 @@ class DeadLetterQueues(Closing):
             summary.skipped.append(Skipped(letter, why))
             return False
         # 1. the ledger first: a kill from here on leaves the dead letter in place.
-        reset = store.reset_for_replay(job.idempotency_key)
+        key = _record_key(store, letter, job)
+        reset = store.reset_for_replay(key)
         status: Status | None
         if reset is not None:
             action, status = LedgerAction.RESET, reset.status
         else:
-            found = store.get(job.idempotency_key)
+            found = store.get(key)
             action = LedgerAction.UNCHANGED if found else LedgerAction.UNKNOWN
             status = found.status if found else None
         # 2. publish and wait for the confirm.
@@ -409,7 +412,11 @@ class DeadLetterQueues(Closing):
             self._publish(link, job, replay_message(letter))
         except (UnroutableError, NackedError):
             if reset is not None:  # surely not stored: the ledger says dead again
-                store.dead(job.idempotency_key, None, reset.last_error or "not replayed", job=job)
+                why = reset.last_error or "not replayed"
+                if key == job.idempotency_key:
+                    store.dead(key, None, why, job=job)
+                else:  # as the worker recorded it
+                    store.dead(key, None, why, job_id=job.id, task=job.task)
             raise
         summary.replayed.append(Replayed(letter, action, status))
         return True
@@ -435,6 +442,18 @@ class DeadLetterQueues(Closing):
                 self.names.task_queue(job.task, job.priority),
                 level=job.priority,
             )
+
+
+def _record_key(store: Store, letter: DeadLetter, job: Job) -> str:
+    """The key of the ledger record the workers keep for ``letter``: its job's key;
+    for a message a worker could not take as a job (:data:`FILED_BY_MESSAGE_ID`),
+    whose key has no record, its message id when the store holds a record of this
+    task there (the worker recorded it dead under that id)."""
+    key = job.idempotency_key
+    if letter.reason not in FILED_BY_MESSAGE_ID or key == job.id or store.get(key) is not None:
+        return key
+    filed = store.get(job.id)
+    return job.id if filed is not None and filed.task == job.task else key
 
 
 def _kept(visit: Visit, keeper: IndexKeeper) -> Visit:
