@@ -571,6 +571,34 @@ def test_replay_of_a_message_that_was_never_a_job_resets_the_record_under_its_id
     assert reset.status is Status.QUEUED
 
 
+def test_replay_and_purge_take_one_dead_letter_by_its_id_or_key(
+    broker: Broker,
+    app: App,
+    store: SQLiteStore,
+    handlers: Handlers,
+    connection: pika.BlockingConnection,
+) -> None:
+    """As ``dlq show`` takes it: ``dlq replay ... fail-3`` was "Got unexpected extra
+    argument"."""
+    kill_jobs(broker, app, store, connection, ["one-1", "one-2", "one-3"])
+    queue = app.names.dead_letter_queue(TASK)
+    handlers.fixed = True
+    code, out, err = cli("replay", *queue_args(broker, app), "one-2", "--json")
+    assert code == 0, err
+    assert [job["idempotency_key"] for job in json.loads(out)["jobs"]] == ["one-2"]
+    [job_id] = [
+        e.letter.job_id for e in store.dead_letters([TASK]) if e.letter.idempotency_key == "one-3"
+    ]
+    assert job_id is not None
+    code, out, err = cli("purge", *queue_args(broker, app), job_id, "--yes")
+    assert (code, "purged 1 dead letter(s)" in out) == (0, True), err
+    assert [e.letter.idempotency_key for e in store.dead_letters([TASK])] == ["one-1"]
+    assert depth(connection, queue) == 1
+    code, _out, err = cli("purge", *queue_args(broker, app), "one-2", "--yes")
+    assert code == 1
+    assert "error: no dead letter has job id or idempotency key 'one-2'" in err
+
+
 # -- purge ------------------------------------------------------------------------------
 
 

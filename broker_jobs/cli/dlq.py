@@ -2,8 +2,8 @@
 
     broker-jobs dlq list    --app MODULE:APP [filters] [--limit N|all] [--offset M] [--json]
     broker-jobs dlq show    --app MODULE:APP JOB_ID_OR_KEY [--json]
-    broker-jobs dlq replay  --app MODULE:APP [filters] [--limit N] --store URL [--json]
-    broker-jobs dlq purge   --app MODULE:APP [filters] [--store URL] [--yes]
+    broker-jobs dlq replay  --app MODULE:APP [JOB_ID_OR_KEY] [filters] [--limit N] [--json]
+    broker-jobs dlq purge   --app MODULE:APP [JOB_ID_OR_KEY] [filters] [--store URL] [--yes]
     broker-jobs dlq reindex --app MODULE:APP --store URL [--json]
 
 list and show read the ledger's index of dead letters (never the queue, unless
@@ -16,6 +16,7 @@ and prints. Errors are one line, ``error: ...`` on stderr (passwords masked), ex
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import re
@@ -413,20 +414,39 @@ def reindex_command(queues: _Queues, store_url: str, as_json: bool) -> None:
         )
 
 
+#: replay's and purge's optional argument, as ``dlq show`` takes it: one dead letter.
+_ref_argument = click.argument("ref", metavar="[JOB_ID_OR_KEY]", required=False)
+
+
 @dlq_group.command("replay")
 @_queue_options
 @_filter_options
 @_take_limit_option
 @store_option
 @json_option
-def replay_command(
-    queues: _Queues, where: DeadLetterFilter, limit: int | None, store_url: str, as_json: bool
+@_ref_argument
+def replay_command(  # noqa: PLR0917 - click passes every option positionally
+    queues: _Queues,
+    where: DeadLetterFilter,
+    limit: int | None,
+    store_url: str,
+    as_json: bool,
+    ref: str | None,
 ) -> None:
     """Publish dead jobs again, each once: reset its ledger record, publish, ack.
 
+    JOB_ID_OR_KEY: only the dead letter of this job id or idempotency key (as
+    `dlq show` takes it); the filters too, if given.
+
     --store must be the store the workers use: the reset lets the job run again
     (docs/operations.md explains why an interrupted replay is safe to run again).
+
+    \b
+    Examples:
+      broker-jobs dlq replay --app myproject.tasks:app --reason exhausted
+      broker-jobs dlq replay --app myproject.tasks:app invoice-42-thumb
     """
+    where = dataclasses.replace(where, ref=ref)
     with (
         _errors(),
         open_store(store_url, must_exist=True) as store,
@@ -434,6 +454,8 @@ def replay_command(
     ):
         _say_which_are_taken(dlq, store, limit)
         summary = _replay_with_progress(dlq, store, where, limit, show=not as_json)
+        if ref is not None and not summary.replayed and not summary.skipped:
+            raise BrokerJobsError(_not_found(ref, queues))
     if as_json:
         echo_json(summary.to_json())
     else:
@@ -455,6 +477,7 @@ def replay_command(
 @_optional_store_option
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @json_option
+@_ref_argument
 def purge_command(  # noqa: PLR0917 - click passes every option positionally
     queues: _Queues,
     where: DeadLetterFilter,
@@ -462,12 +485,15 @@ def purge_command(  # noqa: PLR0917 - click passes every option positionally
     store_url: str | None,
     yes: bool,
     as_json: bool,
+    ref: str | None,
 ) -> None:
     """Delete dead letters for good: those matching the filters, or all of them.
 
-    Asks first (saying how many the queues hold) unless --yes; without a terminal,
-    --yes is required.
+    JOB_ID_OR_KEY: only the dead letter of this job id or idempotency key (as
+    `dlq show` takes it). Asks first (saying how many the queues hold) unless
+    --yes; without a terminal, --yes is required.
     """
+    where = dataclasses.replace(where, ref=ref)
     with _errors(), contextlib.ExitStack() as stack:
         store = None
         if store_url is not None:
@@ -477,11 +503,17 @@ def purge_command(  # noqa: PLR0917 - click passes every option positionally
             held = sum(dlq.depths().values())
             every = where.is_empty and limit is None
             what = (
-                f"every dead letter ({held})" if every else f"the matching dead letters (of {held})"
+                f"every dead letter ({held})"
+                if every
+                else f"the dead letter of {ref!r}"
+                if ref is not None
+                else f"the matching dead letters (of {held})"
             )
             ask_first(f"delete {what} of {queues.listed} for good?", deletes=what)
         _say_which_are_taken(dlq, store, limit)
         deleted = dlq.purge(where, limit=limit)
+        if ref is not None and not deleted:
+            raise BrokerJobsError(_not_found(ref, queues))
     if as_json:
         echo_json({"purged": deleted, "queues": queues.listed.split(", ")})
         return
@@ -521,6 +553,14 @@ def _say_what_the_index_misses(queues: _Queues, indexed: Mapping[str, int]) -> N
             + "".join(f" --task {task}" for task in missed),
             err=True,
         )
+
+
+def _not_found(ref: str, queues: _Queues) -> str:
+    return (
+        f"no dead letter has job id or idempotency key {ref!r} in {queues.listed}"
+        " (or none that the filters take): check the id (`broker-jobs dlq list`) and"
+        " the --app, --namespace or --task"
+    )
 
 
 def _say_which_are_taken(dlq: DeadLetterQueues, store: Store | None, limit: int | None) -> None:
