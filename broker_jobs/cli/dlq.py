@@ -20,7 +20,7 @@ import dataclasses
 import functools
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -43,7 +43,7 @@ from broker_jobs.cli.output import (
 from broker_jobs.cli.tasks import chosen_tasks, task_options
 from broker_jobs.clock import utc_now
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.ops.dead_letter_ledger import IndexedDeadLetters
+from broker_jobs.ops.dead_letter_ledger import IndexedDeadLetters, unindexed_note
 from broker_jobs.ops.dead_letters import (
     BROKER_DELIVERY_LIMIT,
     CONNECT_TIMEOUT,
@@ -297,12 +297,11 @@ def list_command(
             letters = letters[offset:][:limit]
         else:
             index = IndexedDeadLetters(store, queues.tasks)
-            indexed = index.counts()
-            total = sum(indexed.values())
+            total = sum(index.counts().values())
             matching = total if where.is_empty else sum(index.counts(where).values())
             page = limit if limit is not None else max(matching - offset, 1)
             letters = index.letters(where, limit=page, offset=offset)
-            _say_what_the_index_misses(queues, indexed)
+            _say_what_the_index_misses(queues, index)
         statuses = _ledger_statuses(store, letters)
     following = _next_page(offset, len(letters), matching, limit)
     if as_json:
@@ -528,11 +527,14 @@ def purge_command(  # noqa: PLR0917 - click passes every option positionally
 DEPTHS_TIMEOUT = 3.0
 
 
-def _say_what_the_index_misses(queues: _Queues, indexed: Mapping[str, int]) -> None:
+def _say_what_the_index_misses(queues: _Queues, index: IndexedDeadLetters) -> None:
     """A warning on stderr when the queues hold dead letters the ledger's index does
-    not (dead-lettered by RabbitMQ itself, an older broker-jobs, another tool), or
-    when the broker could not be asked: the listing is the index's, whole either way.
-    Only the queues' depths are read (a passive declare): no message is touched."""
+    not (being dead-lettered right now, or dead-lettered by RabbitMQ itself, an older
+    broker-jobs, another tool), or when the broker could not be asked: the listing
+    is the index's, whole either way. Only the queues' depths are read (a passive
+    declare): no message is touched. The index is counted after the depths, so a
+    dead letter confirmed before the depth was read and indexed by now is not
+    counted missing (counted before, each dead-lettered meanwhile was)."""
     try:
         with queues.open("list", connect_timeout=DEPTHS_TIMEOUT) as dlq:
             depths = dlq.depths()
@@ -543,16 +545,11 @@ def _say_what_the_index_misses(queues: _Queues, indexed: Mapping[str, int]) -> N
             err=True,
         )
         return
+    indexed = index.counts()
     missed = {task: depths[task] - indexed.get(task, 0) for task in queues.tasks}
     missed = {task: count for task, count in missed.items() if count > 0}
     if missed:
-        which = ", ".join(f"{task}: {count}" for task, count in missed.items())
-        click.echo(
-            f"warning: the queues hold more dead letters than the ledger's index ({which}):"
-            f" broker-jobs dlq reindex --namespace {queues.names.namespace}"
-            + "".join(f" --task {task}" for task in missed),
-            err=True,
-        )
+        click.echo(f"warning: {unindexed_note(queues.names.namespace, missed)}", err=True)
 
 
 def _not_found(ref: str, queues: _Queues) -> str:

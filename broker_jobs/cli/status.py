@@ -11,6 +11,7 @@ from broker_jobs.cli.options import store_option, url_option
 from broker_jobs.cli.output import console, echo_json, fail, json_option, table
 from broker_jobs.cli.tasks import chosen_tasks, task_options
 from broker_jobs.errors import BrokerJobsError
+from broker_jobs.ops.dead_letter_ledger import unindexed_note
 from broker_jobs.ops.readable import span
 from broker_jobs.ops.status import (
     QueueState,
@@ -101,15 +102,10 @@ def _echo(report: StatusReport, store_url: str, app_path: str | None) -> None:
                 f" by {task.paused.by}: workers start none of its jobs; broker-jobs resume"
                 f" {task.task} --namespace {report.namespace}"
             )
-    unindexed = [(task.task, task.unindexed_dead_letters) for task in report.tasks]
-    if any(count for _, count in unindexed):
-        which = ", ".join(f"{name}: {count}" for name, count in unindexed if count)
-        click.echo(
-            f"dead letters not in the ledger's index ({which}; dead-lettered by RabbitMQ or"
-            " an older broker-jobs): broker-jobs dlq reindex"
-            f" --namespace {report.namespace}"
-            + "".join(f" --task {name}" for name, count in unindexed if count)
-        )
+    unindexed = {task.task: task.unindexed_dead_letters for task in report.tasks}
+    if any(unindexed.values()):
+        missed = {name: count for name, count in unindexed.items() if count}
+        click.echo(unindexed_note(report.namespace, missed))
 
 
 def _row(task: TaskStatus, report: StatusReport) -> list[str]:

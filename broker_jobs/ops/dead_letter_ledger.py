@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker_jobs.dead_letter import DeadLetter, DeadLetterFilter
@@ -66,6 +66,24 @@ class IndexedDeadLetters:
     def counts(self, where: DeadLetterFilter | None = None) -> dict[str, int]:
         """How many of each task's dead letters ``where`` takes."""
         return self.store.dead_letter_counts(self.tasks, where)
+
+
+def unindexed_note(namespace: str, missed: Mapping[str, int]) -> str:
+    """The line saying the queues hold ``missed`` dead letters (by task) more than the
+    index, and the command that indexes them (``status`` and ``dlq list`` print it).
+
+    It names first what is usually the cause while workers are dead-lettering: a
+    worker indexes each dead letter just after the broker confirmed it in its
+    queue, so those being made right now count for a moment. Only a gap that stays
+    is one of dead letters that came another way."""
+    which = ", ".join(f"{task}: {count}" for task, count in missed.items())
+    return (
+        f"dead letters not in the ledger's index yet ({which}): those being"
+        " dead-lettered right now count until their worker indexes them; a gap that"
+        " stays came another way (RabbitMQ's own delivery limit, an older broker-jobs,"
+        f" another tool): broker-jobs dlq reindex --namespace {namespace}"
+        + "".join(f" --task {task}" for task in missed)
+    )
 
 
 @dataclass

@@ -108,8 +108,10 @@ class TaskStatus:
 
     @property
     def unindexed_dead_letters(self) -> int:
-        """How many more dead letters the queue holds than the index: those RabbitMQ
-        dead-lettered itself, or an older broker-jobs (``broker-jobs dlq reindex``)."""
+        """How many more dead letters the queue holds than the index: those being
+        dead-lettered right now (indexed just after their confirm), or, when the gap
+        stays, those RabbitMQ dead-lettered itself, or an older broker-jobs
+        (``broker-jobs dlq reindex``)."""
         if self.indexed_dead_letters is None or not self.dead_letters.messages:
             return 0
         return max(0, self.dead_letters.messages - self.indexed_dead_letters)
@@ -246,27 +248,37 @@ def gather(
     moment = utc(now)
     if summaries is None:
         summaries = store.task_summaries(now=moment)
-    indexed = store.dead_letter_counts(tasks) if store.indexes_dead_letters else {}
     pauses = store.pauses(names.namespace)
     probe = QueueProbe(connection)
     try:
         if not isinstance(lanes, Mapping):
             lanes = (lanes or FoundLanes()).of(probe, names, tasks)
-        statuses = tuple(
-            TaskStatus(
-                task,
+        queues = [
+            (
                 _task_queue_state(probe, names.task_queue(task), lanes.get(task)),
                 probe.queue(names.dead_letter_queue(task)),
-                summaries.get(task) or empty_summary(task),
-                indexed.get(task),
-                pauses.get(task),
             )
             for task in tasks
-        )
+        ]
         ladder = _ladder(probe, names)
         unroutable = probe.queue(names.unroutable_queue)
     finally:
         probe.close()
+    # The index counted after the dead-letter queues' depths: a dead letter a worker
+    # confirmed before its depth was read and has indexed since is not counted as
+    # missing (counted before, every one dead-lettered meanwhile was).
+    indexed = store.dead_letter_counts(tasks) if store.indexes_dead_letters else {}
+    statuses = tuple(
+        TaskStatus(
+            task,
+            queue,
+            dead_letters,
+            summaries.get(task) or empty_summary(task),
+            indexed.get(task),
+            pauses.get(task),
+        )
+        for task, (queue, dead_letters) in zip(tasks, queues, strict=True)
+    )
     return StatusReport(names.namespace, node, moment, statuses, ladder, unroutable)
 
 
