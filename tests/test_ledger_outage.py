@@ -25,8 +25,12 @@ import pytest
 from pydantic import BaseModel
 
 from broker_jobs import App, JobRequest, Publisher, QueueOptions
+from broker_jobs.envelope import Job
+from broker_jobs.store import sqlite as sqlite_store
 from broker_jobs.store.base import Status, Store
+from broker_jobs.store.errors import StoreUnavailableError
 from broker_jobs.store.postgres import PostgresStore
+from broker_jobs.store.records import ClaimOutcome
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.testing.postgres_node import PostgresNode
 from broker_jobs.worker import Worker, WorkerSettings, ledger_gate
@@ -280,6 +284,127 @@ def test_an_sqlite_ledger_locked_by_another_process_holds_the_jobs_and_loses_non
         assert "locked by another process" in reasons[0]
         assert outage.runs == Counter({f"k{n}": 1 for n in range(JOBS)})
     locker.close()
+
+
+class ReadOnlyFile:
+    """Opens the store's file as SQLite opens one it cannot write (a read-only mount,
+    another owner's file): read-only, without a word (``mode=ro`` is the same open
+    as SQLite's fallback), until :meth:`make_writable`. chmod would not do: the
+    tests run as root in CI, who may write any file."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._open = sqlite_store._open
+        self.writable = False
+        monkeypatch.setattr(sqlite_store, "_open", self.open)
+
+    def open(self, path: Path, timeout: float) -> sqlite3.Connection:
+        if self.writable:
+            return self._open(path, timeout)
+        return sqlite3.connect(
+            f"{Path(path).resolve().as_uri()}?mode=ro",
+            uri=True,
+            timeout=timeout,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+
+    def make_writable(self) -> None:
+        self.writable = True
+
+
+def a_ledger(path: Path) -> Path:
+    """An SQLite ledger with its tables (a read-only file is one made before)."""
+    SQLiteStore(path).close()
+    return path
+
+
+def test_an_sqlite_store_opened_read_only_writes_once_the_file_is_writable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite opens a file it cannot write read-only, and such a connection stays
+    read-only after the file is writable again: the store opens it again."""
+    path = a_ledger(tmp_path / "jobs.db")
+    read_only = ReadOnlyFile(monkeypatch)
+    first, second = Job(task="ro.task"), Job(task="ro.task")
+    with SQLiteStore(path) as store:  # opening only reads: it passes
+        with pytest.raises(StoreUnavailableError, match="read-only for this process"):
+            store.claim(first, "w1", 30)
+        assert store.try_claim_many([(first, "w1")], 30) is None
+        read_only.make_writable()
+        assert store.claim(first, "w1", 30).outcome is ClaimOutcome.CLAIMED
+        claims = store.try_claim_many([(second, "w1")], 30)  # its own connection, too
+        assert claims is not None
+        assert [claim.outcome for claim in claims] == [ClaimOutcome.CLAIMED]
+
+
+def test_a_transactional_handlers_write_refused_by_a_read_only_sqlite_file_is_an_outage_that_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler's own statement meets the read-only connection: an outage (the
+    worker runs the transaction again), and the next try writes once it can."""
+    path = a_ledger(tmp_path / "jobs.db")
+    job = Job(task="ro.task")
+    with SQLiteStore(path) as store:
+        store.claim(job, "w1", 30)
+
+    def effects(db: sqlite3.Connection) -> None:
+        db.execute("CREATE TABLE IF NOT EXISTS effects (key TEXT)")
+        db.execute("INSERT INTO effects VALUES (?)", (job.idempotency_key,))
+
+    read_only = ReadOnlyFile(monkeypatch)
+    with SQLiteStore(path) as store:
+        with pytest.raises(sqlite3.OperationalError) as refused:
+            store.succeed_with(job.idempotency_key, "w1", effects)
+        assert store.is_outage(refused.value)
+        read_only.make_writable()
+        store.succeed_with(job.idempotency_key, "w1", effects)
+        assert store.get(job.idempotency_key).status is Status.SUCCEEDED  # type: ignore[union-attr]
+
+
+def test_a_worker_started_on_a_read_only_sqlite_ledger_goes_on_once_it_is_writable(
+    broker: Broker,
+    make_app: Callable[[], App],
+    connection: pika.BlockingConnection,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ledger file is read-only when the worker starts (a read-only bind mount):
+    it holds its jobs and says why; made writable, they all run, once each."""
+    app = make_app()
+    runs: Counter[str] = Counter()
+
+    @app.task("outage.read_only", queue=QueueOptions(delivery_limit=1))
+    def effect(payload: Key) -> None:
+        runs[payload.key] += 1
+
+    path = a_ledger(tmp_path / "jobs.db")
+    read_only = ReadOnlyFile(monkeypatch)
+    with SQLiteStore(path) as store:
+        worker = Worker(broker.url, app, store, WorkerSettings(burst=True, concurrency=4))
+        outcomes: list[Counter[str]] = []
+        thread = threading.Thread(
+            target=lambda: outcomes.append(asyncio.run(worker.run())), name="worker under test"
+        )
+        keys = publish(broker, app, "outage.read_only")
+        thread.start()
+        try:
+            reason = wait_until(
+                lambda: held_for_the_ledger(worker),
+                within=60,
+                what="the worker to say it holds its jobs for the ledger",
+            )
+            read_only.make_writable()
+            thread.join(60)
+            drained = not thread.is_alive()
+        finally:
+            worker.stop()
+            thread.join(60)
+        assert drained, "the worker still held its jobs once the file was writable"
+        assert "read-only for this process" in reason
+        assert outcomes[0]["succeeded"] == JOBS, outcomes
+        assert dead_letter_count(connection, app, "outage.read_only") == 0
+        assert all(store.get(key).status is Status.SUCCEEDED for key in keys)  # type: ignore[union-attr]
+        assert runs == Counter({f"k{n}": 1 for n in range(JOBS)})
 
 
 def test_a_handlers_own_database_error_is_its_failure_not_an_outage(

@@ -22,7 +22,7 @@ processes; network file systems break SQLite's locking).
 The ledger's index of dead letters is one more table: an entry is written in the
 transaction of the record that makes its job dead, and read with one query per page.
 
-Why some 730 lines: each method of :class:`~broker_jobs.store.base.Store` is a few
+Why some 850 lines: each method of :class:`~broker_jobs.store.base.Store` is a few
 lines around one statement, kept together so that one reads how this store meets the
 contract; the SQL (and the records of a section, on its connection) lives in
 ``sqlite_statements``, the schema in ``sqlite_schema``, the store thread's group
@@ -204,25 +204,18 @@ class SQLiteStore(ExclusiveStore):
         """This thread's connection. ``wait=False``: one that never waits: SQLITE_BUSY
         at once when another connection writes, and no checkpoint after its commits
         (a checkpoint flushes the file: milliseconds); the others checkpoint."""
-        attr = ("conn" if synchronous == "FULL" else "conn_" + synchronous) + (
-            "" if wait else "_at_once"
-        )
-        conn: sqlite3.Connection | None = getattr(self._local, attr, None)
+        mine = self._thread_connections()
+        if getattr(self._local, "reopen", False):
+            self._drop_thread_connections(mine)
+        conn = mine.get((synchronous, wait))
         if conn is not None and not self._closed:
             return conn
         with self._lock:
             if self._closed:
                 raise StoreError(f"{self!r} is closed; open a new store")
-            if conn is not None:
-                return conn
             with self._translate("open"):
                 _create_private(self.path)
-                conn = sqlite3.connect(
-                    self.path,
-                    timeout=self._busy_timeout if wait else 0,
-                    isolation_level=None,  # autocommit; transactions are explicit
-                    check_same_thread=False,  # only its thread uses it; close() may be elsewhere
-                )
+                conn = _open(self.path, self._busy_timeout if wait else 0)
                 try:
                     conn.execute(f"PRAGMA synchronous = {synchronous}")
                     if not wait:
@@ -231,8 +224,43 @@ class SQLiteStore(ExclusiveStore):
                     conn.close()
                     raise
             self._connections.append(conn)
-        setattr(self._local, attr, conn)
+        mine[(synchronous, wait)] = conn
         return conn
+
+    def _thread_connections(self) -> dict[tuple[str, bool], sqlite3.Connection]:
+        """This thread's connections, by (synchronous, wait)."""
+        mine: dict[tuple[str, bool], sqlite3.Connection] | None
+        mine = getattr(self._local, "connections", None)
+        if mine is None:
+            mine = self._local.connections = {}
+        return mine
+
+    def _reopen_if_read_only(self, error: BaseException | None) -> None:
+        """After SQLITE_READONLY (``error`` or its cause), have this thread's
+        connections opened again at their next use.
+
+        SQLite opens a file it cannot write (a read-only mount, a file of another
+        owner or mode) read-only, without a word, and such a connection stays
+        read-only once the file is writable again: kept, it would fail every write
+        for the life of the store, and the worker hold its jobs forever."""
+        while error is not None:
+            if _is_read_only(error):
+                self._local.reopen = True
+                return
+            error = error.__cause__
+
+    def _drop_thread_connections(self, mine: dict[tuple[str, bool], sqlite3.Connection]) -> None:
+        """Close this thread's connections but the one of a transaction in progress
+        (the store thread's batch, an open section: dropped at the next call)."""
+        batch = getattr(self._local, "batch", None)
+        idle = {kind: c for kind, c in mine.items() if c is not batch and not _in_transaction(c)}
+        for kind in idle:
+            del mine[kind]
+        self._local.reopen = len(mine) > 0
+        with self._lock:
+            self._connections = [c for c in self._connections if c not in idle.values()]
+        for conn in idle.values():
+            conn.close()
 
     @contextmanager
     def _translate(self, action: str) -> Iterator[None]:
@@ -249,6 +277,7 @@ class SQLiteStore(ExclusiveStore):
         """``waited``: the seconds spent on the step that failed (all its ``tries``).
         A :class:`StoreUnavailableError` for an outage (locked, full, an I/O error),
         except a file that cannot be opened at all (a missing directory: to fix)."""
+        self._reopen_if_read_only(error)
         described = self._described(action, error, waited, tries)
         if _is_outage(error) and not _is_cant_open(error):
             return StoreUnavailableError(str(described))
@@ -270,6 +299,13 @@ class SQLiteStore(ExclusiveStore):
                 f" gave up{spent} (busy timeout {self._busy_timeout:g} s). Look for a"
                 " process holding a long transaction on it (a shell, a backup), or raise"
                 " busy_timeout"
+            )
+        if _is_read_only(error):
+            return StoreError(
+                f"{where}: cannot {action}: {text}. The file or its directory (SQLite"
+                " writes -wal and -shm files beside it) is read-only for this process: a"
+                " read-only mount, or their mode or owner; make them writable by the"
+                " worker, which opens the file again at its next try"
             )
         if "unable to open" in text:
             return StoreError(
@@ -295,9 +331,10 @@ class SQLiteStore(ExclusiveStore):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
-            except BaseException:
+            except BaseException as error:  # a transactional handler's own, too
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+                self._reopen_if_read_only(error)
                 raise
             conn.execute("COMMIT")
 
@@ -370,7 +407,8 @@ class SQLiteStore(ExclusiveStore):
         try:
             conn = self._connection("NORMAL", wait=False)
             fresh = _insert_fresh(conn, claims, lease, utc(None))
-        except (sqlite3.Error, StoreError):  # busy, or worse: claim_many meets it again
+        except (sqlite3.Error, StoreError) as error:  # busy, or worse: claim_many meets it
+            self._reopen_if_read_only(error)  # again; a read-only connection is not kept
             return None
         finally:
             self._calls.serving.release()
@@ -750,6 +788,35 @@ _OUTAGE_CODES = frozenset(
 def _is_outage(error: BaseException) -> bool:
     code = getattr(error, "sqlite_errorcode", None)
     return isinstance(error, sqlite3.Error) and code is not None and code & 0xFF in _OUTAGE_CODES
+
+
+def _is_read_only(error: BaseException) -> bool:
+    """SQLITE_READONLY (extended codes included): the connection cannot write (opened
+    read-only, the file moved or its lock unobtainable)."""
+    code = getattr(error, "sqlite_errorcode", None)
+    return (
+        isinstance(error, sqlite3.Error)
+        and code is not None
+        and code & 0xFF == sqlite3.SQLITE_READONLY
+    )
+
+
+def _in_transaction(conn: sqlite3.Connection) -> bool:
+    try:
+        return conn.in_transaction
+    except sqlite3.ProgrammingError:  # closed by close() meanwhile
+        return False
+
+
+def _open(path: Path, timeout: float) -> sqlite3.Connection:
+    """A new connection to the file (the tests replace it, to open the file read-only
+    as SQLite does one it cannot write)."""
+    return sqlite3.connect(
+        path,
+        timeout=timeout,
+        isolation_level=None,  # autocommit; transactions are explicit
+        check_same_thread=False,  # only its thread uses it; close() may be elsewhere
+    )
 
 
 def _is_cant_open(error: sqlite3.Error) -> bool:
