@@ -22,10 +22,12 @@ from typing import Any
 import pika
 import psycopg
 import pytest
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from broker_jobs import App, JobRequest, Publisher, QueueOptions
 from broker_jobs.envelope import Job
+from broker_jobs.observe.worker_metrics import WorkerMetrics
 from broker_jobs.store import sqlite as sqlite_store
 from broker_jobs.store.base import Status, Store
 from broker_jobs.store.errors import StoreUnavailableError
@@ -34,6 +36,7 @@ from broker_jobs.store.records import ClaimOutcome
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.testing.postgres_node import PostgresNode
 from broker_jobs.worker import Worker, WorkerSettings, ledger_gate
+from broker_jobs.worker.observer import JobObserver
 from tests.support import Broker, unavailable, wait_until
 
 JOBS, BEFORE_OUTAGE = 120, 30
@@ -423,3 +426,87 @@ def test_a_handlers_own_database_error_is_its_failure_not_an_outage(
         assert store.is_outage(locked)
         assert not store.is_outage(wrong)
         assert not store.is_outage(ValueError("x"))
+
+
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def a_gate(clock: Clock) -> tuple[ledger_gate.LedgerGate, CollectorRegistry]:
+    registry = CollectorRegistry()
+    observer = JobObserver("ns", "w1", WorkerMetrics(registry))
+    return ledger_gate.LedgerGate("PostgresStore('db')", observer, clock=clock), registry
+
+
+def gate_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [
+        (r.levelno, r.getMessage())
+        for r in caplog.records
+        if r.name == ledger_gate.__name__ and r.levelno >= logging.INFO
+    ]
+
+
+def test_a_ledger_that_flaps_is_one_outage_said_once_and_its_end_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A PostgreSQL that drops each connection as it comes answers for a moment
+    between failures: one WARNING at once, one INFO once it has answered for
+    STEADY_AFTER seconds; /readyz and ledger_up follow each answer meanwhile."""
+    clock = Clock()
+    gate, registry = a_gate(clock)
+
+    def up() -> float | None:
+        return registry.get_sample_value("broker_jobs_ledger_up", {"namespace": "ns"})
+
+    caplog.set_level(logging.DEBUG, logger=ledger_gate.__name__)
+    gate.failed(StoreUnavailableError("server closed the connection unexpectedly"))
+    assert [level for level, _ in gate_lines(caplog)] == [logging.WARNING]  # at once
+    for _ in range(35):  # 14 s: answers for 0.2 s, fails for 0.2 s
+        clock.now += 0.2
+        gate.answered()
+        assert gate.describe() is None
+        assert up() == 1
+        clock.now += 0.2
+        gate.failed(StoreUnavailableError("server closed the connection unexpectedly"))
+        assert "has failed for" in (gate.describe() or "")
+        assert up() == 0
+    clock.now += 0.2
+    gate.answered()
+    clock.now += ledger_gate.STEADY_AFTER / 2
+    gate.settle()
+    gate.answered()
+    assert len(gate_lines(caplog)) == 1  # not over yet: it answered for too short
+    clock.now += ledger_gate.STEADY_AFTER / 2
+    gate.settle()
+    lines = gate_lines(caplog)
+    assert [level for level, _ in lines] == [logging.WARNING, logging.INFO]
+    assert "answers again after 14.2 s" in lines[1][1]
+    assert "failed again 35 times" in lines[1][1]
+    assert registry.get_sample_value(
+        "broker_jobs_ledger_down_seconds_total", {"namespace": "ns"}
+    ) == pytest.approx(36 * 0.2)
+
+
+def test_an_outage_the_ledger_answered_is_said_over_when_the_worker_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A burst worker drains and ends within STEADY_AFTER of the answer: its last
+    word on the ledger is that it answers, not that it failed."""
+    clock = Clock()
+    gate, _ = a_gate(clock)
+    caplog.set_level(logging.INFO, logger=ledger_gate.__name__)
+    gate.failed(StoreUnavailableError("connection refused"))
+    clock.now += 3.0
+    gate.answered()
+    gate.close()
+    lines = gate_lines(caplog)
+    assert [level for level, _ in lines] == [logging.WARNING, logging.INFO]
+    assert "answers again after 3.0 s" in lines[1][1]
+    gate.close()  # once over, said no more
+    assert len(gate_lines(caplog)) == 2

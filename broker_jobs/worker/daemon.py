@@ -262,6 +262,7 @@ class Worker:
             beating.cancel()
             await heartbeat.stopped(ended=failure)
             runner.observer.flush_summary()  # the last second's successes
+            runner.ledger.close()  # the end of an outage it answered since
             runner.close()
             executor.shutdown()
             await publisher.close()
