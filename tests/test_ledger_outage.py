@@ -23,14 +23,16 @@ import pika
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
+from psycopg.conninfo import make_conninfo
 from pydantic import BaseModel
 
 from broker_jobs import App, JobRequest, Publisher, QueueOptions
 from broker_jobs.envelope import Job
 from broker_jobs.observe.worker_metrics import WorkerMetrics
+from broker_jobs.store import postgres_logs
 from broker_jobs.store import sqlite as sqlite_store
 from broker_jobs.store.base import Status, Store
-from broker_jobs.store.errors import StoreUnavailableError
+from broker_jobs.store.errors import StoreError, StoreUnavailableError
 from broker_jobs.store.postgres import PostgresStore
 from broker_jobs.store.records import ClaimOutcome
 from broker_jobs.store.sqlite import SQLiteStore
@@ -510,3 +512,27 @@ def test_an_outage_the_ledger_answered_is_said_over_when_the_worker_ends(
     assert "answers again after 3.0 s" in lines[1][1]
     gate.close()  # once over, said no more
     assert len(gate_lines(caplog)) == 2
+
+
+def test_a_postgres_that_refuses_writes_leaves_no_psycopg_pipeline_lines(
+    postgres_dsn: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A standby after a failover (here: ``default_transaction_read_only``) fails
+    each pipelined batch; psycopg said so again as each pipeline ended, at WARNING
+    (a line a try: a second a worker). The store's error is raised as before; that
+    line is DEBUG, and psycopg's line about another pipeline stays a WARNING."""
+    PostgresStore(postgres_dsn, schema=pg_schema).close()  # its tables, made writable
+    read_only = make_conninfo(postgres_dsn, options="-c default_transaction_read_only=on")
+    jobs = [(Job(task="ro.task"), "w1") for _ in range(20)]
+    caplog.set_level(logging.DEBUG, logger="psycopg")
+    with PostgresStore(read_only, schema=pg_schema) as store:
+        for _ in range(5):  # psycopg meets the error inside the block: nearly always
+            with pytest.raises(StoreError, match="read-only transaction"):
+                store.claim_many(jobs, 30)
+            with pytest.raises(StoreError, match="read-only transaction"):
+                store.succeed_many([(job.idempotency_key, worker) for job, worker in jobs])
+    ended = [r for r in caplog.records if r.name == "psycopg" and "terminating" in r.message]
+    assert ended, "psycopg said nothing of the pipelines: the test did not fail them"
+    assert {r.levelno for r in ended} == {logging.DEBUG}
+    logging.getLogger("psycopg").warning(postgres_logs.ENDED_IN_ERROR, "their pipeline", "x")
+    assert caplog.records[-1].levelno == logging.WARNING

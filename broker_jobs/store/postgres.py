@@ -59,6 +59,7 @@ from broker_jobs.store.ledger import (
     tally_records,
     window_params,
 )
+from broker_jobs.store.postgres_logs import ours, pipelined
 from broker_jobs.store.postgres_pool import Pool
 from broker_jobs.store.postgres_queries import (
     COLUMNS,
@@ -286,7 +287,7 @@ class PostgresStore(Store):
             self._translate(f"claim {len(claims)} jobs"),
             conn.transaction(),
         ):
-            with conn.pipeline():
+            with pipelined(conn):
                 cursors = [(index, conn.execute(self._q.claim, params[index])) for index in order]
             for index, cursor in cursors:
                 row = cursor.fetchone()
@@ -340,7 +341,7 @@ class PostgresStore(Store):
             self._translate(f"record {len(finished)} successes"),
             conn.transaction(),
         ):
-            with conn.pipeline():
+            with pipelined(conn):
                 cursors = [(one["key"], conn.execute(self._q.finish, one)) for one in params]
             return [key for key, cursor in cursors if cursor.rowcount != 1]
 
@@ -359,7 +360,7 @@ class PostgresStore(Store):
             self._translate(f"record {len(finished)} successes"),
             conn.transaction(),
         ):
-            with conn.pipeline():
+            with pipelined(conn):
                 statement = self._q.finish_with_output
                 cursors = [(one["key"], conn.execute(statement, one)) for one in params]
             return [key for key, cursor in cursors if one_row(cursor)[0] != 1]
@@ -614,7 +615,7 @@ class PostgresStore(Store):
             self._pool.connection() as conn,
             self._translate(f"index {len(rows)} dead letters"),
             conn.transaction(),
-            conn.pipeline(),
+            pipelined(conn),
         ):
             cursor = conn.cursor()
             for row in params:  # row by row: a batch may hold one letter twice
@@ -782,7 +783,7 @@ class PostgresStore(Store):
         moment = utc(now)
         queries, rows = self._q.depths, depth_rows(depths, moment)
         with self._pool.connection() as conn, self._translate("record queue depths"):
-            with conn.cursor() as cursor:
+            with conn.cursor() as cursor, ours():  # executemany pipelines
                 cursor.executemany(
                     queries.record,
                     [

@@ -1,0 +1,63 @@
+"""psycopg's line about a pipeline of ours that ended in an error, kept out of the
+user's log.
+
+When a statement of a pipelined batch fails (a standby after a failover, or
+``default_transaction_read_only``, refuses the writes), psycopg raises the error, and
+then, as the ``with conn.pipeline()`` block exits, logs ``WARNING psycopg: error
+ignored terminating <psycopg.Pipeline [INERROR, pipeline=ON] ...>: pipeline aborted``:
+the same failure again, once a try, about a line a second a worker for as long as the
+server refuses (the ledger gate says the outage once, with the error). While one of
+our pipelines runs, in that thread only, that line is lowered to DEBUG; psycopg's
+other lines, and those about other code's pipelines, are kept as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+#: psycopg's logger, and the format of its line about a pipeline (or a copy) whose
+#: block raised and whose end failed as well.
+PSYCOPG_LOGGER = "psycopg"
+ENDED_IN_ERROR = "error ignored terminating %r: %s"
+
+_ours: ContextVar[bool] = ContextVar("broker_jobs_pipelining", default=False)
+
+
+class _OurPipelineEnded(logging.Filter):
+    """Lowers to DEBUG psycopg's line about one of our pipelines that ended in error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG and record.msg == ENDED_IN_ERROR and _ours.get():
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return True
+
+
+@contextmanager
+def pipelined(conn: Any) -> Iterator[None]:
+    """``conn.pipeline()``, whose end after an error (raised to the caller) is not
+    said again at WARNING."""
+    with ours(), conn.pipeline():
+        yield
+
+
+@contextmanager
+def ours() -> Iterator[None]:
+    """Around statements psycopg pipelines on its own (``executemany``)."""
+    _install()
+    token = _ours.set(True)
+    try:
+        yield
+    finally:
+        _ours.reset(token)
+
+
+def _install() -> None:
+    """The filter on psycopg's logger, once per process (on first use, not at import:
+    a process that never pipelines through us keeps the logger untouched)."""
+    logger = logging.getLogger(PSYCOPG_LOGGER)
+    if not any(isinstance(each, _OurPipelineEnded) for each in logger.filters):
+        logger.addFilter(_OurPipelineEnded())
