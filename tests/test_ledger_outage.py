@@ -17,7 +17,8 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pika
 import psycopg
@@ -28,17 +29,25 @@ from pydantic import BaseModel
 
 from broker_jobs import App, JobRequest, Publisher, QueueOptions
 from broker_jobs.envelope import Job
+from broker_jobs.observe import heartbeat as heartbeat_module
+from broker_jobs.observe.heartbeat import Heartbeat, Pulse, process_record
 from broker_jobs.observe.worker_metrics import WorkerMetrics
 from broker_jobs.store import postgres_logs
 from broker_jobs.store import sqlite as sqlite_store
 from broker_jobs.store.base import Status, Store
+from broker_jobs.store.controls import TaskPause
 from broker_jobs.store.errors import StoreError, StoreUnavailableError
+from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.postgres import PostgresStore
+from broker_jobs.store.processes import ProcessKind, ProcessRecord
 from broker_jobs.store.records import ClaimOutcome
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.testing.postgres_node import PostgresNode
 from broker_jobs.worker import Worker, WorkerSettings, ledger_gate
+from broker_jobs.worker import controls as controls_module
+from broker_jobs.worker.controls import ControlWatch
 from broker_jobs.worker.observer import JobObserver
+from broker_jobs.worker.protocol import Runner
 from tests.support import Broker, unavailable, wait_until
 
 JOBS, BEFORE_OUTAGE = 120, 30
@@ -536,3 +545,46 @@ def test_a_postgres_that_refuses_writes_leaves_no_psycopg_pipeline_lines(
     assert {r.levelno for r in ended} == {logging.DEBUG}
     logging.getLogger("psycopg").warning(postgres_logs.ENDED_IN_ERROR, "their pipeline", "x")
     assert caplog.records[-1].levelno == logging.WARNING
+
+
+class LedgerDown(MemoryStore):
+    """A ledger every call of the heartbeat and of the paused tasks' reader fails on,
+    as a stopped server's would."""
+
+    def record_process(self, record: ProcessRecord) -> None:
+        raise StoreUnavailableError("connection refused")
+
+    def pauses(self, namespace: str) -> dict[str, TaskPause]:
+        raise StoreUnavailableError("connection refused")
+
+
+def test_the_heartbeat_and_the_paused_tasks_leave_the_ledgers_outage_to_its_gate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One ledger outage is one WARNING of the worker's: the gate's. While it is in
+    one, the heartbeat and the paused tasks' reader fail without a line (and end
+    without one); a failure of theirs outside the gate's outage is said as before."""
+    gate, _ = a_gate(Clock())
+    store = LedgerDown()
+    heartbeat = Heartbeat(
+        store, process_record(ProcessKind.WORKER, "w1", "ns"), quiet=lambda: gate.in_outage
+    )
+    runner = cast(Runner, SimpleNamespace(paused=frozenset(), ledger=gate))
+    controls = ControlWatch(
+        store, "ns", {"q.t": "t"}, runner, worker_id="w1", every=1.0, on_stop=lambda _: None
+    )
+    caplog.set_level(logging.INFO, logger="broker_jobs")
+
+    def warnings() -> list[str]:
+        return [r.name for r in caplog.records if r.levelno >= logging.WARNING]
+
+    gate.failed(StoreUnavailableError("connection refused"))
+    for _ in range(3):
+        assert not heartbeat.write(Pulse())
+        asyncio.run(controls.read())
+    assert warnings() == [ledger_gate.__name__]
+    gate.answered()
+    gate.close()  # the gate's outage is over; theirs goes on: said now
+    heartbeat.write(Pulse())
+    asyncio.run(controls.read())
+    assert warnings() == [ledger_gate.__name__, heartbeat_module.__name__, controls_module.__name__]

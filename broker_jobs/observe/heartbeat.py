@@ -85,7 +85,8 @@ def process_record(
 class Heartbeat:
     """Keeps ``record``'s heartbeat in ``store``: ``await heartbeat.run()`` until
     cancelled, then ``await heartbeat.stopped()``. ``pulse`` says what changed (read
-    on the event loop at each beat); ``call`` runs a store call off the loop."""
+    on the event loop at each beat); ``call`` runs a store call off the loop;
+    ``quiet()`` true: a failure is said elsewhere (a worker's ledger gate), not here."""
 
     def __init__(
         self,
@@ -94,12 +95,13 @@ class Heartbeat:
         *,
         pulse: Callable[[], Pulse] = Pulse,
         call: StoreCall = asyncio.to_thread,
+        quiet: Callable[[], bool] = lambda: False,
     ) -> None:
         self._store = store
         self._record = record
         self._pulse = pulse
         self._call = call
-        self._streak = FailureStreak(log)
+        self._streak = FailureStreak(log, quiet=quiet)
         self._forgot_at: float | None = None
 
     @property

@@ -14,8 +14,9 @@ finish within the grace period); it deletes the request as it exits. A request o
 than the worker (left by an earlier process of the same ``--worker-id``) is deleted
 unheeded.
 
-A ledger that cannot be read keeps the pauses as last read (said once): neither a
-pause nor a resume is guessed.
+A ledger that cannot be read keeps the pauses as last read (said once, unless the
+worker's ledger gate says the outage already): neither a pause nor a resume is
+guessed.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class ControlWatch:
         self._runner = runner
         self._worker_id = worker_id
         self._every = every
-        self._streak = FailureStreak(log)
+        self._streak = FailureStreak(log, quiet=lambda: runner.ledger.in_outage)
         self._on_stop = on_stop
         self._stop_heard = False
         self._started_at = utc_now()

@@ -49,6 +49,7 @@ from broker_jobs.worker.controls import ControlWatch
 from broker_jobs.worker.execution import Executor
 from broker_jobs.worker.fast_path import FastPath
 from broker_jobs.worker.frame_reading import tolerate_unreadable_headers
+from broker_jobs.worker.ledger_gate import LedgerGate
 from broker_jobs.worker.link import BrokerLink, ExpectedDisconnects
 from broker_jobs.worker.observer import JobObserver
 from broker_jobs.worker.prefetch_boost import PrefetchBoost
@@ -223,7 +224,7 @@ class Worker:
         fast_path.start()
         # The hourly prune, the success lines' summary: until the worker ends.
         chores = [
-            asyncio.create_task(self._prune_forever()),
+            asyncio.create_task(self._prune_forever(runner.ledger)),
             asyncio.create_task(runner.observer.summarise()),
             asyncio.create_task(runner.stalls.watch()),
         ]
@@ -349,7 +350,8 @@ class Worker:
                 paused=tuple(sorted(runner.paused)),
             )
 
-        return Heartbeat(self._store, record, pulse=pulse)
+        # A ledger outage the gate says already is not said again by the heartbeat.
+        return Heartbeat(self._store, record, pulse=pulse, quiet=lambda: runner.ledger.in_outage)
 
     async def _consume_until_ended(
         self, link: BrokerLink, runner: Runner, fast_path: FastPath, controls: ControlWatch
@@ -510,15 +512,17 @@ class Worker:
         await probe.close()
         return Drained()
 
-    async def _prune_forever(self) -> None:
+    async def _prune_forever(self, ledger: LedgerGate) -> None:
         """Keep the ledger bounded: finished records older than the retention go.
-        The retention must cover redeliveries and beat's catch-up window."""
+        The retention must cover redeliveries and beat's catch-up window. A failure
+        during an outage the ``ledger`` gate says already is not said again."""
         while True:
             cutoff = utc_now() - self._settings.retention
             try:
                 pruned = await asyncio.to_thread(self._store.prune, cutoff)
             except StoreError:
-                log.warning("pruning the ledger failed; trying again in an hour", exc_info=True)
+                level = logging.DEBUG if ledger.in_outage else logging.WARNING
+                log.log(level, "pruning the ledger failed; trying again in an hour", exc_info=True)
             else:
                 if pruned:
                     log.info("pruned %d finished records older than %s", pruned, cutoff)

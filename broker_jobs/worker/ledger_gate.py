@@ -129,6 +129,12 @@ class LedgerGate:
     def is_down(self) -> bool:
         return self._down_since is not None
 
+    @property
+    def in_outage(self) -> bool:
+        """Whether an outage was said and its end not yet (it may answer meanwhile):
+        the worker's heartbeat and paused tasks' reader then say none of their own."""
+        return self._outage_since is not None
+
     def describe(self) -> str | None:
         """For ``/readyz``: why the worker holds its jobs, or None."""
         if self._down_since is None:
