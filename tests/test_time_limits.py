@@ -342,7 +342,7 @@ def test_the_worker_command_exits_70_on_a_stuck_handler_and_its_supervisor_resta
     )
     assert done.returncode == 70, done.stderr
     assert "stuck past their time limit" in done.stderr
-    assert judge_exit(70, ran_for=30, stopping=False) is Verdict.RESTART
+    assert judge_exit(70, ran_for=30, stopping=False, burst=True) is Verdict.RESTART
 
 
 def test_a_limit_armed_late_counts_from_the_handlers_start() -> None:

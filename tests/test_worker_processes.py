@@ -16,7 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from broker_jobs import JobRequest, Publisher
+from broker_jobs.cli import main
 from broker_jobs.cli.worker import worker_command
+from broker_jobs.ops.processes import process_views
 from broker_jobs.store.urls import open_store
 from broker_jobs.worker.supervisor import (
     CRASH_LOOP_EXITS,
@@ -75,13 +77,15 @@ def supervisors() -> Iterator[StartWorker]:
 
 
 def test_exit_rules() -> None:
-    assert judge_exit(0, 0.5, stopping=False) is Verdict.DONE  # --burst drained
-    assert judge_exit(69, 100, stopping=False) is Verdict.DONE  # its queue was deleted
-    assert judge_exit(1, 2, stopping=False) is Verdict.STOP_ALL  # configuration error
-    assert judge_exit(1, 600, stopping=False) is Verdict.RESTART  # a late crash
-    assert judge_exit(75, 600, stopping=False) is Verdict.RESTART  # no broker for a while
-    assert judge_exit(137, 3, stopping=False) is Verdict.RESTART  # kill -9, OOM killer
-    assert judge_exit(137, 3, stopping=True) is Verdict.DONE
+    assert judge_exit(0, 0.5, stopping=False, burst=True) is Verdict.DONE  # --burst drained
+    assert judge_exit(69, 100, stopping=False, burst=True) is Verdict.DONE  # its queue was deleted
+    assert judge_exit(1, 2, stopping=False, burst=True) is Verdict.STOP_ALL  # configuration error
+    assert judge_exit(1, 600, stopping=False, burst=True) is Verdict.RESTART  # a late crash
+    assert (
+        judge_exit(75, 600, stopping=False, burst=True) is Verdict.RESTART
+    )  # no broker for a while
+    assert judge_exit(137, 3, stopping=False, burst=True) is Verdict.RESTART  # kill -9, OOM killer
+    assert judge_exit(137, 3, stopping=True, burst=True) is Verdict.DONE
 
 
 def test_backoff_doubles_to_its_cap_and_a_stable_run_resets_it() -> None:
@@ -249,6 +253,40 @@ def test_sigterm_stops_every_child_and_exits_0(
     assert all(gone(pid) for pid in pids), worker.log[-3000:]
     assert "SIGTERM: stopping 2 worker process(es)" in worker.log
     assert worker.log.count("stopping: finishing running jobs") == 2  # each child's own
+    no_tracebacks(worker)
+
+
+@pytest.mark.broker
+def test_a_child_stopped_alone_is_replaced_and_its_supervisor_goes_on(
+    broker: Broker,
+    namespace: str,
+    tmp_path: Path,
+    cleanup_topology: Callable[[Topology], Topology],
+    supervisors: Callable[[list[str], Path], WorkerProcess],
+    request: pytest.FixtureRequest,
+) -> None:
+    """`workers stop` of one process of `--processes 2` made it exit 0, which the
+    supervisor took for a drained --burst: the command ran one process short, saying
+    nothing. The supervisor now starts another in its place (a graceful restart), and
+    `workers stop` says how to stop them all."""
+    worker, database = start_two_consuming(
+        broker, namespace, tmp_path, cleanup_topology, supervisors, request
+    )
+    (_, victim), _other = child_pids(worker)
+    with open_store(database.store_url) as store:
+        [child] = [v.record for v in process_views(store, namespace) if v.record.pid == victim]
+    result = CliRunner().invoke(
+        main,
+        ["workers", "stop", child.id, "--namespace", namespace, "--store", database.store_url],
+    )
+    assert result.exit_code == 0, result.output
+    assert "one of 2 processes under a supervisor" in result.output
+    wait_until(lambda: len(child_pids(worker)) == 3, within=60, what="another process started")
+    index, new_pid = child_pids(worker)[-1]
+    assert (index, gone(victim)) == (0, True)
+    assert new_pid != victim
+    assert f"worker process 0 (pid {victim}) stopped alone" in worker.log
+    assert worker.stop() == 0, worker.log[-3000:]
     no_tracebacks(worker)
 
 

@@ -213,7 +213,9 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
             param_hint="--metrics-port",
         )
     configure_logging(run.log_level, log_format)
-    supervisor = Supervisor(functools.partial(run_child, run), processes, grace=grace)
+    supervisor = Supervisor(
+        functools.partial(run_child, run), processes, grace=grace, burst=burst
+    )
     sys.exit(supervisor.run())
 
 

@@ -269,6 +269,7 @@ def stop_command(  # noqa: PLR0917 - click passes every option positionally
             click.echo(
                 f"asked {request.worker_id} to stop (at {when(request.at)}, by {request.by}):"
                 " it stops within a heartbeat period, letting its running jobs finish"
+                + _supervised_note(known[request.worker_id])
             )
         for worker_id in sorted(going):
             click.echo(f"{worker_id} is {known[worker_id].liveness.value} already: not asked again")
@@ -285,6 +286,19 @@ def stop_command(  # noqa: PLR0917 - click passes every option positionally
             click.echo(f"stopped: {', '.join(waited_for)}")
     if running or lost:
         raise SystemExit(1)
+
+
+def _supervised_note(view: ProcessView) -> str:
+    """For one of several processes of a `--processes N` command: its supervisor
+    starts another (a graceful restart), and how to stop them all."""
+    processes = view.record.processes
+    if not processes or processes < 2:
+        return ""
+    return (
+        f"; it is one of {processes} processes under a supervisor, which starts another"
+        f" in its place (a graceful restart): to stop them all, stop the supervisor (the"
+        f" parent of pid {view.record.pid} on {view.record.host}: kill -TERM PID)"
+    )
 
 
 #: A worker in these states is not asked to stop again.

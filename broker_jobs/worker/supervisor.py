@@ -80,10 +80,15 @@ class Verdict(Enum):
     DONE = "done"  # the child's work is over: not restarted
     RESTART = "restart"  # an unexpected exit: start it again after the backoff
     STOP_ALL = "stop all"  # a configuration error every child would meet
+    REPLACE = "replace"  # stopped alone (`workers stop`, a signal to it): another now
 
 
-def judge_exit(code: int, ran_for: float, *, stopping: bool) -> Verdict:
-    """The rule for one exit (``code`` as :func:`exit_status` gives it)."""
+def judge_exit(code: int, ran_for: float, *, stopping: bool, burst: bool) -> Verdict:
+    """The rule for one exit (``code`` as :func:`exit_status` gives it). An exit 0 is
+    a drained ``--burst``; without ``burst``, only a stop of that child alone (the
+    supervisor keeps its count of processes: a graceful restart of it)."""
+    if code == 0 and not stopping and not burst:
+        return Verdict.REPLACE
     if stopping or code in {0, CONSUMER_CANCELLED}:
         return Verdict.DONE
     if code == 1 and ran_for < STARTUP_WINDOW:
@@ -165,8 +170,11 @@ def _child_main(target: ChildTarget, index: int) -> None:
 class Supervisor:
     """Runs ``processes`` children, each ``target(index)``, until they are done."""
 
-    def __init__(self, target: ChildTarget, processes: int, *, grace: float) -> None:
+    def __init__(
+        self, target: ChildTarget, processes: int, *, grace: float, burst: bool = False
+    ) -> None:
         self._target = target
+        self._burst = burst
         self._children = [Child(index) for index in range(processes)]
         self._grace = grace
         self._context = multiprocessing.get_context("spawn")
@@ -268,9 +276,21 @@ class Supervisor:
         child.process = None
         ran_for = now - child.started_at
         status = self._status(process.exitcode)
-        verdict = judge_exit(status, ran_for, stopping=self._stopping)
+        verdict = judge_exit(status, ran_for, stopping=self._stopping, burst=self._burst)
         if verdict is Verdict.RESTART:
             self._schedule_restart(child, process, ran_for, now)
+            return
+        if verdict is Verdict.REPLACE:
+            child.restart_at = now
+            logger.info(
+                "worker process %d (pid %s) stopped alone (`broker-jobs workers stop`, or a"
+                " signal to it): starting another, to keep %d; stop this supervisor (pid %d)"
+                " to stop them all",
+                child.index,
+                process.pid,
+                len(self._children),
+                os.getpid(),
+            )
             return
         self._statuses.append(status)
         if verdict is Verdict.STOP_ALL:
