@@ -472,6 +472,24 @@ def test_release_lets_the_next_claim_take_the_job_at_once(store: Store) -> None:
     assert claim.record.worker == B
 
 
+def test_lapse_ends_a_dead_holders_lease_so_the_next_claim_takes_the_job_over(
+    store: Store,
+) -> None:
+    store.claim(job(), A, LEASE, now=at(0))
+    store.lapse("key-1", B, now=at(1))  # not B's: nothing happens
+    assert store.claim(job(), B, LEASE, now=at(1)).outcome is BUSY
+
+    store.lapse("key-1", A, now=at(1))
+    record = store.get("key-1")
+    assert record is not None
+    assert (record.status, record.worker, record.lease_until) == (Status.RUNNING, A, at(1))
+    claim = store.claim(job(), B, LEASE, now=at(1))
+    assert claim.outcome is CLAIMED
+    assert claim.record.worker == B
+    lost = [e for e in store.executions("key-1") if e.worker == A]
+    assert [e.outcome.value for e in lost] == ["lost"]  # taken over, not given back
+
+
 # --- batches (the worker's fast path) ------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ from broker_jobs import App, JobRequest, Publisher
 from broker_jobs.observe import Health, ObservabilityServer
 from broker_jobs.observe.worker_metrics import WorkerMetrics
 from broker_jobs.retry import PermanentError, RetryPolicy
-from broker_jobs.store.memory import MemoryStore
+from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.testing.tcp_proxy import TcpProxy
 from broker_jobs.worker import Worker, WorkerSettings
 from broker_jobs.worker.observer import JobObserver
@@ -125,11 +125,13 @@ class Runs:
 
 
 @pytest.fixture
-def metered(broker: Broker, app: App) -> Iterator[tuple[WorkerThread, int]]:
-    """A worker with metrics (lease 1.5 s: renewed every 0.5 s), served on a free port."""
+def metered(broker: Broker, app: App, tmp_path: Path) -> Iterator[tuple[WorkerThread, int]]:
+    """A worker with metrics (lease 1.5 s: renewed every 0.5 s), served on a free port;
+    an SQLite ledger, which a transactional task needs."""
     registry = CollectorRegistry()
+    store = SQLiteStore(tmp_path / "ledger.db")
     worker = Worker(
-        broker.url, app, MemoryStore(), WorkerSettings(lease=1.5), metrics=WorkerMetrics(registry)
+        broker.url, app, store, WorkerSettings(lease=1.5), metrics=WorkerMetrics(registry)
     )
     with served(registry, worker) as server:
         running = WorkerThread(worker)
@@ -137,6 +139,7 @@ def metered(broker: Broker, app: App) -> Iterator[tuple[WorkerThread, int]]:
             yield running, server.port
         finally:
             running.stop()
+            store.close()
 
 
 def test_metrics_count_what_ran_on_both_paths(
@@ -200,12 +203,16 @@ def test_metrics_count_what_ran_on_both_paths(
 
 
 def test_readyz_is_503_while_the_broker_link_is_cut_and_200_once_it_heals(
-    broker: Broker, app: App
+    broker: Broker, app: App, tmp_path: Path
 ) -> None:
     registry = CollectorRegistry()
     with TcpProxy(f"{broker.url}?heartbeat=1") as proxy:
         worker = Worker(
-            proxy.url, app, MemoryStore(), WorkerSettings(), metrics=WorkerMetrics(registry)
+            proxy.url,
+            app,
+            SQLiteStore(tmp_path / "ledger.db"),
+            WorkerSettings(),
+            metrics=WorkerMetrics(registry),
         )
         with served(registry, worker) as server:
             running = WorkerThread(worker)

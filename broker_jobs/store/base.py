@@ -349,6 +349,13 @@ class Store(Closing, ABC):
         takes it at once. A no-op when ``worker`` does not hold it."""
 
     @abstractmethod
+    def lapse(self, key: str, worker: str, *, now: datetime | None = None) -> None:
+        """End ``worker``'s lease now, its process known dead (it cannot give its claim
+        back itself): the record stays RUNNING under it, so the next claim takes the
+        job over as after a lease that lapsed (its execution ``lost``). A no-op when
+        ``worker`` does not hold it."""
+
+    @abstractmethod
     def get(self, key: str) -> JobRecord | None: ...
 
     @abstractmethod

@@ -151,6 +151,13 @@ class ExclusiveStore(Store):
             if record is not None and holds(record, worker):
                 records.save(replace(record, worker=None, lease_until=moment))
 
+    def lapse(self, key: str, worker: str, *, now: datetime | None = None) -> None:
+        moment = utc(now)
+        with self._exclusive() as records:
+            record = records.load(key)
+            if record is not None and holds(record, worker):
+                records.save(replace(record, lease_until=moment))
+
     def record_published(
         self, jobs: Sequence[Job], *, now: datetime | None = None
     ) -> list[JobRecord | None]:

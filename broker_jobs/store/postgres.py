@@ -508,6 +508,10 @@ class PostgresStore(Store):
         params = {"key": key, "worker": worker, "now": opt_utc(now)}
         self._run(f"release job key {key!r}", self._q.release, params)
 
+    def lapse(self, key: str, worker: str, *, now: datetime | None = None) -> None:
+        params = {"key": key, "worker": worker, "now": opt_utc(now)}
+        self._run(f"end the lease of job key {key!r}", self._q.lapse, params)
+
     # --- the ledger -------------------------------------------------------------------
 
     def get(self, key: str) -> JobRecord | None:

@@ -119,7 +119,11 @@ class Queries:
             " lease_until = NULL, last_error = COALESCE(%(error)s::text, last_error),"
             " due_at = %(due_at)s::timestamptz" + held
         )
-        self.release = q(f"UPDATE {{records}} SET worker = NULL, lease_until = {NOW}" + held)
+        # The claim given back (no holder), or its lease ended (a holder known dead).
+        self.release, self.lapse = (
+            q(f"UPDATE {{records}} SET {ending}lease_until = {NOW}" + held)
+            for ending in ("worker = NULL, ", "")
+        )
         self.keep_payload = self.keep("VALUES (%(key)s, %(payload)s, %(bytes)s, %(kept_at)s)")
         # An outcome and its payload in one statement: the count says if it was ours.
         self.finish_keeping = sql.Composed(

@@ -58,6 +58,7 @@ from broker_jobs.store.base import (
 from broker_jobs.store.processes import Liveness, liveness
 from broker_jobs.worker.calling import bound_handler
 from broker_jobs.worker.claims import BUSY, RUN, claim_verdict
+from broker_jobs.worker.dead_holders import DeadHolders
 from broker_jobs.worker.dead_letters import DeathCause, dead_letter_message, publish_dead_letter
 from broker_jobs.worker.delivery import Delivery, WrongQueueError, decode_for_queue, wire_message
 from broker_jobs.worker.delivery_limit import Rescue, at_delivery_limit, judge_last_delivery
@@ -147,6 +148,8 @@ class Runner:
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="broker-jobs-store")
         #: Messages whose processing failed unexpectedly: dead-lettered the 2nd time.
         self._strikes = Strikes()
+        #: Holders of busy claims known dead (killed on this host): not waited for.
+        self._dead_holders = DeadHolders(store, app.namespace)
         self._stopping = False
         #: Tasks whose jobs must not start (paused: :mod:`broker_jobs.worker.controls`).
         self.paused: frozenset[str] = frozenset()
@@ -419,10 +422,15 @@ class Runner:
         if isinstance(judged, Rescue):
             return await self._rescue(message, job, judged)
         death = judged
-        claim = await self.recorded(
-            store.claim, job, holder, settings.lease, give_up=lambda: self.must_not_start(message)
-        )
+        claim_it = functools.partial(
+            self.recorded, store.claim, job, holder, settings.lease,
+            give_up=lambda: self.must_not_start(message),
+        )  # fmt: skip
+        claim = await claim_it()
         verdict = claim_verdict(job, claim, self.observer)
+        if verdict == BUSY and await self._lapse_if_holder_dead(job, claim.record):
+            claim = await claim_it()
+            verdict = claim_verdict(job, claim, self.observer)
         if verdict != RUN:
             if verdict == BUSY:
                 return verdict  # held by the caller
@@ -434,6 +442,27 @@ class Runner:
         if death is not None:
             return await self._dead_letter(message, job.task, death, job, holder)
         return await self._run(message, job, spec, payload, holder)
+
+    async def _lapse_if_holder_dead(self, job: Job, record: JobRecord) -> bool:
+        """End the lease of a claim whose holder is a process known gone
+        (:mod:`~broker_jobs.worker.dead_holders`): whether it was ended."""
+        holder = record.worker
+        if holder is None:
+            return False
+        now = utc_now()
+        if not await self.in_store(self._dead_holders.is_dead, holder, now):
+            return False
+        await self.recorded(self._store.lapse, job.idempotency_key, holder)
+        log.info(
+            "job %s (key %s) was held by %s, a process of this host that is gone (no such"
+            " pid, no heartbeat): its lease ended now instead of at %s; taking it over",
+            job.id,
+            job.idempotency_key,
+            holder,
+            record.lease_until.isoformat() if record.lease_until else "its end",
+            extra={"job_id": job.id, "key": job.idempotency_key, "task": job.task},
+        )
+        return True
 
     async def _run(
         self,
