@@ -7,7 +7,9 @@ if it does not wait for that, so: while a computation takes at most
 :data:`SLOW` seconds, every request computes afresh (small ledgers, and the tests,
 see exact figures); once it takes longer, requests get the last figures while one
 background thread computes the next, at most every :data:`MAX_AGE` seconds. A page
-shows when its ledger figures were taken. Only the very first request waits.
+shows when its ledger figures were taken. The first request waits, and so does the
+first after :data:`SERVED_FOR` seconds without a computation (a dashboard left
+idle): it would otherwise show figures minutes old.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ log = logging.getLogger(__name__)
 SLOW = 0.1
 #: Seconds a kept value is served before the next computation starts.
 MAX_AGE = 5.0
+#: Seconds after its computation beyond which a kept value is not served at all.
+SERVED_FOR = 30.0
 
 
 class LedgerSummaries:
@@ -35,11 +39,13 @@ class LedgerSummaries:
         *,
         slow: float = SLOW,
         max_age: float = MAX_AGE,
+        served_for: float = SERVED_FOR,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._slow = slow
         self._max_age = max_age
+        self._served_for = served_for
         self._clock = clock
         self._lock = threading.Lock()
         self._value: dict[str, TaskSummary] | None = None
@@ -52,8 +58,9 @@ class LedgerSummaries:
         """The summaries and when they were taken (aware UTC)."""
         with self._lock:
             value, taken_at = self._value, self._taken_at
-            kept = value is not None and self._cost > self._slow
-            stale = self._clock() - self._computed_at >= self._max_age
+            age = self._clock() - self._computed_at
+            kept = value is not None and self._cost > self._slow and age < self._served_for
+            stale = age >= self._max_age
             if kept and stale and not self._refreshing:
                 self._refreshing = True
                 threading.Thread(
