@@ -468,7 +468,10 @@ def test_a_sync_publisher_used_in_a_forked_child_opens_its_own_connection(
 
 
 def test_a_failed_connect_leaves_the_drivers_lines_out_of_the_users_log(
-    app: App, make_publisher: MakePublisher, caplog: pytest.LogCaptureFixture
+    app: App,
+    make_publisher: MakePublisher,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With the broker down, every publish fails to connect: pika logged ten lines an
     attempt (seven at ERROR) and aiormq one ERROR, into the publishing service's
@@ -479,7 +482,11 @@ def test_a_failed_connect_leaves_the_drivers_lines_out_of_the_users_log(
         port = probe.getsockname()[1]  # nobody listens there once closed
     url = f"amqp://guest:secret@127.0.0.1:{port}/"
     publisher = make_publisher(app, url=url)
-    caplog.set_level(logging.DEBUG)
+    # A user's logging as it comes: not a daemon's (configure_logging, which another
+    # test of this process may have run, demotes the drivers' lines on its handler).
+    monkeypatch.setattr(logging.getLogger(), "handlers", [caplog.handler])
+    for name in ("", "pika", "aiormq"):
+        caplog.set_level(logging.DEBUG, logger=name)
     for _ in range(3):
         with pytest.raises(BrokerUnreachableError, match="connection refused"):
             publisher.publish("image.resize", Resize(url="u", width=1))
