@@ -17,6 +17,7 @@ so hosts' clocks must agree to well within it.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -188,3 +189,17 @@ def process_of(text: str) -> ProcessRecord:
 
 def _text_or_none(value: object) -> str | None:
     return None if value is None else str(value)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host has ``pid`` (one of another user's counts, and
+    so does a zombie: reap your own children before asking)."""
+    if pid <= 0:
+        return True  # not a single process's pid: never taken for gone
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

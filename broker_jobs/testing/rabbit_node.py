@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker_jobs.store.processes import pid_alive
 from broker_jobs.testing import ports
 from broker_jobs.testing.processes import child_pids
 from broker_jobs.testing.throwaway import Throwaway, newest, tail
@@ -85,17 +86,6 @@ def scratch_dir(prefix: str, root: Path | str | None = None) -> Path:
     """A new directory for a throwaway node: in ``root``'s ``/tmp`` for a node of
     another root (its chrooted tools see only that tree), else in the host's."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir=Path(root) / "tmp" if root else None))
-
-
-def _alive(pid: int) -> bool:
-    """Does ``pid`` exist? (A zombie counts, so reap our own children before asking.)"""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -196,7 +186,7 @@ class RabbitNode(Throwaway):
         if self._proc is not None:
             return self._proc.poll() is None
         pid = self._read_pid()  # e.g. a node started by another RabbitNode on this base_dir
-        return pid is not None and _alive(pid)
+        return pid is not None and pid_alive(pid)
 
     def _sbin(self) -> Path:
         if (sbin := _find_sbin(self.root)) is None:
@@ -368,9 +358,9 @@ class RabbitNode(Throwaway):
         if self._proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.02)
-        return not self.running and not any(_alive(p) for p in pids)
+        return not self.running and not any(pid_alive(p) for p in pids)
 
     def _forget(self) -> None:
         self._proc = None

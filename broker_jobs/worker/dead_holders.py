@@ -20,7 +20,7 @@ import socket
 from datetime import datetime, timedelta
 
 from broker_jobs.store.base import Store
-from broker_jobs.store.processes import ProcessRecord
+from broker_jobs.store.processes import ProcessRecord, pid_alive
 
 #: Heartbeat periods a dead holder's record must have missed.
 MISSED_BEATS = 2
@@ -58,16 +58,3 @@ class DeadHolders:
             and silent > timedelta(seconds=MISSED_BEATS * record.every)
             and not pid_alive(record.pid)
         )
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process of this host has ``pid`` (one of another user's counts)."""
-    if pid <= 0:
-        return True  # not a pid we can ask about: never taken for dead
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
