@@ -75,7 +75,7 @@ class Publisher(PublisherBase, Closing):
     def _init_connection_state(self) -> None:
         self._lock = threading.Lock()
         self._link: PikaLink | None = None
-        _forget_connection_in_forked_children(self)
+        _ForkWatch.add(self)
 
     def _forget_parents_connection(self) -> None:
         """In a forked child: drop the connection inherited from the parent without
@@ -321,17 +321,28 @@ class Publisher(PublisherBase, Closing):
         self._link = None
 
 
-def _forget_connection_in_forked_children(publisher: Publisher) -> None:
-    """Have a forked child drop ``publisher``'s inherited connection at once, while it
-    has a single thread (the publisher itself is not kept alive for it)."""
-    ref = weakref.ref(publisher)
+class _ForkWatch:
+    """The process's publishers (not kept alive for it), whose inherited connections a
+    forked child drops at once, while it has a single thread. One fork hook for them
+    all, installed with the first publisher: a hook each would pile up in a process
+    that makes many publishers (hooks cannot be removed)."""
 
-    def after_fork_in_child() -> None:
-        alive = ref()
-        if alive is not None:
-            alive._forget_parents_connection()
+    _lock = threading.Lock()
+    _publishers: weakref.WeakSet[Publisher] | None = None
 
-    os.register_at_fork(after_in_child=after_fork_in_child)
+    @classmethod
+    def add(cls, publisher: Publisher) -> None:
+        with cls._lock:
+            if cls._publishers is None:
+                cls._publishers = weakref.WeakSet()
+                os.register_at_fork(after_in_child=cls._after_fork_in_child)
+            cls._publishers.add(publisher)
+
+    @classmethod
+    def _after_fork_in_child(cls) -> None:
+        cls._lock = threading.Lock()  # a parent's thread may have held it at the fork
+        for publisher in list(cls._publishers or ()):
+            publisher._forget_parents_connection()
 
 
 def _is_not_found(reason: BaseException | None) -> bool:
