@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from broker_jobs import App, Publisher
 from broker_jobs.store.base import Status
 from broker_jobs.store.memory import MemoryStore
-from broker_jobs.store.processes import ProcessKind, ProcessRecord
+from broker_jobs.store.processes import ProcessKind, ProcessRecord, pid_namespace
 from broker_jobs.store.records import ExecutionOutcome
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.worker import Worker, WorkerSettings
@@ -41,12 +41,20 @@ def a_dead_pid() -> int:
 
 
 def heartbeat(
-    worker_id: str, pid: int, *, seen: datetime, host: str | None = None, namespace: str = "ns"
+    worker_id: str,
+    pid: int,
+    *,
+    seen: datetime,
+    host: str | None = None,
+    namespace: str = "ns",
+    pids: str | None = "ours",
 ) -> ProcessRecord:
+    """A worker's last heartbeat; ``pids``: its PID namespace ("ours": this process's)."""
     return ProcessRecord(
         id=worker_id,
         kind=ProcessKind.WORKER,
         namespace=namespace,
+        pid_namespace=pid_namespace() if pids == "ours" else pids,
         host=host or socket.gethostname(),
         pid=pid,
         version="test",
@@ -64,11 +72,16 @@ def test_only_a_process_gone_from_this_host_with_a_silent_heartbeat_is_dead() ->
     store.record_process(heartbeat("alive", alive, seen=stale))  # a pid alive here
     store.record_process(heartbeat("fresh", dead, seen=NOW - timedelta(seconds=3)))
     store.record_process(heartbeat("elsewhere", dead, seen=stale, host="another-host"))
+    # Containers of one host name with pids of their own (a pod's; a restarted one).
+    store.record_process(heartbeat("container", dead, seen=stale, pids="pid:[4026532999]"))
+    store.record_process(heartbeat("older", dead, seen=stale, pids=None))  # did not say
     holders = DeadHolders(store, "ns")
     assert holders.is_dead("gone#17", NOW)
     assert not holders.is_dead("alive#1", NOW)
     assert not holders.is_dead("fresh#1", NOW)  # another machine of this name may write it
     assert not holders.is_dead("elsewhere#1", NOW)
+    assert not holders.is_dead("container#1", NOW)
+    assert not holders.is_dead("older#1", NOW)
     assert not holders.is_dead("unknown#1", NOW)  # no heartbeat: nothing is known
 
 

@@ -25,7 +25,13 @@ from broker_jobs.clock import utc_now
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.observe.failure_streak import FailureStreak
 from broker_jobs.store.base import Store
-from broker_jobs.store.processes import ProcessKind, ProcessRecord, ProcessState, RunningJob
+from broker_jobs.store.processes import (
+    ProcessKind,
+    ProcessRecord,
+    ProcessState,
+    RunningJob,
+    pid_namespace,
+)
 from broker_jobs.version import __version__
 
 log = logging.getLogger(__name__)
@@ -71,6 +77,7 @@ def process_record(
         kind=kind,
         namespace=namespace,
         host=socket.gethostname(),
+        pid_namespace=pid_namespace(),
         pid=os.getpid(),
         version=__version__,
         started_at=now,

@@ -84,6 +84,10 @@ class ProcessRecord:
     #: Why it stopped, when not because it was asked to: the error it exited with
     #: (its exit code and message's first line), for an operator to see.
     ended: str | None = None
+    #: The PID namespace its pid counts in (:func:`pid_namespace`; None: unknown).
+    #: Containers of one host name may each have their own: a pid means something
+    #: to a reader only in the same one.
+    pid_namespace: str | None = None
 
 
 #: Heartbeat periods of silence after which a process is lost.
@@ -146,6 +150,7 @@ def process_document(record: ProcessRecord) -> str:
         "role": record.role,
         "paused": list(record.paused),
         "ended": record.ended,
+        "pid_namespace": record.pid_namespace,
     }
     return json.dumps(document, separators=(",", ":"))
 
@@ -182,6 +187,7 @@ def process_of(text: str) -> ProcessRecord:
             role=document.get("role"),
             paused=tuple(map(str, document.get("paused") or ())),
             ended=_text_or_none(document.get("ended")),
+            pid_namespace=_text_or_none(document.get("pid_namespace")),
         )
     except (ValueError, KeyError, TypeError) as error:
         raise StoreError(f"a heartbeat record that is not one ({error}): {text[:200]!r}") from None
@@ -203,3 +209,12 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def pid_namespace() -> str | None:
+    """This process's PID namespace, as Linux names it (``pid:[4026531836]``); None
+    where it cannot be read (another OS, no /proc)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None

@@ -5,12 +5,14 @@ A worker killed with ``kill -9`` or by the OOM killer cannot give its claims bac
 every job it had claimed (running, and waiting for a handler thread: up to its
 prefetch) waited for its lease to lapse, a minute by default, before its redelivery
 could run. The worker that meets such a redelivery (its successor on the same host,
-started by systemd or a container's restart) asks the ledger's heartbeats about the
-holder: a process of this host, whose pid no process here has, and whose heartbeat
-has missed two beats, is dead; its lease is ended now (``Store.lapse``) and the job
-taken over, its execution ``lost`` as after a lapsed lease. Anything less certain (a
-holder on another host, a pid alive here, a heartbeat still fresh: another machine
-with the same host name writes it) waits for the lease, as before.
+started by systemd or a supervisor) asks the ledger's heartbeats about the holder: a
+process of this host and of this PID namespace, whose pid no process has, and whose
+heartbeat has missed two beats, is dead; its lease is ended now (``Store.lapse``) and
+the job taken over, its execution ``lost`` as after a lapsed lease. Anything less
+certain waits for the lease, as before: a holder on another host, or in another PID
+namespace (containers of one host name, each with its own pids; a container
+restarted gets a new one), a pid alive, a heartbeat still fresh (another machine
+with the same host name writes it), a heartbeat that does not say its namespace.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import socket
 from datetime import datetime, timedelta
 
 from broker_jobs.store.base import Store
-from broker_jobs.store.processes import ProcessRecord, pid_alive
+from broker_jobs.store.processes import ProcessRecord, pid_alive, pid_namespace
 
 #: Heartbeat periods a dead holder's record must have missed.
 MISSED_BEATS = 2
@@ -34,6 +36,7 @@ class DeadHolders:
         self._store = store
         self._namespace = namespace
         self._host = host or socket.gethostname()
+        self._pids = pid_namespace()
         self._dead: set[str] = set()  # dead stays dead: asked once per worker id
 
     def is_dead(self, holder: str, now: datetime) -> bool:
@@ -54,6 +57,8 @@ class DeadHolders:
         silent = now - record.seen_at
         return (
             record.host == self._host
+            and self._pids is not None
+            and record.pid_namespace == self._pids  # the pid means the same process here
             and record.pid != os.getpid()
             and silent > timedelta(seconds=MISSED_BEATS * record.every)
             and not pid_alive(record.pid)
