@@ -143,10 +143,15 @@ def test_the_workers_command_lists_the_live_the_lost_and_the_stopped(tmp_path: P
     )
     lost = replace(alive, id="host-b:2:bbb", host="host-b", seen_at=now - timedelta(minutes=5))
     stopped = replace(alive, id="host-c:3:ccc", state=ProcessState.STOPPED)
+    replaced = replace(
+        stopped,
+        id="host-d:4:ddd",
+        ended="exit 70: handler threads stuck past their time limit (j-1: " + "x" * 200,
+    )
     beat = replace(process_record(ProcessKind.BEAT, "beat-1", "jobs"), role="leading")
     elsewhere = replace(alive, id="billing-1", namespace="billing")
     with SQLiteStore(path) as store:
-        for record in (alive, lost, stopped, beat, elsewhere):
+        for record in (alive, lost, stopped, replaced, beat, elsewhere):
             store.record_process(record)
     runner = CliRunner()
     store_url = f"sqlite:///{path}"
@@ -159,10 +164,12 @@ def test_the_workers_command_lists_the_live_the_lost_and_the_stopped(tmp_path: P
         ("host-a:1:aaa", "alive"),
         ("host-b:2:bbb", "lost"),
         ("host-c:3:ccc", "stopped"),
+        ("host-d:4:ddd", "stopped"),
     ]
+    assert [p["ended"] for p in document["processes"]][-2:] == [None, replaced.ended]
     assert document["counts"] == {
         "beat": {"alive": 1},
-        "worker": {"alive": 1, "lost": 1, "stopped": 1},
+        "worker": {"alive": 1, "lost": 1, "stopped": 2},
     }
     assert document["processes"][1]["in_flight"] == 2
 
@@ -172,7 +179,11 @@ def test_the_workers_command_lists_the_live_the_lost_and_the_stopped(tmp_path: P
     assert "billing-1" in shown.output
     assert "lost (5m00s)" in shown.output or "lost (4m59s)" in shown.output
     assert "beat (leading)" in shown.output
-    assert "1 beat alive, 2 workers alive, 1 worker lost, 1 worker stopped" in shown.output
+    assert "1 beat alive, 2 workers alive, 1 worker lost, 2 workers stopped" in shown.output
+    # The exit code in the table, whose other columns the message had crowded out.
+    assert "stopped (exit 70)" in shown.output
+    assert "host-d:4:ddd" in shown.output
+    assert "x" * 50 not in shown.output
 
     picked = runner.invoke(
         main, ["workers", "--namespace", "jobs", "--task", "image.resize", "--store", store_url]

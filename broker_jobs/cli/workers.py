@@ -145,7 +145,8 @@ def _row(view: ProcessView) -> list[str | Text]:
     if view.liveness is Liveness.LOST:
         state = f"lost ({span(view.silent_for)})"
     elif view.liveness is Liveness.STOPPED and r.ended:
-        state = f"stopped ({printable(r.ended)})"
+        # Its exit code only: the message would take the table's width (--json has it).
+        state = f"stopped ({printable(r.ended.partition(':')[0])})"
     kind = r.kind.value if r.role is None else f"{r.kind.value} ({r.role})"
     concurrency = "-" if r.concurrency is None else str(r.concurrency)
     if r.processes and r.processes > 1:
@@ -219,8 +220,9 @@ def stop_command(  # noqa: PLR0917 - click passes every option positionally
     SIGTERM: it starts no job, lets the running ones finish within its grace period,
     and exits 0. Under a supervisor (systemd, Kubernetes) that restarts it, this is
     how to restart a worker, say with another --concurrency. A child of --processes
-    exits for good (its supervisor restarts only unexpected exits). WORKER_ID as
-    `broker-jobs workers` lists it.
+    is replaced by its supervisor at once (a graceful restart of that process): to
+    stop them all, send SIGTERM to the supervisor. WORKER_ID as `broker-jobs workers`
+    lists it.
 
     \b
     Examples:
