@@ -12,8 +12,10 @@ import math
 import os
 import socket
 import threading
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pika
@@ -38,6 +40,9 @@ from broker_jobs import (
     UnknownTaskError,
     UnroutableError,
 )
+from broker_jobs.store.base import Status, Store
+from broker_jobs.store.sqlite import SQLiteStore
+from broker_jobs.store.urls import open_store
 from tests.support import AnyPublisher, Broker, drain
 from topology import declare
 
@@ -441,30 +446,72 @@ def test_close_under_publishes_leaves_no_connection_and_only_the_librarys_errors
         assert wrong == [], wrong
 
 
-def test_a_sync_publisher_used_in_a_forked_child_opens_its_own_connection(
-    app: App, broker: Broker, connection: pika.BlockingConnection
+@pytest.mark.parametrize("ledger", [None, "sqlite", "postgres"])
+def test_a_sync_publisher_used_in_a_forked_child_opens_its_own_connections(
+    app: App,
+    broker: Broker,
+    connection: pika.BlockingConnection,
+    ledger: str | None,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     """A publisher connected before a fork (gunicorn's ``--preload``, a module-level
-    publisher) must not send on the parent's socket from the child: the child's
-    frames would break the parent's connection and its confirms would go to the
-    parent. The child opens a connection of its own; the parent's stays usable."""
-    with Publisher(broker.url, app, connection_name="test forked publisher") as publisher:
-        before = publisher.publish("image.resize", {"url": "parent", "width": 1})
+    publisher) must not use the parent's sockets from the child: the child's frames
+    broke the parent's AMQP connection (its epoll is shared too), and with a
+    PostgreSQL ledger the two processes read each other's replies (the parent hung).
+    The child opens connections of its own; the parent's stay usable."""
+    store: Store | None = None
+    if ledger == "sqlite":
+        store = SQLiteStore(tmp_path / "ledger.db")
+    elif ledger == "postgres":
+        store = open_store(request.getfixturevalue("postgres_dsn"))
+    sides = ("before", "child 1", "child 2", "beside 1", "beside 2", "after")
+    keys = {side: [f"fork-{uuid.uuid4().hex}-{n}" for n in range(6)] for side in sides}
+
+    def publish(publisher: Publisher, side: str) -> list[str]:
+        # Six each: psycopg prepares a statement after five runs, on its session.
+        return [
+            publisher.publish("image.resize", {"url": side, "width": n}, idempotency_key=key).id
+            for n, key in enumerate(keys[side])
+        ]
+
+    def in_a_child(publisher: Publisher, side: str) -> int:
+        """Publish from a forked child; its exit code (never returns into pytest)."""
         child = os.fork()
-        if child == 0:  # the child: report by exit code only, never return into pytest
+        if child == 0:
             code = 1
             try:
-                publisher.publish("image.resize", {"url": "child", "width": 2})
+                publish(publisher, side)
                 publisher.close()
                 code = 0
             finally:
                 os._exit(code)
-        _, status = os.waitpid(child, 0)
-        after = publisher.publish("image.resize", {"url": "parent", "width": 3})
-    assert os.waitstatus_to_exitcode(status) == 0
+        return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+
+    with Publisher(broker.url, app, ledger=store, connection_name="test forked") as publisher:
+        before = publish(publisher, "before")
+        # Threads of the parent publish while it forks (a web server's): with a
+        # PostgreSQL ledger the parent hung in 3 runs of 3 before the stores' hooks.
+        beside = [
+            threading.Thread(target=publish, args=(publisher, side), daemon=True)
+            for side in ("beside 1", "beside 2")
+        ]
+        for thread in beside:
+            thread.start()
+        codes = [in_a_child(publisher, "child 1"), in_a_child(publisher, "child 2")]
+        for thread in beside:
+            thread.join(60)
+        hung = [thread.name for thread in beside if thread.is_alive()]
+        after = publish(publisher, "after")
+    assert (codes, hung) == ([0, 0], [])
     stored = drain(connection, app.names.task_queue("image.resize"))
-    assert sorted(job.payload["width"] for job in stored) == [1, 2, 3]
-    assert {before.id, after.id} <= {job.id for job in stored}
+    expected = sorted(side for side in sides for _ in range(6))
+    assert sorted(job.payload["url"] for job in stored) == expected
+    assert {*before, *after} <= {job.id for job in stored}
+    if store is not None:
+        with store:
+            records = [store.get(key) for side in sides for key in keys[side]]
+        assert [r.status if r else None for r in records] == [Status.QUEUED] * len(expected)
 
 
 def test_a_failed_connect_leaves_the_drivers_lines_out_of_the_users_log(

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Unpack, overload
@@ -25,6 +23,7 @@ from broker_jobs.errors import (
     PublisherBusyError,
     TopologyMissingError,
 )
+from broker_jobs.fork_watch import ForkWatch
 from broker_jobs.keywords import refuse_unknown_keywords
 from broker_jobs.publish.pika_link import Delivery, PikaLink
 from broker_jobs.publish.prepare import (
@@ -75,9 +74,9 @@ class Publisher(PublisherBase, Closing):
     def _init_connection_state(self) -> None:
         self._lock = threading.Lock()
         self._link: PikaLink | None = None
-        _ForkWatch.add(self)
+        ForkWatch.add(self)
 
-    def _forget_parents_connection(self) -> None:
+    def after_fork_in_child(self) -> None:
         """In a forked child: drop the connection inherited from the parent without
         a frame or an epoll change (both are shared with the parent, whose connection
         they would break), and a lock another thread of the parent may have held."""
@@ -319,30 +318,6 @@ class Publisher(PublisherBase, Closing):
             )
         link.close()
         self._link = None
-
-
-class _ForkWatch:
-    """The process's publishers (not kept alive for it), whose inherited connections a
-    forked child drops at once, while it has a single thread. One fork hook for them
-    all, installed with the first publisher: a hook each would pile up in a process
-    that makes many publishers (hooks cannot be removed)."""
-
-    _lock = threading.Lock()
-    _publishers: weakref.WeakSet[Publisher] | None = None
-
-    @classmethod
-    def add(cls, publisher: Publisher) -> None:
-        with cls._lock:
-            if cls._publishers is None:
-                cls._publishers = weakref.WeakSet()
-                os.register_at_fork(after_in_child=cls._after_fork_in_child)
-            cls._publishers.add(publisher)
-
-    @classmethod
-    def _after_fork_in_child(cls) -> None:
-        cls._lock = threading.Lock()  # a parent's thread may have held it at the fork
-        for publisher in list(cls._publishers or ()):
-            publisher._forget_parents_connection()
 
 
 def _is_not_found(reason: BaseException | None) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from broker_jobs.fork_watch import ForkWatch
 from broker_jobs.store.errors import StoreError
 
 with contextlib.suppress(ImportError):  # the store says what to install
@@ -36,6 +37,18 @@ class Pool:
         self._idle: list[psycopg.Connection[Any]] = []
         self._open = 0
         self._closed = False
+        self._cond = threading.Condition()
+        #: The parent's connections, in a forked child: kept, never used nor closed
+        #: (a close sends a Terminate on the parent's session).
+        self._inherited: list[psycopg.Connection[Any]] = []
+        ForkWatch.add(self)
+
+    def after_fork_in_child(self) -> None:
+        """(:class:`~broker_jobs.fork_watch.ForkWatch`) In a forked child: its own
+        connections from now on; those in use by the parent's other threads at the
+        fork stay with their (gone) callers."""
+        self._inherited.extend(self._idle)
+        self._idle, self._open = [], 0
         self._cond = threading.Condition()
 
     @contextmanager

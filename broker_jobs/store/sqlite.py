@@ -47,6 +47,7 @@ from typing import Any
 
 from broker_jobs.dead_letter import DeadLetter, DeadLetterFilter
 from broker_jobs.envelope import Job
+from broker_jobs.fork_watch import ForkWatch
 from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, read_entry, where_sql
 from broker_jobs.store.depths import (
@@ -186,11 +187,24 @@ class SQLiteStore(ExclusiveStore):
         self._connections: list[sqlite3.Connection] = []
         self._closed = False
         self._calls = StoreThread(self)  # started by the first submit
+        #: The parent's connections, in a forked child: kept, never used nor closed.
+        self._inherited: list[object] = []
         try:
             self._migrate()
         except BaseException:
             self.close()
             raise
+        ForkWatch.add(self)
+
+    def after_fork_in_child(self) -> None:
+        """(:class:`~broker_jobs.fork_watch.ForkWatch`) In a forked child: connections
+        of its own from now on. SQLite must not use, nor close, across a fork what it
+        opened before (its locks are the parent's), so those are kept, untouched."""
+        self._inherited.append((self._local, self._connections))
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections = []
+        self._calls = StoreThread(self)  # the parent's thread did not come along
 
     def is_outage(self, error: BaseException) -> bool:
         return _is_outage(error)
