@@ -71,8 +71,9 @@ BURST_POLL = 0.1
 #: quorum queue commits the consumer's checkout to its log first: on RabbitMQ 4.0,
 #: under load, a burst worker saw its queue empty and exited 0 with the job in transit).
 BURST_FIRST_DELIVERY = 1.5
-#: Seconds between prunings of the ledger.
-PRUNE_EVERY = 3600.0
+#: Seconds between prunings of the ledger, and after one that failed (an outage at
+#: the worker's start is usually over within minutes: not an hour without pruning).
+PRUNE_EVERY, PRUNE_RETRY = 3600.0, 300.0
 #: Seconds between looks at whether the other jobs settled, before a replacement.
 REPLACE_POLL = 0.05
 
@@ -520,12 +521,18 @@ class Worker:
             cutoff = utc_now() - self._settings.retention
             try:
                 pruned = await asyncio.to_thread(self._store.prune, cutoff)
-            except StoreError:
+            except StoreError as error:  # one line: the store's error says what and why
                 level = logging.DEBUG if ledger.in_outage else logging.WARNING
-                log.log(level, "pruning the ledger failed; trying again in an hour", exc_info=True)
-            else:
-                if pruned:
-                    log.info("pruned %d finished records older than %s", pruned, cutoff)
+                log.log(
+                    level,
+                    "pruning the ledger failed (%s); trying again in %g s",
+                    error,
+                    PRUNE_RETRY,
+                )
+                await asyncio.sleep(PRUNE_RETRY)
+                continue
+            if pruned:
+                log.info("pruned %d finished records older than %s", pruned, cutoff)
             await asyncio.sleep(PRUNE_EVERY)
 
     def _check_time_limits(self) -> None:
