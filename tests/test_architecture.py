@@ -18,8 +18,8 @@ SOURCES = ("broker_jobs", "topology", "scheduler", "bench")
 
 #: The top-level modules of broker_jobs that are its core (one concept each: the
 #: task registry, the job envelope, errors, retries, due times, URLs, the watched event
-#: loop, the fork hook of connection holders), and the old paths of moved modules
-#: (they only alias the new ones).
+#: loop, the fork hook of connection holders, the drivers' log filters), and the old
+#: paths of moved modules (they only alias the new ones).
 CORE = frozenset(
     {
         "app",
@@ -43,6 +43,7 @@ CORE = frozenset(
         "watched_loop",
         "printable",
         "fork_watch",
+        "log_scopes",
     }
 )
 

@@ -10,10 +10,10 @@ are kept.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from contextvars import ContextVar
+
+from broker_jobs.log_scopes import ScopedFilter
 
 #: The loggers pika logs a connect's failure to (each logger's own filters see only
 #: records made on it, not its children's).
@@ -29,15 +29,16 @@ PIKA_CONNECT_LOGGERS = (
 AIORMQ_LOGGER = "aiormq.connection"
 AIORMQ_CONNECT_FAILED = "error when creating transport"
 
-_connecting: ContextVar[bool] = ContextVar("broker_jobs_connecting", default=False)
 
+class _DuringOurConnect(ScopedFilter):
+    """Drops a record above DEBUG made during one of our connects (aiormq's: only its
+    connect failure)."""
 
-class _DuringOurConnect(logging.Filter):
-    """Drops a record above DEBUG made while one of our connects runs in the caller's
-    context (aiormq's: only its connect failure)."""
+    loggers = (*PIKA_CONNECT_LOGGERS, AIORMQ_LOGGER)
+    _active = ContextVar("broker_jobs_connecting", default=False)
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno <= logging.DEBUG or not _connecting.get():
+    def keep(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.DEBUG:
             return True
         if record.name == AIORMQ_LOGGER:
             message = record.msg
@@ -45,21 +46,5 @@ class _DuringOurConnect(logging.Filter):
         return False
 
 
-@contextlib.contextmanager
-def connect_lines_dropped() -> Iterator[None]:
-    """Around one of our connection attempts: its driver's lines are dropped."""
-    _install()
-    token = _connecting.set(True)
-    try:
-        yield
-    finally:
-        _connecting.reset(token)
-
-
-def _install() -> None:
-    """The filter on the drivers' loggers, once per process (on first use, not at
-    import: a process that never connects through us keeps them untouched)."""
-    for name in (*PIKA_CONNECT_LOGGERS, AIORMQ_LOGGER):
-        logger = logging.getLogger(name)
-        if not any(isinstance(each, _DuringOurConnect) for each in logger.filters):
-            logger.addFilter(_DuringOurConnect())
+#: Around one of our connection attempts: its driver's lines are dropped.
+connect_lines_dropped = _DuringOurConnect.active

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _never() -> bool:
+def never() -> bool:
+    """The default ``quiet``: every streak is said."""
     return False
 
 
@@ -24,7 +25,7 @@ class FailureStreak:
     """Says, on ``log``, the start and the end of a streak of failures; a failure
     while ``quiet()`` is true (the failure is said elsewhere) starts none."""
 
-    def __init__(self, log: logging.Logger, *, quiet: Callable[[], bool] = _never) -> None:
+    def __init__(self, log: logging.Logger, *, quiet: Callable[[], bool] = never) -> None:
         self._log = log
         self._quiet = quiet
         #: Whether a streak was said and has not ended.

@@ -23,7 +23,7 @@ from typing import Any
 
 from broker_jobs.clock import utc_now
 from broker_jobs.errors import BrokerJobsError
-from broker_jobs.observe.failure_streak import FailureStreak
+from broker_jobs.observe.failure_streak import FailureStreak, never
 from broker_jobs.store.base import Store
 from broker_jobs.store.processes import (
     ProcessKind,
@@ -102,7 +102,7 @@ class Heartbeat:
         *,
         pulse: Callable[[], Pulse] = Pulse,
         call: StoreCall = asyncio.to_thread,
-        quiet: Callable[[], bool] = lambda: False,
+        quiet: Callable[[], bool] = never,
     ) -> None:
         self._store = store
         self._record = record

@@ -19,21 +19,28 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from broker_jobs.log_scopes import ScopedFilter
+
 #: psycopg's logger, and the format of its line about a pipeline (or a copy) whose
 #: block raised and whose end failed as well.
 PSYCOPG_LOGGER = "psycopg"
 ENDED_IN_ERROR = "error ignored terminating %r: %s"
 
-_ours: ContextVar[bool] = ContextVar("broker_jobs_pipelining", default=False)
 
-
-class _OurPipelineEnded(logging.Filter):
+class _OurPipelineEnded(ScopedFilter):
     """Lowers to DEBUG psycopg's line about one of our pipelines that ended in error."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.DEBUG and record.msg == ENDED_IN_ERROR and _ours.get():
+    loggers = (PSYCOPG_LOGGER,)
+    _active = ContextVar("broker_jobs_pipelining", default=False)
+
+    def keep(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG and record.msg == ENDED_IN_ERROR:
             record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
         return True
+
+
+#: Around statements psycopg pipelines on its own (``executemany``).
+ours = _OurPipelineEnded.active
 
 
 @contextmanager
@@ -42,22 +49,3 @@ def pipelined(conn: Any) -> Iterator[None]:
     said again at WARNING."""
     with ours(), conn.pipeline():
         yield
-
-
-@contextmanager
-def ours() -> Iterator[None]:
-    """Around statements psycopg pipelines on its own (``executemany``)."""
-    _install()
-    token = _ours.set(True)
-    try:
-        yield
-    finally:
-        _ours.reset(token)
-
-
-def _install() -> None:
-    """The filter on psycopg's logger, once per process (on first use, not at import:
-    a process that never pipelines through us keeps the logger untouched)."""
-    logger = logging.getLogger(PSYCOPG_LOGGER)
-    if not any(isinstance(each, _OurPipelineEnded) for each in logger.filters):
-        logger.addFilter(_OurPipelineEnded())

@@ -495,16 +495,11 @@ class FastPath:
             return
         for tag in ended:
             del self._ended_boosts[tag]
-        runner, returned = self._runner, 0
-        for item in list(self._waiting):
-            if item.must_not_start(runner) or _consumer_tag(item.delivered) not in ended:
-                continue  # (stopping, paused, a lost channel: its thread settles it)
-            try:
-                self._waiting.remove(item)  # atomic: a thread may be starting it
-            except KeyError:
-                continue  # started (or starting): it runs
-            self._return_late(item)
-            returned += 1
+        runner = self._runner
+        # (Stopping, paused, a lost channel: its thread settles it.)
+        returned = self._return_waiting_where(
+            lambda item: not item.must_not_start(runner) and _consumer_tag(item.delivered) in ended
+        )
         if returned:
             log.info(
                 "%d deliveries taken while jobs ran short still wait for a handler thread:"
@@ -516,8 +511,15 @@ class FastPath:
         claim back and its delivery goes back to the queue now, for another worker,
         instead of when a thread frees up (never, while handlers are stuck: they
         waited for this process to go and for their leases to lapse). How many."""
+        return self._return_waiting_where(lambda _item: True)
+
+    def _return_waiting_where(self, chosen: Callable[[_Item], bool]) -> int:
+        """The ``chosen`` jobs still waiting for a handler thread, returned
+        (:meth:`_return_late`); how many."""
         returned = 0
         for item in list(self._waiting):
+            if not chosen(item):
+                continue
             try:
                 self._waiting.remove(item)  # atomic: a thread may be starting it
             except KeyError:

@@ -566,25 +566,12 @@ class Runner:
     ) -> str | None:
         """A run of ``job`` failed with ``error``: publish its next attempt, or
         dead-letter it, as its task's retry policy decides."""
-        outcome = await self._decide_failure(message, job, spec, error, holder, run=run)
-        if outcome is not None and isinstance(error, TimeLimitExceeded) and error.stuck:
-            self.overruns.recorded(job)  # the worker's exit says which were
-        return outcome
-
-    async def _decide_failure(
-        self,
-        message: Delivery,
-        job: Job,
-        spec: TaskSpec[Any],
-        error: Exception,
-        holder: str,
-        *,
-        run: Run | None = None,
-    ) -> str | None:
+        stuck = isinstance(error, TimeLimitExceeded) and error.stuck
         decision = spec.retry.decide(error, job.attempt)
+        outcome: str | None
         if decision.delay is not None:
             delay = decision.delay
-            if isinstance(error, TimeLimitExceeded) and error.stuck:
+            if stuck:
                 # This process exits once its other jobs settled (within --grace), the
                 # stuck thread with it: the attempt starts once it is gone.
                 delay = max(delay, self._settings.shutdown_grace + STUCK_RETRY_FLOOR)
@@ -601,10 +588,14 @@ class Runner:
                 self._store.retry, job.idempotency_key, holder, text, due, payload=job.payload
             )
             self.observer.retrying(job, run, error, due)
-            return "retried"
-        reason = "permanent" if decision.permanent else "exhausted"
-        cause = DeathCause.from_exception(reason, error, job.attempt)
-        return await self._dead_letter(message, job.task, cause, job, holder, run=run)
+            outcome = "retried"
+        else:
+            reason = "permanent" if decision.permanent else "exhausted"
+            cause = DeathCause.from_exception(reason, error, job.attempt)
+            outcome = await self._dead_letter(message, job.task, cause, job, holder, run=run)
+        if stuck and outcome is not None:
+            self.overruns.recorded(job)  # the worker's exit says which were recorded
+        return outcome
 
     async def _dead_letter(
         self,

@@ -281,13 +281,17 @@ class Supervisor:
             self._schedule_restart(child, process, ran_for, now)
             return
         if verdict is Verdict.REPLACE:
-            child.restart_at = now
+            # At once after a run of a while; one that stops as soon as it starts
+            # (anything that would make each new one stop too) gets the backoff.
+            pause = 0.0 if ran_for >= STARTUP_WINDOW else child.next_backoff(ran_for)
+            child.restart_at = now + pause
             logger.info(
                 "worker process %d (pid %s) stopped alone (`broker-jobs workers stop`, or a"
-                " signal to it): starting another, to keep %d; stop this supervisor (pid %d)"
-                " to stop them all",
+                " signal to it): starting another in %g s, to keep %d; stop this supervisor"
+                " (pid %d) to stop them all",
                 child.index,
                 process.pid,
+                pause,
                 len(self._children),
                 os.getpid(),
             )
