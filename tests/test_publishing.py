@@ -298,6 +298,65 @@ def test_a_message_goes_to_the_socket_as_one_buffer_at_once(broker: Broker, app:
         link.close()
 
 
+def test_confirms_are_read_without_pikas_loop_and_its_timers_still_run(
+    broker: Broker, namespace: str, connection: pika.BlockingConnection, monkeypatch: Any
+) -> None:
+    """A link waiting for confirms reads the socket itself and takes a buffer of
+    ``basic.ack`` frames in one step (``_OneWriteConnection.read_directly``,
+    ``take_acks``): pika's frame decoder never runs for them. This fails if pika's
+    internals that it relies on change (the transport's socket and state, the loop's
+    timer). The loop's timers (pika's heartbeat) still run while it waits."""
+    import pika.frame  # noqa: PLC0415
+
+    from broker_jobs.envelope import Job, encode  # noqa: PLC0415
+    from broker_jobs.publish.pika_link import PikaLink  # noqa: PLC0415
+    from broker_jobs.urls import BrokerURL  # noqa: PLC0415
+
+    queue = f"{namespace}.direct-read"
+    connection.channel().queue_declare(queue, durable=True)
+    link = PikaLink(BrokerURL(broker.url), connect_timeout=10, connection_name="test")
+    decoded: list[object] = []
+    pika_decode = pika.frame.decode_frame
+    monkeypatch.setattr(
+        pika.frame, "decode_frame", lambda data: decoded.append(data) or pika_decode(data)
+    )
+    timer_ran = threading.Event()
+    try:
+        link._connection.ioloop.call_later(0, timer_ran.set)
+        deliveries = [link.publish("", queue, encode(Job(task="greet.hello"))) for _ in range(5)]
+        assert link.wait(lambda: all(d.settled for d in deliveries), 10.0)
+        assert [d.acked for d in deliveries] == [True] * 5
+        assert decoded == []  # every confirm was read directly
+        assert timer_ran.is_set()
+    finally:
+        link.close()
+
+
+def test_a_nack_of_the_broker_still_reaches_the_link(
+    broker: Broker, namespace: str, connection: pika.BlockingConnection
+) -> None:
+    """A ``basic.nack`` (a full queue that rejects publishes) is not an ack: pika's
+    decoder takes it, and the delivery is settled as nacked, not acked."""
+    from broker_jobs.envelope import Job, encode  # noqa: PLC0415
+    from broker_jobs.publish.pika_link import PikaLink  # noqa: PLC0415
+    from broker_jobs.urls import BrokerURL  # noqa: PLC0415
+
+    queue = f"{namespace}.full"
+    arguments = {"x-max-length": 1, "x-overflow": "reject-publish"}
+    connection.channel().queue_declare(queue, durable=True, arguments=arguments)
+    link = PikaLink(BrokerURL(broker.url), connect_timeout=10, connection_name="test")
+    try:
+        deliveries = [link.publish("", queue, encode(Job(task="greet.hello"))) for _ in range(3)]
+        assert link.wait(lambda: all(d.settled for d in deliveries), 10.0)
+        assert [(d.acked, d.nacked) for d in deliveries] == [
+            (True, False),
+            (False, True),
+            (False, True),
+        ]
+    finally:
+        link.close()
+
+
 def test_a_link_keeps_the_first_reason_it_closed_for(broker: Broker, namespace: str) -> None:
     """A publish to a missing exchange closes the channel (404), and the link then
     closes its connection: the connection's "normal shutdown", which may be read in
