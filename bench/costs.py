@@ -111,10 +111,25 @@ APP_SOURCE = textwrap.dedent(
 def run_once(
     url: str, beam: int, *, store: str, queue_type: QueueType, jobs: int, pg: PostgresNode
 ) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="bench-costs-") as workdir:
+        return _run_in(
+            Path(workdir), url, beam, store=store, queue_type=queue_type, jobs=jobs, pg=pg
+        )
+
+
+def _run_in(
+    workdir: Path,
+    url: str,
+    beam: int,
+    *,
+    store: str,
+    queue_type: QueueType,
+    jobs: int,
+    pg: PostgresNode,
+) -> dict[str, float]:
     namespace = f"benchcost{secrets.token_hex(4)}"
     app = App(namespace=namespace)
     app.declare(TASK, Noop, queue=QueueOptions(queue_type=queue_type))
-    workdir = Path(tempfile.mkdtemp(prefix="bench-costs-"))
     (workdir / "cost_app.py").write_text(
         APP_SOURCE.format(namespace=namespace, task=TASK, queue_type=queue_type.value)
     )

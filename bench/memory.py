@@ -84,8 +84,14 @@ def ran(progress: Path) -> int:
 def run_store(
     url: str, store: str, dsn: str, options: argparse.Namespace
 ) -> list[dict[str, float]]:
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as workdir:
+        return _run_in(Path(workdir), url, store, dsn, options)
+
+
+def _run_in(
+    workdir: Path, url: str, store: str, dsn: str, options: argparse.Namespace
+) -> list[dict[str, float]]:
     namespace = f"benchmem{secrets.token_hex(4)}"
-    workdir = Path(tempfile.mkdtemp(prefix="bench-memory-"))
     progress = workdir / "progress"
     (workdir / "memory_app.py").write_text(
         APP_SOURCE.format(namespace=namespace, task=TASK, progress=str(progress))
