@@ -443,6 +443,24 @@ def test_the_worker_takes_its_app_as_app_or_as_its_argument() -> None:
             ["status", "--url", "amqp://u:hunter2@mq1,mq2/"],
             "error: Invalid value for '--url': broker URL 'amqp://u:***@mq1,mq2/'",
         ),
+        # A worker's numbers out of range: before, --lease 0 started a worker whose
+        # every claim failed, and the others gave a traceback.
+        (
+            ["worker", "tests.cli_publish_app:app", "--lease", "0"],
+            "error: Invalid value for '--lease': 0.0 is not in the range x>0",
+        ),
+        (
+            ["worker", "tests.cli_publish_app:app", "--grace", "-1"],
+            "error: Invalid value for '--grace': -1.0 is not in the range x>=0",
+        ),
+        (
+            ["worker", "tests.cli_publish_app:app", "--concurrency", "0"],
+            "error: Invalid value for '--concurrency': 0 is not in the range x>=1",
+        ),
+        (
+            ["worker", "tests.cli_publish_app:app", "--concurrency", "4", "--prefetch", "2"],
+            "error: prefetch (2) must be at least the concurrency (4)",
+        ),
     ],
 )
 def test_usage_errors_are_one_line_with_where_to_look(args: list[str], expected: str) -> None:

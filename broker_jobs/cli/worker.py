@@ -9,6 +9,7 @@ import os
 import sys
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from typing import Any
 
 import click
 
@@ -71,17 +72,30 @@ class WorkerRun:
 @click.option(
     "--task", "tasks", multiple=True, help="A task type to run (repeatable); default: all."
 )
-@click.option("--concurrency", default=4, show_default=True, help="Jobs run at once.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Jobs run at once.",
+)
 @click.option(
     "--prefetch",
-    type=int,
+    type=click.IntRange(min=1),
     help="Unacked deliveries held per queue (default 2 x concurrency + 64, 4 x that"
     " while jobs run short: docs/worker.md, Prefetch); a value given is kept as given.",
 )
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty (tests, batch jobs).")
-@click.option("--grace", default=30.0, show_default=True, help="Seconds to finish jobs on SIGTERM.")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds to finish jobs on SIGTERM.",
+)
 @click.option(
     "--lease",
+    type=click.FloatRange(min=0, min_open=True),
     default=60.0,
     show_default=True,
     help="Seconds a claim lasts without renewal; a dead worker's jobs wait this long.",
@@ -180,7 +194,7 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
     the worker); 75 no broker for --reconnect-timeout seconds. With --processes N > 1:
     0 when every process exited 0, else the first non-zero exit (docs/worker.md).
     """
-    settings = WorkerSettings(
+    settings = _settings(
         tasks=tasks or None,
         concurrency=concurrency,
         prefetch=prefetch,
@@ -213,10 +227,17 @@ def worker_command(  # noqa: PLR0917 - click passes every option positionally
             param_hint="--metrics-port",
         )
     configure_logging(run.log_level, log_format)
-    supervisor = Supervisor(
-        functools.partial(run_child, run), processes, grace=grace, burst=burst
-    )
+    supervisor = Supervisor(functools.partial(run_child, run), processes, grace=grace, burst=burst)
     sys.exit(supervisor.run())
+
+
+def _settings(**given: Any) -> WorkerSettings:
+    """The worker's settings, or a usage error naming what does not fit together (a
+    --prefetch below --concurrency): one line, not a traceback."""
+    try:
+        return WorkerSettings(**given)
+    except ConfigurationError as error:
+        raise click.UsageError(str(error)) from None
 
 
 def run_child(run: WorkerRun, index: int) -> None:

@@ -59,7 +59,10 @@ class WorkerSettings:
                 f" not {self.success_lines!r}"
             )
         if self.prefetch is not None and self.prefetch < self.concurrency:
-            raise ConfigurationError("prefetch must be at least the concurrency")
+            raise ConfigurationError(
+                f"prefetch ({self.prefetch}) must be at least the concurrency"
+                f" ({self.concurrency}): each running job holds one delivery"
+            )
         if self.reconnect_timeout is not None and self.reconnect_timeout <= 0:
             raise ConfigurationError(
                 "reconnect_timeout must be a positive number of seconds (or None: keep trying)"
@@ -70,6 +73,12 @@ class WorkerSettings:
             raise ConfigurationError("heartbeat_every must be a positive number of seconds")
         if self.overrun_grace <= 0:
             raise ConfigurationError("overrun_grace must be a positive number of seconds")
+        if self.lease <= 0:
+            # A claim must outlive its own renewal (every sixth of the lease): with 0,
+            # every claim failed and the renewal sweep spun the loop.
+            raise ConfigurationError("lease must be a positive number of seconds (default 60)")
+        if self.grace < 0:
+            raise ConfigurationError("grace must be 0 or more seconds (default 30)")
 
     @property
     def prefetch_count(self) -> int:
