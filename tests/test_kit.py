@@ -367,3 +367,36 @@ def test_a_handler_that_ignores_its_time_limit_replaces_the_kits_worker_as_a_wor
         assert attempts == [1, 2]
         assert kit.result(job) == "attempt 2"
         assert kit.outcomes["succeeded"] == 1
+
+
+def test_an_async_handler_that_blocks_the_loop_past_its_limit_is_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An ``async def`` handler that blocks (``time.sleep``) cannot be cancelled at its
+    limit: the loop never gets the turn that would cancel it. Its return stands (as a
+    sync handler's return after its limit does), but a WARNING now says why the limit
+    did not act and what to do; before, nothing did, and the job read as an ordinary
+    success (``run_async_handler``, both delivery paths and the kit)."""
+    import time  # noqa: PLC0415
+
+    app = App(namespace="kit")
+
+    @app.task("blocky", time_limit=0.05, retry=RetryPolicy(max_attempts=1))
+    async def blocky(payload: Add) -> str:
+        time.sleep(0.2)  # the mistake: a blocking call inside async def
+        return "done"
+
+    @app.task("polite", time_limit=5)
+    async def polite(payload: Add) -> str:
+        await asyncio.sleep(0)
+        return "ok"
+
+    with caplog.at_level("WARNING", logger="broker_jobs.worker.execution"), JobsKit(app) as kit:
+        blocked = kit.publisher().publish("blocky", Add(key="b"))
+        kit.publisher().publish("polite", Add(key="p"))
+        kit.run()
+        assert kit.result(blocked) == "done"
+    (line,) = [r.getMessage() for r in caplog.records if "could not be cancelled" in r.getMessage()]
+    assert blocked.id in line
+    assert "past its 0.05 s time limit" in line
+    assert "asyncio.to_thread" in line

@@ -303,14 +303,39 @@ async def run_async_handler(
 ) -> Any:
     """An async handler on the loop inside ``run``, cancelled at its limit (both
     delivery paths run theirs so)."""
+    scope = asyncio.timeout(seconds)
     try:
-        async with asyncio.timeout(seconds) as scope:
+        async with scope:
             with run:
                 return await handler(payload)
     except TimeoutError:
         if seconds is not None and scope.expired():  # else the handler's own: its failure
             raise time_limit_error(seconds) from None
         raise
+    finally:
+        if seconds is not None and not scope.expired() and (run.duration or 0.0) > seconds:
+            _say_the_loop_was_held(run, seconds)
+
+
+def _say_the_loop_was_held(run: Run, seconds: float) -> None:
+    """An async handler that ran past its limit without being cancelled held the
+    event loop (a blocking call inside ``async def``): the cancellation could not be
+    delivered, and the whole worker stood still meanwhile. Its outcome stands, as a
+    sync handler's return after its limit does; this says why the limit did not act."""
+    job = run.job
+    log.warning(
+        "job %s (%s, attempt %d): its async handler ran %.1f s, past its %g s time limit,"
+        " without giving the event loop a turn, so it could not be cancelled and the"
+        " worker's other jobs, heartbeats and lease renewals waited meanwhile: inside"
+        " `async def`, await (asyncio.sleep, an async client, asyncio.to_thread) instead of"
+        " blocking, or declare the handler with `def` to run it on a thread",
+        job.id,
+        job.task,
+        job.attempt,
+        run.duration or 0.0,
+        seconds,
+        extra={"job_id": job.id, "key": job.idempotency_key, "task": job.task},
+    )
 
 
 async def _renew_forever(renew: Callable[[], Awaitable[bool]], every: float) -> None:
