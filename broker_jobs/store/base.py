@@ -489,8 +489,8 @@ class Store(Closing, ABC):
                 return record
             left = deadline - time.monotonic()
             if left <= 0:
-                status = "no record" if record is None else f"status {record.status.value}"
-                raise TimeoutError(f"job {ref!r} did not end within {timeout:g} s ({status})")
+                state = _state(record)
+                raise TimeoutError(f"job {ref!r} did not end within {timeout:g} s ({state})")
             time.sleep(min(poll, left))
             poll = min(poll * 2, 1.0)
 
@@ -712,3 +712,14 @@ class Store(Closing, ABC):
     @abstractmethod
     def close(self) -> None:
         """Release connections; idempotent. The store cannot be used afterwards."""
+
+
+def _state(record: JobRecord | None) -> str:
+    """What :meth:`Store.wait`'s timeout says of the job it waited for."""
+    if record is not None:
+        return f"status {record.status.value}"
+    return (
+        "no record: not taken by a worker yet, or a second publish of a key that another"
+        " job holds, which the worker skips as a duplicate without recording its id: wait"
+        " by the idempotency key"
+    )
