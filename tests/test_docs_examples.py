@@ -219,3 +219,16 @@ def test_the_guides_exception_tree_is_the_library_one() -> None:
     mentioned = {name for name in exported if name in tree}
     assert exported == mentioned, f"exported, not in the guide: {sorted(exported - mentioned)}"
     assert len(shown) >= 20
+
+
+def test_the_readmes_tasks_module_runs_on_its_own(sandbox: Path) -> None:
+    """The README's worker module is a whole file a user copies to
+    ``myproject/tasks.py``: it imports and declares its task without the publishing
+    block above it (it used a model it never defined: ``NameError: Resize``)."""
+    (module,) = [block for block in blocks("README.md") if FILE_BLOCK.match(block)]
+    assert FILE_BLOCK.match(module).group(1) == "myproject/tasks.py"  # type: ignore[union-attr]
+    namespace: dict[str, object] = {"__name__": "myproject.tasks"}
+    exec(compile(module, "README.md myproject/tasks.py", "exec"), namespace)
+    app = namespace["app"]
+    assert isinstance(app, App)
+    assert "image.resize" in app

@@ -51,6 +51,8 @@ def test_a_worker_started_before_its_postgresql_waits_for_it(tmp_path: Path, sai
         opening = threading.Thread(target=lambda: opened.append(open_store_when_up(node.dsn)))
         opening.start()
         assert said.waiting.wait(30), said.lines
+        # One line: libpq's message spans two ("...refused\n\tIs the server running").
+        assert all("\n" not in line for line in said.lines), said.lines
         node.start()
         opening.join(60)
         assert not opening.is_alive(), "still waiting for a ledger that answers"

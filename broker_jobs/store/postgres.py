@@ -231,7 +231,9 @@ class PostgresStore(Store):
             self._raise(action, error)
 
     def _raise(self, action: str, error: psycopg.Error) -> NoReturn:
-        text = mask_dsn(str(error).strip())
+        # libpq's messages span lines ("...refused\n\tIs the server running..."):
+        # one line, as every error and log line of ours is.
+        text = mask_dsn(" ".join(str(error).split()))
         where = f"PostgreSQL store {self.masked_dsn}"
         advice = self._layout.advice(error, text)
         kind = StoreUnavailableError if self._unavailable(error, text) else StoreError

@@ -83,7 +83,7 @@ def _not_json(task: str, kind: str) -> None:
     """Say once per task and type: a result that is no JSON is not kept (the job
     succeeded all the same)."""
     log.warning(
-        "task %r's handler returned a %s, which is not JSON: its result is not kept"
+        "the handler of task %r returned a %s, which is not JSON: its result is not kept"
         " (return a pydantic model, dict, list, str, number or bool; or None)",
         task,
         kind,
