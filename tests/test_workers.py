@@ -24,7 +24,7 @@ from broker_jobs.clock import utc_now
 from broker_jobs.observe.heartbeat import Heartbeat, process_record
 from broker_jobs.store import MemoryStore, SQLiteStore
 from broker_jobs.store.errors import StoreError
-from broker_jobs.store.processes import ProcessKind, ProcessRecord, ProcessState
+from broker_jobs.store.processes import ProcessKind, ProcessRecord, ProcessState, RunningJob
 from tests.support import Broker, wait_until
 from tests.test_worker import Add
 
@@ -208,6 +208,37 @@ def test_the_workers_command_lists_the_live_the_lost_and_the_stopped(tmp_path: P
     )
     assert said.exit_code == 1
     assert "host-b:2:bbb is lost (no heartbeat for" in said.stderr
+
+
+def test_a_lost_process_shows_no_running_jobs_and_no_role_it_still_has(tmp_path: Path) -> None:
+    """A lost process's last heartbeat names jobs that ended or were taken over since,
+    and a role another process has now (each killed beat leader read "beat
+    (leading)" beside the real one; `--running` listed a dead worker's jobs for
+    minutes after they succeeded elsewhere). The dashboard showed only the live
+    workers' jobs already; now both say "was leading" of a process no longer there."""
+    path = tmp_path / "jobs.db"
+    now = utc_now()
+    worker = process_record(ProcessKind.WORKER, "host-a:1:aaa", "jobs", tasks=["mail.send"])
+    live = replace(worker, running=(RunningJob("j-live", "mail.send", "live-key", 1, now),))
+    dead = replace(
+        worker,
+        id="host-b:2:bbb",
+        seen_at=now - timedelta(minutes=10),
+        running=(RunningJob("j-gone", "mail.send", "gone-key", 1, now - timedelta(minutes=10)),),
+    )
+    leader = replace(process_record(ProcessKind.BEAT, "beat-2", "jobs"), role="leading")
+    killed_leader = replace(leader, id="beat-1", seen_at=now - timedelta(minutes=10))
+    with SQLiteStore(path) as store:
+        for record in (live, dead, leader, killed_leader):
+            store.record_process(record)
+    shown = CliRunner().invoke(
+        main, ["workers", "--namespace", "jobs", "--store", f"sqlite:///{path}", "--running"]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "live-key" in shown.output
+    assert "gone-key" not in shown.output
+    assert shown.output.count("beat (leading)") == 1
+    assert "beat (was leading)" in shown.output
 
 
 def test_the_workers_command_says_what_to_do_without_heartbeats_or_a_ledger(

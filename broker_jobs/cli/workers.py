@@ -147,13 +147,12 @@ def _row(view: ProcessView) -> list[str | Text]:
     elif view.liveness is Liveness.STOPPED and r.ended:
         # Its exit code only: the message would take the table's width (--json has it).
         state = f"stopped ({printable(r.ended.partition(':')[0])})"
-    kind = r.kind.value if r.role is None else f"{r.kind.value} ({r.role})"
     concurrency = "-" if r.concurrency is None else str(r.concurrency)
     if r.processes and r.processes > 1:
         concurrency += f" x{r.processes}"
     return [
         Text(state, style=_STYLES[view.liveness]),
-        kind,
+        view.kind_and_role,
         r.id,
         r.host,
         str(r.pid),
@@ -170,6 +169,8 @@ def _echo_running(views: list[ProcessView]) -> None:
     grid = table("worker", "job", "task", "key", "attempt", "running for", right=("attempt",))
     now = utc_now()
     for view in views:
+        if not view.present:  # its last heartbeat's jobs ended or were taken over since
+            continue
         for job in view.record.running:
             grid.add_row(
                 view.record.id,

@@ -28,7 +28,7 @@ from broker_jobs.store.base import (
     utc,
 )
 from broker_jobs.store.depths import step_start
-from broker_jobs.store.processes import Liveness, RunningJob
+from broker_jobs.store.processes import RunningJob
 from broker_jobs.urls import mask_text
 from scheduler.status import status_document
 
@@ -407,7 +407,7 @@ class WorkersView:
         found = [
             (view.record.id, job)
             for view in self.processes
-            if view.liveness in {Liveness.ALIVE, Liveness.STOPPING}
+            if view.present
             for job in view.record.running
         ]
         return sorted(found, key=lambda pair: pair[1].started_at)

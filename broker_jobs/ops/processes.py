@@ -31,6 +31,21 @@ class ProcessView:
     liveness: Liveness
     silent_for: timedelta
 
+    @property
+    def present(self) -> bool:
+        """Alive or stopping: its role and its running jobs are still so (a lost or
+        stopped process's last heartbeat names a role it no longer has, and jobs
+        that ran on or were taken over long since)."""
+        return self.liveness in (Liveness.ALIVE, Liveness.STOPPING)
+
+    @property
+    def kind_and_role(self) -> str:
+        """``beat (leading)``; ``beat (was leading)`` for a process no longer present."""
+        kind, role = self.record.kind.value, self.record.role
+        if role is None:
+            return kind
+        return f"{kind} ({role})" if self.present else f"{kind} (was {role})"
+
     def document(self) -> dict[str, Any]:
         """As ``--json`` and ``/api/workers`` give it."""
         r = self.record
