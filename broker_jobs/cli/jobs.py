@@ -329,8 +329,9 @@ def _cancel_line(record: JobRecord, outcome: CancelOutcome) -> str:
     if outcome is CancelOutcome.RUNNING:
         holder = record.worker or "a worker"
         return (
-            f"running: {job} runs attempt {record.attempts} on {holder}; not interrupted,"
-            " nothing changed (cancel stops only jobs that have not started)"
+            f"running: {job} attempt {record.attempts} is claimed by {holder} (running, or"
+            " in its prefetch waiting for a handler thread); nothing changed (cancel stops"
+            " only jobs no worker has claimed yet)"
         )
     return f"finished: {job} is {record.status.value} already; nothing changed"
 

@@ -43,7 +43,10 @@ def cancel(settings: DashboardSettings, ref: str, who: str) -> Result:
     notes = {
         "cancelled": "it will not run: a worker that receives it acks it without running it",
         "already-cancelled": "it was cancelled before; nothing changed",
-        "running": "a handler runs it: it is not interrupted, nothing changed",
+        "running": (
+            "a worker has claimed it (running, or waiting in its prefetch for a handler"
+            " thread): nothing changed"
+        ),
         "finished": f"it is {state} already; nothing changed",
         "unknown": "the ledger has no job with that key or id",
     }
