@@ -87,7 +87,30 @@ def test_a_worker_without_a_broker_says_so_with_the_cause_masked(
     assert len(warnings) == 1, "one line when the outage begins, not one per attempt"
     assert "no broker yet" in warnings[0]
     assert "127.0.0.1:1" in warnings[0]
+    assert "for up to 0.3 s (--reconnect-timeout), then exiting 75" in warnings[0]
     assert "secret" not in caplog.text
+
+
+def test_a_worker_that_waits_for_ever_says_how_to_make_it_stop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without --reconnect-timeout a worker (a --burst one in CI too) waits for its
+    broker for ever: its first line says so and names the option (a new user's burst
+    worker sat silent for 30 s until its reminder)."""
+
+    async def first_attempt() -> None:
+        stopping = asyncio.Event()
+        connecting = asyncio.create_task(make_link(WorkerSettings(), stopping=stopping).connect())
+        while not any(r.name.endswith("link") for r in caplog.records):
+            await asyncio.sleep(0.01)
+        stopping.set()
+        await asyncio.wait_for(connecting, 5)
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(first_attempt())
+    (line,) = [record.getMessage() for record in caplog.records if record.name.endswith("link")]
+    assert "for as long as it takes" in line
+    assert "--reconnect-timeout SECONDS makes the worker exit with code 75" in line
 
 
 def test_aiormq_disconnect_lines_are_dropped_only_while_installed() -> None:

@@ -122,7 +122,7 @@ class BrokerLink:
         now = asyncio.get_running_loop().time()
         if self._down_since is None:  # the worker starts with no broker
             self._down_since = self._reminded_at = now
-            log.warning("%s yet at %s: %s; trying again", what, self.url, cause)
+            log.warning("%s yet at %s: %s; %s", what, self.url, cause, self._how_long())
         elif now - self._reminded_at >= self._settings.still_trying_every:
             self._reminded_at = now
             log.warning(
@@ -135,6 +135,18 @@ class BrokerLink:
                 f"no broker for {now - self._down_since:.0f} s (--reconnect-timeout"
                 f" {timeout:g}): {cause}"
             )
+
+    def _how_long(self) -> str:
+        """How long the worker goes on trying, for the outage's first line: a worker
+        that waits for ever (a --burst run in CI, say) must say how to make it stop."""
+        timeout = self._settings.reconnect_timeout
+        if timeout is None:
+            return (
+                f"trying again for as long as it takes (said every"
+                f" {self._settings.still_trying_every:g} s; --reconnect-timeout SECONDS"
+                " makes the worker exit with code 75 instead)"
+            )
+        return f"trying again for up to {timeout:g} s (--reconnect-timeout), then exiting 75"
 
     async def _back_off(self) -> None:
         """Pause before the next attempt: the pauses double up to the cap, each drawn
