@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from broker_jobs.keywords import closest
 from topology.names import DEAD_REASONS
 from topology.priority import Priority
 
@@ -62,8 +63,10 @@ class UnknownTaskError(JobError):
     def __init__(self, task: str, known: Sequence[str]) -> None:
         self.task = task
         listing = ", ".join(sorted(known)) or "none"
+        hint = closest(task, known)
+        suggestion = f" (did you mean {hint!r}?)" if hint else ""
         super().__init__(
-            f"unknown task {task!r}: this app declares {listing}. Declare it with"
+            f"unknown task {task!r}{suggestion}: this app declares {listing}. Declare it with"
             " app.declare(name, PayloadModel) or @app.task(name), or publish through an"
             " untyped publisher (app=None) to send a plain dict"
         )

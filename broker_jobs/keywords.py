@@ -43,6 +43,12 @@ EQUIVALENTS: dict[str, str] = {
 }
 
 
+def closest(name: str, choices: Iterable[str]) -> str | None:
+    """The choice ``name`` was most likely a typo of, if one is close enough."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.7)
+    return close[0] if close else None
+
+
 def check_keywords(where: str, given: Iterable[str], accepted: Collection[str]) -> None:
     """Raise ``TypeError`` for the first keyword in ``given`` that ``accepted`` lacks."""
     for name in given:
@@ -50,8 +56,7 @@ def check_keywords(where: str, given: Iterable[str], accepted: Collection[str]) 
             continue
         hint = EQUIVALENTS.get(name)
         if hint not in accepted:
-            close = difflib.get_close_matches(name, list(accepted), n=1, cutoff=0.7)
-            hint = close[0] if close else None
+            hint = closest(name, accepted)
         suggestion = f"; did you mean {hint!r}?" if hint else ""
         known = ", ".join(sorted(accepted))
         raise TypeError(

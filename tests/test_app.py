@@ -45,6 +45,11 @@ def test_unknown_task_names_the_known_ones() -> None:
     app.declare("image.resize", Resize)
     with pytest.raises(UnknownTaskError, match=r"'image\.crop'.*image\.resize"):
         app.get("image.crop")
+    # A typo gets the name it was most likely meant to be, as a keyword's typo does.
+    with pytest.raises(
+        UnknownTaskError, match=r"'image\.resise' \(did you mean 'image\.resize'\?\)"
+    ):
+        app.get("image.resise")
 
 
 def test_validation_accepts_dicts_and_models_and_names_bad_fields() -> None:
