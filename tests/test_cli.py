@@ -499,3 +499,27 @@ def test_broker_jobs_app_names_the_app_of_publish_and_topology_too(tmp_path: Pat
     assert invalid.exit_code != 0
     assert "note.add" in invalid.stderr
     assert "text" in invalid.stderr
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"),
+    [("30", 30.0), ("2.5", 2.5), ("5m", 300.0), ("1h30m", 5400.0), ("1d", 86400.0)],
+)
+def test_a_delay_is_seconds_or_a_duration_as_beats_schedules_take_it(
+    given: str, seconds: float
+) -> None:
+    """`publish --delay 5m` was "'5m' is not a valid float range" while a schedule's
+    TOML took "5m"."""
+    from broker_jobs.cli.options import Duration  # noqa: PLC0415
+
+    assert Duration().convert(given, None, None) == seconds
+
+
+@pytest.mark.parametrize("given", ["-3", "abc", "nan", "5 parsecs"])
+def test_a_delay_that_is_no_duration_is_a_usage_error(given: str) -> None:
+    result = CliRunner().invoke(
+        main, ["publish", "x.y", "{}", "--delay", given], prog_name="broker-jobs"
+    )
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: Invalid value for '--delay'"), line

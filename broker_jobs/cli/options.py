@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import math
 import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -12,10 +13,45 @@ import click
 from broker_jobs.errors import ConfigurationError
 from broker_jobs.observe.logs import LOG_FORMATS, LOG_LEVELS
 from broker_jobs.urls import BrokerURLs
+from scheduler.config import parse_duration
+from scheduler.errors import ScheduleError
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
 
+
+class Duration(click.ParamType):
+    """Seconds, as a number (``30``, ``2.5``) or a duration as beat's schedules take
+    it (``90s``, ``5m``, ``1h30m``, ``1d``); never negative."""
+
+    name = "duration"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, int | float) or _is_number(value):
+            seconds = float(value)
+        else:
+            try:
+                seconds = parse_duration("a duration", value.strip()).total_seconds()
+            except ScheduleError:
+                self.fail(
+                    f"{value!r} is not a duration: seconds (30, 2.5) or 90s, 5m, 1h30m, 1d",
+                    param,
+                    ctx,
+                )
+        if seconds < 0:
+            self.fail(f"{value!r} is negative", param, ctx)
+        return seconds
+
+
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def _broker_urls(

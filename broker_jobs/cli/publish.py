@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from broker_jobs.app_loader import load_app
-from broker_jobs.cli.options import from_environment, url_option
+from broker_jobs.cli.options import Duration, from_environment, url_option
 from broker_jobs.errors import BrokerJobsError, ConfigurationError, UnroutableError
 from broker_jobs.publish.publisher import Publisher
 from broker_jobs.store import Store, open_store
@@ -35,7 +35,11 @@ from topology.names import DEFAULT_NAMESPACE
     help=f"Namespace of the jobs, without --app (default {DEFAULT_NAMESPACE!r}).",
 )
 @click.option("--key", "idempotency_key", help="Idempotency key (default: the job id).")
-@click.option("--delay", type=click.FloatRange(min=0), help="Run it this many seconds from now.")
+@click.option(
+    "--delay",
+    type=Duration(),
+    help="Run it this long from now: seconds (30) or a duration (90s, 5m, 1h30m, 1d).",
+)
 @click.option(
     "--eta",
     help="Run it at this time: ISO 8601 with a time zone, e.g. 2026-12-24T18:00:00Z.",
