@@ -98,7 +98,9 @@ class WorkerRun:
     type=click.FloatRange(min=0, min_open=True),
     default=60.0,
     show_default=True,
-    help="Seconds a claim lasts without renewal; a dead worker's jobs wait this long.",
+    help="Seconds a claim lasts without renewal: the jobs a dead worker had claimed"
+    " (running, and waiting in its prefetch) wait up to this long, less when a worker on"
+    " the same host sees its process gone (docs/worker.md).",
 )
 @click.option(
     "--overrun-grace",
