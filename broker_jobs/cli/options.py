@@ -19,7 +19,7 @@ from scheduler.errors import ScheduleError
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
 
 
-class Duration(click.ParamType):
+class Duration(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
     """Seconds, as a number (``30``, ``2.5``) or a duration as beat's schedules take
     it (``90s``, ``5m``, ``1h30m``, ``1d``); never negative."""
 
