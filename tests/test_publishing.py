@@ -601,3 +601,34 @@ def test_a_failed_connect_leaves_the_drivers_lines_out_of_the_users_log(
     with pytest.raises(pika.exceptions.AMQPConnectionError):
         pika.BlockingConnection(pika.URLParameters(url))  # the user's own connect
     assert any(r.name.startswith("pika") and r.levelno == logging.ERROR for r in caplog.records)
+
+
+def test_a_connection_the_broker_dropped_is_said_once_without_the_drivers_lines(
+    broker: Broker,
+    app: App,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection reset under an idle publisher (a broker restart, a heartbeat
+    missed while idle): its next publish reconnects and succeeds, and the user's log
+    has our one WARNING, not pika's ~30 lines and two tracebacks at ERROR (a tester
+    counted 64 lines for two idle spells). pika's lines are dropped while our link
+    turns its loop or closes (amqp/driver_logs.py)."""
+    from broker_jobs.testing.tcp_proxy import TcpProxy  # noqa: PLC0415
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [caplog.handler])
+    for name in ("", "pika"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    with TcpProxy(broker.url) as proxy:
+        publisher = Publisher(proxy.url, app)  # the sync one: pika's
+        publisher.publish("image.resize", Resize(url="before", width=1))
+        caplog.clear()
+        proxy.drop()  # an RST to the publisher's socket
+        job = publisher.publish("image.resize", Resize(url="after", width=1))
+        publisher.close()
+    drivers = [r for r in caplog.records if r.name.startswith("pika")]
+    assert [r.getMessage() for r in drivers if r.levelno > logging.DEBUG] == []
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("broker_jobs")]
+    assert [line for line in ours if "reconnecting" in line] == [ours[0]], ours
+    assert "Connection reset by peer" in ours[0] or "closed" in ours[0]
+    assert job.payload == {"url": "after", "width": 1}

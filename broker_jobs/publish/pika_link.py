@@ -32,6 +32,7 @@ from pika.adapters.utils.io_services_utils import (  # type: ignore[attr-defined
 )
 
 from broker_jobs.amqp.connecting import NodeUnreachable, first_answering
+from broker_jobs.amqp.driver_logs import link_lines_dropped
 from broker_jobs.amqp.tls import pika_parameters
 from broker_jobs.envelope import WireMessage
 from broker_jobs.errors import BrokerConnectionError
@@ -176,7 +177,12 @@ class PikaLink:
         self._state.returned_ids.clear()
 
     def close(self) -> None:
-        """Close the connection, waiting briefly for the broker's close-ok."""
+        """Close the connection, waiting briefly for the broker's close-ok (pika's
+        lines about it, a dozen at INFO, dropped)."""
+        with link_lines_dropped():
+            self._close()
+
+    def _close(self) -> None:
         connection = self._connection
         if not (connection.is_closed or connection.is_closing):
             connection.close()
@@ -242,8 +248,9 @@ class PikaLink:
         # A timer bounds the poll: without one pika sleeps up to 5 s per pass.
         wake = loop.call_later(max(timeout, 0.0), _nothing)
         try:
-            loop.poll()
-            loop.process_timeouts()
+            with link_lines_dropped():  # a lost connection: our WARNING or error says it
+                loop.poll()
+                loop.process_timeouts()
         finally:
             loop.remove_timeout(wake)
 
@@ -410,7 +417,8 @@ class _OneWriteConnection(SelectConnection):
                 for tag, multiple in acks:
                     on_ack(tag, multiple)
                 return
-        super()._on_data_available(data_in)  # type: ignore[misc]
+        with link_lines_dropped():  # a close by the broker: our error says it
+            super()._on_data_available(data_in)  # type: ignore[misc]
 
     def read_directly(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds (or the loop's next timer) for the socket
@@ -429,8 +437,9 @@ class _OneWriteConnection(SelectConnection):
             return False
         loop = self.ioloop
         next_timer = loop._timer.get_remaining_interval()  # type: ignore[attr-defined]
-        if next_timer is not None:
-            timeout = min(timeout, next_timer)
+        timer_due = next_timer is not None and next_timer <= timeout
+        if timer_due:
+            timeout = next_timer
         for _fd, events in self._read_poll(transport._sock).poll(max(timeout, 0.0) * 1000):
             if events != select.POLLIN:
                 return False
@@ -439,16 +448,20 @@ class _OneWriteConnection(SelectConnection):
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as error:  # what pika's reader does with it
-                transport._initiate_abort(error)
+                with link_lines_dropped():
+                    transport._initiate_abort(error)
                 return True
             if not data:  # end of file: pika's reader meets it again, and says so
                 return False
             try:
                 transport._protocol.data_received(data)
             except Exception as error:  # as pika's reader does: the connection ends
-                transport._initiate_abort(error)
+                with link_lines_dropped():
+                    transport._initiate_abort(error)
                 return True
-        loop.process_timeouts()
+        if timer_due:  # pika's heartbeat may find the connection gone: our error says so
+            with link_lines_dropped():
+                loop.process_timeouts()
         return True
 
     def _read_poll(self, sock: socket.socket) -> select.poll:
@@ -479,7 +492,8 @@ class _OneWriteConnection(SelectConnection):
         handler closes the connection)."""
         transport = self._plain_transport()
         if transport is not None and transport.get_write_buffer_size():
-            transport._on_socket_writable()  # the loop's own handler for writability
+            with link_lines_dropped():  # a lost connection: our WARNING or error says it
+                transport._on_socket_writable()  # the loop's own handler for writability
 
     def _plain_transport(self) -> _AsyncPlaintextTransport | None:
         """The transport when it is plain TCP (none before connecting; a TLS one may

@@ -17,6 +17,7 @@ from typing import Any, TypedDict, Unpack
 from pydantic import BaseModel, ValidationError
 
 from broker_jobs.amqp.declaring import declare_topology, prepare_ladder
+from broker_jobs.amqp.driver_logs import connect_lines_dropped
 from broker_jobs.app import App, TaskSpec
 from broker_jobs.clock import utc_now
 from broker_jobs.due import Delay, Route, direct_route, due_time, route_for
@@ -260,13 +261,15 @@ class PublisherBase:
 
     def _declare(self, node: BrokerURL) -> None:
         """Declare the topology (blocking), on ``node`` if it answers: called just
-        after connecting to it."""
-        declare_topology(
-            self._urls.starting_at(node),
-            self._factory.topology(),
-            timeout=self._settings.connect_timeout,
-            connection_name=f"{self._settings.connection_name} (declare)",
-        )
+        after connecting to it. pika's dozen INFO lines about the declaring
+        connection's life are dropped: a connection of ours, which our errors name."""
+        with connect_lines_dropped():
+            declare_topology(
+                self._urls.starting_at(node),
+                self._factory.topology(),
+                timeout=self._settings.connect_timeout,
+                connection_name=f"{self._settings.connection_name} (declare)",
+            )
 
     def _record_confirmed(self, jobs: Sequence[Job]) -> None:
         """Tell the ledger (if given) of ``jobs``, all confirmed; blocking."""
