@@ -421,8 +421,9 @@ class _OneWriteConnection(SelectConnection):
             super()._on_data_available(data_in)  # type: ignore[misc]
 
     def read_directly(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds (or the loop's next timer) for the socket
-        to be readable, read what it holds, and run the loop's timers that are due:
+        """Wait up to ``timeout`` seconds (or the loop's next timer or queued callback)
+        for the socket to be readable, read what it holds, and run what of the loop's
+        timers and callbacks is due:
         a turn of the loop without its machinery (a timer of ours added and removed,
         an epoll dispatch, a second ``recv`` to meet EAGAIN). False, having done
         nothing, where the loop must turn: TLS, bytes waiting to be sent, a
@@ -436,7 +437,9 @@ class _OneWriteConnection(SelectConnection):
         ):
             return False
         loop = self.ioloop
-        next_timer = loop._timer.get_remaining_interval()  # type: ignore[attr-defined]
+        # The loop's next timer, or 0 with callbacks queued (add_callback_threadsafe):
+        # pika's own poll bounds its wait so.
+        next_timer = loop._get_remaining_interval()  # type: ignore[attr-defined]
         timer_due = next_timer is not None and next_timer <= timeout
         if timer_due:
             timeout = next_timer
