@@ -152,7 +152,8 @@ class NackedError(PublishError):
         self.job_id = job_id
         super().__init__(
             f"the broker refused job {job_id} of task {task!r} (basic.nack): it was not"
-            " stored. A quorum queue refuses while it has no leader (a node lost, a"
+            " stored by a queue it is routed to (another queue bound beside the task's"
+            " may hold it). A quorum queue refuses while it has no leader (a node lost, a"
             " failover under way: again in a few seconds it is taken), when a length"
             " limit rejects publishes, or on an internal error of the broker; publishing"
             " it again with the same idempotency key is safe (it runs once)"
@@ -176,9 +177,10 @@ class PublisherBusyError(PublishError):
         self.job_id = job_id
         super().__init__(
             f"job {job_id} of task {task!r} was not sent: other threads' publishes held"
-            f" this publisher for {waited:g} s (its confirm_timeout), so the broker is"
-            " slow or blocks publishing (a memory or disk alarm: rabbitmq-diagnostics"
-            " alarms). Nothing was stored: publish it again later; a thread with its own"
+            f" this publisher for {waited:g} s (its confirm_timeout): the broker does not"
+            " answer in time (a memory or disk alarm: rabbitmq-diagnostics alarms), or the"
+            " network to it stopped carrying (its heartbeat ends the connection then)."
+            " Nothing was stored: publish it again later; a thread with its own"
             " Publisher waits for no other"
         )
 

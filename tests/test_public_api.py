@@ -51,6 +51,18 @@ def test_an_old_module_path_warns_and_gives_the_moved_module(old: str, new: str,
 def test_a_nack_says_the_job_was_not_stored_and_names_a_failover_not_a_full_queue() -> None:
     message = str(broker_jobs.NackedError("order.ship", "job-1"))
     assert "not stored" in message
+    # A nack is one queue's refusal: a queue an operator bound beside the task's may
+    # hold the job (a tester's "not stored" job was in the task's queue).
+    assert "another queue bound beside the task's may hold it" in message
     assert "no leader" in message  # the usual cause in a cluster: a failover
     assert "same idempotency key is safe" in message
     assert "may be full" not in message
+
+
+def test_a_busy_publisher_names_a_silent_network_beside_a_broker_alarm() -> None:
+    """Threads held behind a publish that waits: a broker alarm, or a network that
+    stopped carrying (a tester's black hole read as "a memory or disk alarm")."""
+    message = str(broker_jobs.PublisherBusyError("order.ship", "job-1", 10))
+    assert "rabbitmq-diagnostics alarms" in message
+    assert "the network to it stopped carrying" in message
+    assert "Nothing was stored" in message
