@@ -252,6 +252,21 @@ def test_list_for_people_prints_the_cursor_of_the_next_page(listed: Store, store
     assert keys(second) == ORDER[4:8]
 
 
+def test_list_of_a_task_the_ledger_never_had_says_so_and_its_tasks(
+    listed: Store, store_url: str
+) -> None:
+    """A typo in --task printed "no jobs match", as for a task with no job in that
+    state: now it names the ledger's tasks and the likely one."""
+    typo = jobs("list", "--store", store_url, "--task", "image.resise")
+    assert typo.exit_code == 0, typo.output
+    assert typo.stdout.strip() == (
+        "no jobs match: this ledger has no job of task 'image.resise' (did you mean"
+        " 'image.resize'?); its tasks: image.resize, mail.send"
+    )
+    known = jobs("list", "--store", store_url, "--task", "image.resize", "--state", "queued")
+    assert known.stdout.strip() == "no jobs match"  # the task is there, not in that state
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -21,6 +21,7 @@ from broker_jobs.cli.jobs_purge import purge_command
 from broker_jobs.cli.options import store_option
 from broker_jobs.cli.output import AWARE_DATETIME, console, echo_json, fail, json_option, table
 from broker_jobs.errors import BrokerJobsError
+from broker_jobs.keywords import closest
 from broker_jobs.ops.documents import (
     PAYLOAD_NOT_KEPT,
     CursorError,
@@ -142,12 +143,15 @@ def list_command(  # noqa: PLR0917 - click passes every option positionally
             oldest_first=oldest_first,
             limit=limit,
         )
+        unknown = (
+            task is not None and not page.records and not cursor and _unknown_task(store, task)
+        )
     token = encode_cursor(page.after) if page.after else None
     if as_json:
         echo_json({"jobs": [record_document(r) for r in page.records], "next": token})
         return
     if not page.records:
-        click.echo("no jobs match" + (" on this page" if cursor else ""))
+        click.echo("no jobs match" + (" on this page" if cursor else "") + (unknown or ""))
         return
     grid = table("key", "task", "state", "attempt", "updated", "worker", "due", "last error")
     for record in page.records:
@@ -334,6 +338,18 @@ def _cancel_line(record: JobRecord, outcome: CancelOutcome) -> str:
             " only jobs no worker has claimed yet)"
         )
     return f"finished: {job} is {record.status.value} already; nothing changed"
+
+
+def _unknown_task(store: Store, task: str) -> str | None:
+    """What to say of a ``--task`` the ledger has no record of at all (a typo, most
+    likely), naming the tasks it has; None when it has some of that task."""
+    if store.page(task=task, limit=1).records:
+        return None
+    known = sorted(store.task_summaries())
+    hint = closest(task, known)
+    suggestion = f" (did you mean {hint!r}?)" if hint else ""
+    listing = ", ".join(known[:20]) + (", ..." if len(known) > 20 else "") or "none yet"
+    return f": this ledger has no job of task {task!r}{suggestion}; its tasks: {listing}"
 
 
 # -- the cursor and the store --------------------------------------------------------
