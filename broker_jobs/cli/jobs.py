@@ -143,8 +143,11 @@ def list_command(  # noqa: PLR0917 - click passes every option positionally
             oldest_first=oldest_first,
             limit=limit,
         )
+        narrowed = any(value is not None for value in (state, since, until, key_prefix))
         unknown = (
-            task is not None and not page.records and not cursor and _unknown_task(store, task)
+            _unknown_task(store, task, narrowed=narrowed)
+            if task is not None and not page.records and not cursor
+            else None
         )
     token = encode_cursor(page.after) if page.after else None
     if as_json:
@@ -340,10 +343,11 @@ def _cancel_line(record: JobRecord, outcome: CancelOutcome) -> str:
     return f"finished: {job} is {record.status.value} already; nothing changed"
 
 
-def _unknown_task(store: Store, task: str) -> str | None:
+def _unknown_task(store: Store, task: str, *, narrowed: bool) -> str | None:
     """What to say of a ``--task`` the ledger has no record of at all (a typo, most
-    likely), naming the tasks it has; None when it has some of that task."""
-    if store.page(task=task, limit=1).records:
+    likely), naming the tasks it has; None when it has some of that task. The page
+    just read answers that already unless other filters ``narrowed`` it."""
+    if narrowed and store.page(task=task, limit=1).records:
         return None
     known = sorted(store.task_summaries())
     hint = closest(task, known)
