@@ -5,9 +5,10 @@ aiormq reads every AMQP frame with three awaited ``readexactly`` calls into a
 it: a delivery is three frames (method, content header, body). A busy worker's
 socket reads bring many deliveries at once, so most frames are already whole in the
 connection's ``StreamReader`` buffer when asked for: :func:`whole_frame` slices such
-a frame out and unmarshals it directly. Anything else (a frame not wholly read yet,
-the connection's first frame, end of file, a read error, a bad frame end) takes
-aiormq's own path, which waits, raises and reports as before.
+a frame out and unmarshals it directly (a delivery's frames by
+:mod:`~broker_jobs.worker.delivery_frames`, any other by pamqp). Anything else (a
+frame not wholly read yet, the connection's first frame, end of file, a read error,
+a bad frame end) takes aiormq's own path, which waits, raises and reports as before.
 
 :func:`reading_whole_frames` puts it on aiormq's ``FrameReceiver`` class for a block
 (``broker-jobs worker`` runs its worker inside one), so it serves every aiormq
@@ -35,6 +36,8 @@ from pamqp import commands
 from pamqp.exceptions import PAMQPException
 from pamqp.header import ContentHeader
 
+from broker_jobs.worker.delivery_frames import ReceivedFrame, unmarshal_delivery_frame
+
 log = logging.getLogger(__name__)
 
 #: Frame type (octet), channel (short), payload size (long): AMQP 0-9-1, 2.3.5.
@@ -42,9 +45,6 @@ _FRAME_HEADER = struct.Struct(">BHI")
 _FRAME_END = 0xCE
 #: The header, the payload, the frame-end octet.
 _OVERHEAD = _FRAME_HEADER.size + 1
-
-#: ``(bytes read, channel, frame)``, as ``pamqp.frame.unmarshal`` returns it.
-ReceivedFrame = tuple[int, int, Any]
 
 
 def whole_frame(receiver: Any) -> ReceivedFrame | None:
@@ -70,6 +70,14 @@ def whole_frame(receiver: Any) -> ReceivedFrame | None:
     data = bytes(memoryview(buffer)[:end])
     del buffer[:end]
     reader._maybe_resume_transport()  # type: ignore[attr-defined]  # as readexactly does
+    return _unmarshal(data)
+
+
+def _unmarshal(data: bytes) -> ReceivedFrame:
+    """A whole frame read: a delivery's directly, any other by pamqp."""
+    frame = unmarshal_delivery_frame(data)
+    if frame is not None:
+        return frame
     try:
         return pamqp.frame.unmarshal(data)
     except PAMQPException as error:  # what aiormq's own path raises
