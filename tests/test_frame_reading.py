@@ -10,11 +10,12 @@ import contextlib
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pamqp.frame
 import pytest
 from aiormq.connection import FrameReceiver
-from aiormq.exceptions import InvalidFrameError
+from aiormq.exceptions import AMQPConnectionError, InvalidFrameError
 from pamqp import commands
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
@@ -86,27 +87,92 @@ def test_whole_frames_are_the_frames_sent_in_order(installed: None) -> None:
     assert [size for size, _, _ in read_frames] == [len(data) for data in sent]
 
 
-def test_a_frame_not_wholly_read_waits_on_aiormqs_path(installed: None) -> None:
+def counting_reads(reader: asyncio.StreamReader) -> list[int]:
+    """The sizes of ``reader.readexactly`` calls from now on (aiormq's path reads so)."""
+    calls: list[int] = []
+    readexactly = reader.readexactly
+
+    async def counted(n: int) -> bytes:
+        calls.append(n)
+        return await readexactly(n)
+
+    reader.readexactly = counted  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_delivery_arriving_after_a_quiet_spell_is_read_in_one_step(installed: None) -> None:
+    """An idle worker waits with nothing in the buffer: the delivery then arrives
+    whole in one read, and each of its frames is read without aiormq's path."""
+    sent = delivery(5)
+
+    async def read() -> tuple[list[object], list[int]]:
+        reader = asyncio.StreamReader()
+        receiver = FrameReceiver(reader)
+        receiver.started = True
+        reads = counting_reads(reader)
+        pending = asyncio.ensure_future(receiver.get_frame())
+        await asyncio.sleep(0)
+        assert not pending.done()
+        reader.feed_data(b"".join(sent))
+        frames = [await pending, await receiver.get_frame(), await receiver.get_frame()]
+        return frames, reads
+
+    frames, reads = asyncio.run(read())
+    assert reads == []
+    assert [pamqp.frame.marshal(frame, channel) for _, channel, frame in frames] == sent
+
+
+def test_a_frame_still_not_wholly_read_waits_on_aiormqs_path(installed: None) -> None:
     frames = delivery(7)
     first = frames[0]
 
-    async def read() -> object:
+    async def read() -> tuple[object, list[int]]:
         reader = asyncio.StreamReader()
         reader.feed_data(first[:5])
         receiver = FrameReceiver(reader)
         receiver.started = True
         assert frame_reading.whole_frame(receiver) is None
         assert bytes(reader._buffer) == first[:5]  # type: ignore[attr-defined]  # untouched
+        reads = counting_reads(reader)
         pending = asyncio.ensure_future(receiver.get_frame())
         await asyncio.sleep(0)
+        reader.feed_data(first[5:10])  # more, still not the whole frame
+        await asyncio.sleep(0)
         assert not pending.done()
-        reader.feed_data(first[5:])
+        reader.feed_data(first[10:])
         _, _, frame = await pending
-        return frame
+        return frame, reads
 
-    frame = asyncio.run(read())
+    frame, reads = asyncio.run(read())
     assert isinstance(frame, commands.Basic.Deliver)
     assert frame.delivery_tag == 7
+    assert reads  # aiormq's path read the rest
+
+
+@pytest.mark.parametrize("end", ["eof", "error"])
+def test_the_end_of_the_stream_while_waiting_is_met_as_aiormqs_path_meets_it(
+    installed: None, end: str
+) -> None:
+    async def read(get_frame: Callable[[FrameReceiver], Any]) -> tuple[type, str]:
+        reader = asyncio.StreamReader()
+        receiver = FrameReceiver(reader)
+        receiver.started = True
+        pending = asyncio.ensure_future(get_frame(receiver))
+        await asyncio.sleep(0)
+        if end == "eof":
+            reader.feed_eof()
+        else:
+            reader.set_exception(ConnectionResetError("reset by peer"))
+        try:
+            await pending
+        except (StopAsyncIteration, AMQPConnectionError) as error:
+            return type(error), str(error)
+        raise AssertionError("the frame reader did not fail")
+
+    aiormq_way = FrameReceiver.get_frame.__wrapped__  # type: ignore[attr-defined]
+    ours = asyncio.run(read(FrameReceiver.get_frame))
+    assert ours == asyncio.run(read(aiormq_way))
+    assert ours[0] is AMQPConnectionError  # the connection sees its loss
 
 
 def test_a_bad_frame_end_fails_as_aiormqs_path_fails_it(installed: None) -> None:

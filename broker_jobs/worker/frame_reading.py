@@ -6,17 +6,20 @@ it: a delivery is three frames (method, content header, body). A busy worker's
 socket reads bring many deliveries at once, so most frames are already whole in the
 connection's ``StreamReader`` buffer when asked for: :func:`whole_frame` slices such
 a frame out and unmarshals it directly (a delivery's frames by
-:mod:`~broker_jobs.worker.delivery_frames`, any other by pamqp). Anything else (a
-frame not wholly read yet, the connection's first frame, end of file, a read error,
-a bad frame end) takes aiormq's own path, which waits, raises and reports as before.
+:mod:`~broker_jobs.worker.delivery_frames`, any other by pamqp). With the buffer
+short of a frame, it waits for the next bytes as aiormq would and looks again: an
+idle worker's delivery arrives whole in one read. Anything else (a frame still not
+wholly read, the connection's first frame, end of file, a read error, a bad frame
+end) takes aiormq's own path, which waits, raises and reports as before.
 
 :func:`reading_whole_frames` puts it on aiormq's ``FrameReceiver`` class for a block
 (``broker-jobs worker`` runs its worker inside one), so it serves every aiormq
 connection of the process meanwhile: it changes how a frame is read, never which
 frame or what it holds. It relies on asyncio's ``StreamReader`` internals (``_buffer``,
-``_exception``, ``_maybe_resume_transport``, which ``readexactly`` itself uses: where
-one is missing nothing is installed) and on aiormq's ``FrameReceiver`` attributes
-(``reader``, ``started``, ``lock``: where one is missing, aiormq's path reads).
+``_exception``, ``_eof``, ``_waiter``, ``_wait_for_data``, ``_maybe_resume_transport``,
+which ``readexactly`` itself uses: where one is missing nothing is installed) and on
+aiormq's ``FrameReceiver`` attributes (``reader``, ``started``, ``lock``: where one is
+missing, aiormq's path reads).
 tests/test_frame_reading.py fails if the replacement stops taking effect.
 """
 
@@ -31,7 +34,7 @@ from typing import Any
 
 import pamqp.frame
 from aiormq.connection import FrameReceiver
-from aiormq.exceptions import InvalidFrameError
+from aiormq.exceptions import AMQPConnectionError, InvalidFrameError
 from pamqp import commands
 from pamqp.exceptions import PAMQPException
 from pamqp.header import ContentHeader
@@ -51,6 +54,22 @@ def whole_frame(receiver: Any) -> ReceivedFrame | None:
     """The next frame of ``receiver`` (an aiormq ``FrameReceiver``) if it is wholly
     in its reader's buffer and nothing else is reading; None otherwise (the caller
     takes aiormq's path)."""
+    reader = _free_reader(receiver)
+    if reader is None:
+        return None
+    buffer: bytearray = reader._buffer  # type: ignore[attr-defined]
+    end = _first_frame_end(buffer)
+    if not end or len(buffer) < end or buffer[end - 1] != _FRAME_END:
+        return None
+    data = bytes(memoryview(buffer)[:end])
+    del buffer[:end]
+    reader._maybe_resume_transport()  # type: ignore[attr-defined]  # as readexactly does
+    return _unmarshal(data)
+
+
+def _free_reader(receiver: Any) -> asyncio.StreamReader | None:
+    """``receiver``'s reader, past the connection's first frame, if nothing else
+    reads it and it holds no error; None otherwise."""
     # getattr: an aiormq without these attributes takes its own path, never fails here.
     reader = getattr(receiver, "reader", None)
     lock = getattr(receiver, "lock", None)
@@ -60,17 +79,16 @@ def whole_frame(receiver: Any) -> ReceivedFrame | None:
         return None
     if reader._exception is not None:  # type: ignore[attr-defined]
         return None
-    buffer: bytearray = reader._buffer  # type: ignore[attr-defined]
+    return reader
+
+
+def _first_frame_end(buffer: bytearray) -> int:
+    """Where the first frame in ``buffer`` ends, frame-end octet included; 0 while
+    its header is not all there."""
     if len(buffer) < _OVERHEAD:
-        return None
+        return 0
     _, _, size = _FRAME_HEADER.unpack_from(buffer)
-    end = size + _OVERHEAD
-    if len(buffer) < end or buffer[end - 1] != _FRAME_END:
-        return None
-    data = bytes(memoryview(buffer)[:end])
-    del buffer[:end]
-    reader._maybe_resume_transport()  # type: ignore[attr-defined]  # as readexactly does
-    return _unmarshal(data)
+    return int(size) + _OVERHEAD
 
 
 def _unmarshal(data: bytes) -> ReceivedFrame:
@@ -152,10 +170,46 @@ def reading_whole_frames() -> Iterator[bool]:
         FrameReceiver.get_frame = aiormq_way  # type: ignore[method-assign]
 
 
+async def _data_arrived(receiver: Any) -> bool:
+    """Wait for the next bytes of ``receiver``'s reader, as aiormq's path would, so
+    that a frame arriving whole after a quiet spell (an idle worker's every delivery)
+    is read in one step too: True once bytes arrived. False, not waiting, where
+    aiormq's path must read: another reader, an end of file or an error known, a
+    whole (so bad) frame in the buffer, the connection's first frame; and an error
+    met while waiting, which that path raises as its own."""
+    reader = _free_reader(receiver)
+    if reader is None or reader._eof or reader._waiter is not None:  # type: ignore[attr-defined]
+        return False
+    buffer: bytearray = reader._buffer  # type: ignore[attr-defined]
+    end = _first_frame_end(buffer)
+    if end and len(buffer) >= end:
+        return False
+    async with receiver.lock:  # as aiormq's path holds it while it reads
+        try:
+            await reader._wait_for_data("get_frame")  # type: ignore[attr-defined]
+        except Exception:  # the reader's error: aiormq's path raises it as its own
+            return False
+    if reader._eof and not buffer:  # type: ignore[attr-defined]
+        # What aiormq's path, waiting in its read, raises at this end (asked afresh,
+        # it would end the frames quietly, and the connection would not see its loss).
+        raise AMQPConnectionError(
+            "Server connection unexpectedly closed. Read 0 bytes but 1 bytes expected"
+        )
+    return True
+
+
 def _has_stream_internals() -> bool:
     probe = asyncio.StreamReader()
     return all(
-        hasattr(probe, name) for name in ("_buffer", "_exception", "_maybe_resume_transport")
+        hasattr(probe, name)
+        for name in (
+            "_buffer",
+            "_exception",
+            "_maybe_resume_transport",
+            "_eof",
+            "_waiter",
+            "_wait_for_data",
+        )
     )
 
 
@@ -164,6 +218,8 @@ def _reading_whole_frames(
 ) -> Callable[[Any], Awaitable[ReceivedFrame]]:
     async def get_frame(self: Any) -> ReceivedFrame:
         frame = whole_frame(self)
+        if frame is None and await _data_arrived(self):
+            frame = whole_frame(self)
         if frame is not None:
             return frame
         return await aiormq_way(self)
