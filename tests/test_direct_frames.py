@@ -10,13 +10,14 @@ import asyncio
 from collections.abc import Iterator
 
 import aio_pika
+import pamqp.frame
 import pytest
 from aiormq.abc import ChannelFrame
 from pamqp import commands
 from pamqp.heartbeat import Heartbeat
 
 from broker_jobs.worker.acks import ChannelAcks
-from broker_jobs.worker.direct_frames import DirectFrames
+from broker_jobs.worker.direct_frames import DirectFrames, Settlement, settlement_bytes
 from tests.support import Broker
 from tests.test_acks import filled_queue, left_in
 
@@ -72,3 +73,18 @@ def test_an_ack_with_nothing_queued_is_written_at_once_and_a_queued_frame_goes_f
     assert not overtook
     assert not after_close
     assert left_in(broker, queue, 1) == [b"3"]
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        commands.Basic.Ack(delivery_tag=1),
+        commands.Basic.Ack(delivery_tag=2**63 - 1, multiple=True),
+        commands.Basic.Nack(delivery_tag=7, requeue=True),
+        commands.Basic.Nack(delivery_tag=8, multiple=True, requeue=False),
+        commands.Basic.Nack(delivery_tag=9, multiple=True, requeue=True),
+    ],
+)
+@pytest.mark.parametrize("channel", [1, 65535])
+def test_a_settlement_is_packed_as_pamqp_marshals_it(frame: Settlement, channel: int) -> None:
+    assert settlement_bytes(frame, channel) == pamqp.frame.marshal(frame, channel)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Generic, TypeVar
 
 from broker_jobs.dead_letter import DeadLetter, DeadLetterFilter
 from broker_jobs.envelope import Job
@@ -43,6 +43,8 @@ from broker_jobs.store.records import (
 )
 from broker_jobs.store.rules import track_execution
 from broker_jobs.store.values import follow_ups_text, read_output, read_payload, utc
+
+T = TypeVar("T")
 
 #: Finished jobs a memory store keeps (their records, executions and payloads):
 #: beyond them the oldest finished go first. Each takes ~0.8 KB (measured: 100,000
@@ -198,6 +200,29 @@ class _KeptOutputText:
         return read_output(text, size, self.follow_ups, self.sent_at, self.kept_at)
 
 
+class _Held(Generic[T]):
+    """The lock of an open :class:`MemoryStore` held for a ``with`` block, which gets
+    ``entered``. A class, not a generator's context manager: the worker enters two a
+    job, and a generator's cost twice as much (three objects a ``with``)."""
+
+    __slots__ = ("_entered", "_store")
+
+    def __init__(self, store: MemoryStore, entered: T) -> None:
+        self._store = store
+        self._entered = entered
+
+    def __enter__(self) -> T:
+        store = self._store
+        store._lock.acquire()
+        if store._closed:
+            store._lock.release()
+            raise StoreError("this MemoryStore is closed; open a new store")
+        return self._entered
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._store._lock.release()
+
+
 class MemoryStore(ExclusiveStore):
     """Records in a dict. Thread-safe: every call holds one lock. For tests and jobs
     that need no durability: use :class:`~broker_jobs.store.sqlite.SQLiteStore` for
@@ -234,22 +259,19 @@ class MemoryStore(ExclusiveStore):
         #: (namespace, task, step seconds, step start) -> jobs ready (store.depths).
         self._depths: dict[tuple[str, str, int, datetime], int] = {}
         self._closed = False
+        #: The sections, made once: a worker enters two a job (claim, success).
+        self._held_open: _Held[None] = _Held(self, None)
+        self._held_records: _Held[Records] = _Held(self, _DictRecords(self))
 
     def __repr__(self) -> str:
         return f"MemoryStore(max_finished={self.max_finished})"
 
-    @contextmanager
-    def _open(self) -> Iterator[None]:
+    def _open(self) -> _Held[None]:
         """Hold the lock of an open store."""
-        with self._lock:
-            if self._closed:
-                raise StoreError("this MemoryStore is closed; open a new store")
-            yield
+        return self._held_open
 
-    @contextmanager
-    def _exclusive(self, action: str = "change a record") -> Iterator[Records]:
-        with self._open():
-            yield _DictRecords(self)
+    def _exclusive(self, action: str = "change a record") -> _Held[Records]:
+        return self._held_records
 
     def _snapshot(self) -> list[JobRecord]:
         with self._exclusive():
