@@ -22,6 +22,12 @@ user starts it: default log level (INFO, the success summary line), default pref
   median of the handler's start minus the publish call (``time.time()``, one machine;
   the side's own publish path is in it); and the **worker's CPU per job** meanwhile
   (µs, ``/proc``: a worker taking jobs one at a time, as most run, not in a burst);
+- **live** (bench.compare's drain row): the worker runs while the side's publisher
+  publishes ``--jobs`` jobs one by one as fast as each is confirmed: the
+  **publisher's rate** meanwhile (/s), and the **worker's and the broker's CPU per
+  job** from the first publish until the queue is empty (µs). On 2 cores the
+  publisher, the broker and the worker share the CPUs, so a worker that costs less
+  per job taken one at a time leaves the publisher more;
 - **single publish** (/s, and µs of the publisher's CPU each): then, no worker
   running, the side's publisher publishes ``--publishes`` jobs one by one, each
   waiting for its confirm.
@@ -33,7 +39,7 @@ ratio this / base (jobs/s: above 1 is faster; CPU: below 1 is cheaper).
     python -m bench.ab --base main --store sqlite --queue-type quorum --rounds 7
     python -m bench.ab --base HEAD~1 --only single --rounds 16   # a publisher change
 
-``--only`` runs some of the phases (drain, steady, single): a change of the publisher
+``--only`` runs some of the phases (drain, steady, live, single): a change of the publisher
 alone needs many rounds of the single-publish phase to be told from the noise (about
 3% from run to run on a 2-core machine), not the worker's phases.
 
@@ -80,13 +86,16 @@ THIS, BASE = "this", "base"
 #: Run as a script with a side's code first on the path (not imported from here).
 PUBLISH_SCRIPT = Path(__file__).with_name("ab_publish.py")
 #: The phases of a round, in order (``--only`` picks some).
-PHASES = ("drain", "steady", "single")
+PHASES = ("drain", "steady", "live", "single")
 FIGURES = (
     ("jobs_per_s", "jobs/s"),
     ("worker_us", "µs/job"),
     ("broker_us", "µs/job"),
     ("latency_p50_ms", "ms"),
     ("steady_worker_us", "µs/job"),
+    ("live_publish_per_s", "/s"),
+    ("live_worker_us", "µs/job"),
+    ("live_broker_us", "µs/job"),
     ("publish_per_s", "/s"),
     ("publish_cpu_us", "µs"),
 )
@@ -148,6 +157,11 @@ class Figures:
     latency_p50_ms: float | None = None
     #: The worker's CPU per job (µs) while jobs come one at a time (the steady phase).
     steady_worker_us: float | None = None
+    #: The live phase: the publisher's rate while the worker runs, and the worker's
+    #: and the broker's CPU per job meanwhile (µs).
+    live_publish_per_s: float | None = None
+    live_worker_us: float | None = None
+    live_broker_us: float | None = None
     #: Confirmed publishes one by one, no worker running: a second, and the
     #: publisher's CPU per publish (µs).
     publish_per_s: float | None = None
@@ -325,15 +339,44 @@ def steady(side: Side) -> tuple[float, float]:
     return statistics.median(waits) * 1000, cpu * 1e6 / len(waits)
 
 
+def live(side: Side, node: RabbitNode | None) -> tuple[float, float, float | None]:
+    """The worker running while the side's publisher publishes ``--jobs`` jobs one by
+    one, each waiting for its confirm (bench.compare's drain row): the publisher's
+    rate meanwhile, and the worker's and the broker's CPU per job from the first
+    publish until the queue is empty (the broker's None on someone else's broker)."""
+    jobs = side.options.jobs
+    worker = RunningWorker(side)
+    beam = node.beam_pid() if node is not None else None
+    try:
+        with Admin(side.url) as admin:
+            worker.wait_consuming(admin)
+            cpu_before = worker.cpu()
+            broker_before = process_cpu(beam) if beam else 0.0
+            published = _published(side, jobs)
+            while not worker.done(admin):
+                time.sleep(0.05)
+            cpu = worker.cpu() - cpu_before
+            broker_cpu = process_cpu(beam) - broker_before if beam else None
+    finally:
+        stderr = worker.stop()
+    worker.waits(stderr)  # the worker ended well
+    return (
+        published["per_s"],
+        cpu * 1e6 / jobs,
+        None if broker_cpu is None else broker_cpu * 1e6 / jobs,
+    )
+
+
 def single_publish(side: Side) -> dict[str, float]:
     """No worker running: the side's publisher publishes ``--publishes`` jobs one by
     one, each waiting for its confirm (its rate, and its CPU per publish)."""
+    return _published(side, side.options.publishes)
+
+
+def _published(side: Side, jobs: int) -> dict[str, float]:
+    """The side's publisher's ``single`` mode: ``jobs`` confirmed publishes one by one."""
     done = subprocess.run(
-        side.publisher("single", side.options.publishes),
-        env=side.env,
-        check=True,
-        capture_output=True,
-        text=True,
+        side.publisher("single", jobs), env=side.env, check=True, capture_output=True, text=True
     )
     found: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return found
@@ -352,6 +395,13 @@ def measure(
         if options.runs("steady"):
             latency, steady_worker_us = steady(side)
             found.update(latency_p50_ms=latency, steady_worker_us=steady_worker_us)
+        if options.runs("live"):
+            rate, live_worker_us, live_broker_us = live(side, node)
+            found.update(
+                live_publish_per_s=rate,
+                live_worker_us=live_worker_us,
+                live_broker_us=live_broker_us,
+            )
         if options.runs("single"):
             published = single_publish(side)
             found.update(publish_per_s=published["per_s"], publish_cpu_us=published["cpu_us"])
@@ -378,6 +428,7 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
         store=options.store,
         queue_type=options.queue_type,
         steady=f"{options.rate:g} jobs/s for {options.seconds:g} s, one confirmed publish each",
+        live=f"{options.jobs} confirmed publishes one by one, the worker running",
         single=f"{options.publishes} confirmed publishes one by one, no worker running",
         worker="broker-jobs worker --concurrency 8 (default log level and prefetch)",
         this_args=options.this_args or "none",
@@ -405,6 +456,12 @@ def _line(side: str, found: Figures) -> str:
         parts.append(
             f"latency p50 {found.latency_p50_ms:.2f} ms"
             f" (worker {found.steady_worker_us:.0f} µs/job)"
+        )
+    if found.live_publish_per_s is not None:
+        broker = "" if found.live_broker_us is None else f", broker {found.live_broker_us:.0f}"
+        parts.append(
+            f"live publisher {found.live_publish_per_s:,.0f}/s"
+            f" (worker {found.live_worker_us:.0f}{broker} µs/job)"
         )
     if found.publish_per_s is not None:
         parts.append(
@@ -457,7 +514,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument(
         "--only",
         default=",".join(PHASES),
-        help="phases, comma-separated (default: all): drain, steady, single; e.g. --only"
+        help="phases, comma-separated (default: all): drain, steady, live, single; e.g. --only"
         " single --rounds 16 for a change of the publisher alone",
     )
     options = from_args(Options, parser.parse_args(argv))
