@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
 
 from broker_jobs.envelope import Job
 from broker_jobs.store.errors import LeaseLostError
@@ -213,7 +212,19 @@ def track_execution(executions: list[Execution], record: JobRecord) -> None:
         if held and execution.worker == record.worker and execution.attempt == record.attempts:
             current = True
             continue
-        executions[index] = replace(execution, **closing(record))
+        finished_at, outcome, error = closing(record)
+        # Built field by field: dataclasses.replace was a third of a claim and a
+        # success in the memory store (two a job, on the worker's event loop).
+        executions[index] = Execution(
+            idempotency_key=execution.idempotency_key,
+            job_id=execution.job_id,
+            attempt=execution.attempt,
+            worker=execution.worker,
+            started_at=execution.started_at,
+            finished_at=finished_at,
+            outcome=outcome,
+            error=error,
+        )
     if held and not current:
         assert record.worker is not None
         executions.append(
@@ -230,26 +241,19 @@ def track_execution(executions: list[Execution], record: JobRecord) -> None:
         )
 
 
-def closing(record: JobRecord) -> dict[str, Any]:
+def closing(record: JobRecord) -> tuple[datetime, ExecutionOutcome, str | None]:
     """The ``finished_at``, ``outcome`` and ``error`` of an execution that ``record``
     (its key's new state) ends."""
     if record.status is Status.RUNNING:
         released = record.worker is None
-        return {
-            "finished_at": (record.lease_until or record.updated_at)
-            if released
-            else record.updated_at,
-            "outcome": ExecutionOutcome.RELEASED if released else ExecutionOutcome.LOST,
-            "error": None,
-        }
+        if released:
+            return record.lease_until or record.updated_at, ExecutionOutcome.RELEASED, None
+        return record.updated_at, ExecutionOutcome.LOST, None
     failed = record.status in {Status.RETRYING, Status.FAILED, Status.DEAD}
     if failed or record.status is Status.SUCCEEDED:
-        return {
-            "finished_at": record.updated_at,
-            "outcome": ExecutionOutcome(record.status.value),
-            "error": record.last_error if failed else None,
-        }
+        error = record.last_error if failed else None
+        return record.updated_at, ExecutionOutcome(record.status.value), error
     # QUEUED, SCHEDULED, CANCELLED are no outcome of a run (and not one the executions
     # may hold): the rules reach them with no open execution, but should one be open,
     # it ended without an outcome.
-    return {"finished_at": record.updated_at, "outcome": ExecutionOutcome.RELEASED, "error": None}
+    return record.updated_at, ExecutionOutcome.RELEASED, None
