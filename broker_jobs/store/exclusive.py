@@ -204,17 +204,11 @@ def _claim_in(records: Records, job: Job, worker: str, lease: float, moment: dat
 
 
 def _finished_record(record: JobRecord, finish: Finish, moment: datetime) -> JobRecord:
-    """``record`` (held) ended as ``finish`` says: its lease given up. Built field by
-    field: ``dataclasses.replace`` costs four times as much, at each success."""
-    return JobRecord(
-        idempotency_key=record.idempotency_key,
-        job_id=record.job_id,
-        task=record.task,
+    """``record`` (held) ended as ``finish`` says: its lease given up."""
+    return replace(
+        record,
         status=finish.status,
-        attempts=record.attempts,
-        created_at=record.created_at,
         updated_at=moment,
-        worker=record.worker,
         lease_until=None,
         last_error=finish.error if finish.error is not None else record.last_error,
         due_at=finish.due_at,

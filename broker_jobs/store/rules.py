@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from broker_jobs.envelope import Job
 from broker_jobs.store.errors import LeaseLostError
@@ -212,19 +213,7 @@ def track_execution(executions: list[Execution], record: JobRecord) -> None:
         if held and execution.worker == record.worker and execution.attempt == record.attempts:
             current = True
             continue
-        finished_at, outcome, error = closing(record)
-        # Built field by field: dataclasses.replace was a third of a claim and a
-        # success in the memory store (two a job, on the worker's event loop).
-        executions[index] = Execution(
-            idempotency_key=execution.idempotency_key,
-            job_id=execution.job_id,
-            attempt=execution.attempt,
-            worker=execution.worker,
-            started_at=execution.started_at,
-            finished_at=finished_at,
-            outcome=outcome,
-            error=error,
-        )
+        executions[index] = replace(execution, **closing(record))
     if held and not current:
         assert record.worker is not None
         executions.append(
@@ -241,19 +230,26 @@ def track_execution(executions: list[Execution], record: JobRecord) -> None:
         )
 
 
-def closing(record: JobRecord) -> tuple[datetime, ExecutionOutcome, str | None]:
+def closing(record: JobRecord) -> dict[str, Any]:
     """The ``finished_at``, ``outcome`` and ``error`` of an execution that ``record``
     (its key's new state) ends."""
     if record.status is Status.RUNNING:
         released = record.worker is None
-        if released:
-            return record.lease_until or record.updated_at, ExecutionOutcome.RELEASED, None
-        return record.updated_at, ExecutionOutcome.LOST, None
+        return {
+            "finished_at": (record.lease_until or record.updated_at)
+            if released
+            else record.updated_at,
+            "outcome": ExecutionOutcome.RELEASED if released else ExecutionOutcome.LOST,
+            "error": None,
+        }
     failed = record.status in {Status.RETRYING, Status.FAILED, Status.DEAD}
     if failed or record.status is Status.SUCCEEDED:
-        error = record.last_error if failed else None
-        return record.updated_at, ExecutionOutcome(record.status.value), error
+        return {
+            "finished_at": record.updated_at,
+            "outcome": ExecutionOutcome(record.status.value),
+            "error": record.last_error if failed else None,
+        }
     # QUEUED, SCHEDULED, CANCELLED are no outcome of a run (and not one the executions
     # may hold): the rules reach them with no open execution, but should one be open,
     # it ended without an outcome.
-    return record.updated_at, ExecutionOutcome.RELEASED, None
+    return {"finished_at": record.updated_at, "outcome": ExecutionOutcome.RELEASED, "error": None}
