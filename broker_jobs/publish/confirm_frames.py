@@ -12,32 +12,32 @@ buffer as before. tests/test_confirm_frames.py compares it with pika's encoding.
 
 from __future__ import annotations
 
-import struct
-
-#: A ``basic.ack`` method frame: type 1, channel, payload size 13, class 60, method
-#: 80, delivery tag, flags (bit 0: multiple), frame end 0xCE.
-_ACK = struct.Struct(">BHIHHQBB")
-ACK_FRAME_SIZE = _ACK.size
-_METHOD_FRAME = 1
-_ACK_PAYLOAD_SIZE = 13
-_BASIC, _BASIC_ACK = 60, 80
-_FRAME_END = 0xCE
+from broker_jobs.amqp.frame_layout import (
+    BASIC,
+    BASIC_ACK,
+    FRAME_END,
+    METHOD,
+    SETTLEMENT,
+    SETTLEMENT_PAYLOAD,
+)
 
 
 def read_acks(data: bytes, channel: int) -> list[tuple[int, bool]] | None:
     """The ``(delivery_tag, multiple)`` of each ``basic.ack`` in ``data`` when it is
     nothing but whole ``basic.ack`` frames of ``channel``; None otherwise."""
-    if not data or len(data) % ACK_FRAME_SIZE:
+    if not data or len(data) % SETTLEMENT.size:
         return None
     acks = []
-    for kind, on_channel, size, class_id, method_id, tag, flags, end in _ACK.iter_unpack(data):
+    for kind, on_channel, size, class_id, method_id, tag, flags, end in SETTLEMENT.iter_unpack(
+        data
+    ):
         if (
-            kind != _METHOD_FRAME
+            kind != METHOD
             or on_channel != channel
-            or size != _ACK_PAYLOAD_SIZE
-            or class_id != _BASIC
-            or method_id != _BASIC_ACK
-            or end != _FRAME_END
+            or size != SETTLEMENT_PAYLOAD
+            or class_id != BASIC
+            or method_id != BASIC_ACK
+            or end != FRAME_END
             or flags > 1  # bits a later protocol might add: pika decides
         ):
             return None

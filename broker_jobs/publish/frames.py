@@ -17,10 +17,10 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
+from broker_jobs.amqp.frame_layout import BODY, FRAME_END, FRAME_HEADER, HEADER, METHOD
 from broker_jobs.envelope import WireMessage
 
-_METHOD, _HEADER, _BODY = 1, 2, 3
-_FRAME_END = b"\xce"
+_FRAME_END = bytes([FRAME_END])
 #: Basic.Publish (class 60, method 40), ticket 0.
 _PUBLISH = struct.pack(">IH", 0x003C0028, 0)
 _MANDATORY = b"\x01"
@@ -53,9 +53,9 @@ def publish_frames(
     except _NotOurShape:
         return None
     body = message.body
-    frames = [_frame(_METHOD, channel, method), _frame(_HEADER, channel, header)]
+    frames = [_frame(METHOD, channel, method), _frame(HEADER, channel, header)]
     for start in range(0, len(body), body_max):
-        frames.append(_frame(_BODY, channel, body[start : start + body_max]))
+        frames.append(_frame(BODY, channel, body[start : start + body_max]))
     return frames
 
 
@@ -105,4 +105,4 @@ def _short(text: str) -> bytes:
 
 
 def _frame(kind: int, channel: int, payload: bytes) -> bytes:
-    return struct.pack(">BHI", kind, channel, len(payload)) + payload + _FRAME_END
+    return FRAME_HEADER.pack(kind, channel, len(payload)) + payload + _FRAME_END

@@ -27,15 +27,15 @@ from pamqp import commands
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
+from broker_jobs.amqp.frame_layout import BASIC, BODY, FRAME_HEADER, HEADER, METHOD
+
 #: ``(bytes read, channel, frame)``, as ``pamqp.frame.unmarshal`` returns it.
 ReceivedFrame = tuple[int, int, Any]
 
-#: Frame type (octet), channel (short), payload size (long): AMQP 0-9-1, 2.3.5.
-_FRAME_HEADER = struct.Struct(">BHI")
-_PAYLOAD = _FRAME_HEADER.size
-_METHOD, _HEADER, _BODY = 1, 2, 3
+#: Where a frame's payload starts.
+_PAYLOAD = FRAME_HEADER.size
 #: Basic.Deliver: class 60, method 60.
-_DELIVER = struct.pack(">HH", 60, 60)
+_DELIVER = struct.pack(">HH", BASIC, 60)
 _LONG_LONG = struct.Struct(">q")
 _UNSIGNED_LONG_LONG = struct.Struct(">Q")
 _UNSIGNED_LONG = struct.Struct(">I")
@@ -89,16 +89,16 @@ def unmarshal_delivery_frame(data: bytes) -> ReceivedFrame | None:
     """``pamqp.frame.unmarshal(data)`` for a whole frame (``data``, its end octet
     checked by the caller) of a delivery, read directly; None for any other frame
     or shape (the caller takes pamqp's path)."""
-    kind, channel, size = _FRAME_HEADER.unpack_from(data)
+    kind, channel, size = FRAME_HEADER.unpack_from(data)
     if not size:  # a heartbeat, or a frame pamqp refuses
         return None
     end = _PAYLOAD + size
     try:
-        if kind == _BODY:
+        if kind == BODY:
             return len(data), channel, ContentBody(data[_PAYLOAD:end])
-        if kind == _METHOD and data[_PAYLOAD : _PAYLOAD + 4] == _DELIVER:
+        if kind == METHOD and data[_PAYLOAD : _PAYLOAD + 4] == _DELIVER:
             return len(data), channel, _deliver(data, _PAYLOAD + 4, end)
-        if kind == _HEADER:
+        if kind == HEADER:
             return len(data), channel, _content_header(data, _PAYLOAD, end)
     except (_NotReadHere, IndexError, struct.error, UnicodeDecodeError):
         return None

@@ -20,30 +20,35 @@ tests/test_direct_frames.py fails if it stops taking effect on the installed aio
 from __future__ import annotations
 
 import asyncio
-import struct
 from typing import Any
 
 from aiormq.abc import AbstractChannel, TaskWrapper
 from pamqp import commands
 
+from broker_jobs.amqp.frame_layout import (
+    BASIC,
+    BASIC_ACK,
+    BASIC_NACK,
+    FRAME_END,
+    METHOD,
+    SETTLEMENT,
+    SETTLEMENT_PAYLOAD,
+)
+
 #: The frames written here: they carry no content and expect no reply.
 Settlement = commands.Basic.Ack | commands.Basic.Nack
-
-#: A method frame of ``basic.ack`` (class 60, method 80) or ``basic.nack`` (120): frame
-#: type, channel, payload size 13, class, method, delivery tag, the bits (multiple;
-#: requeue), frame end.
-_SETTLEMENT = struct.Struct(">BHIHHQBB")
-_ACK, _NACK = 80, 120
 
 
 def settlement_bytes(frame: Settlement, channel: int) -> bytes:
     """``pamqp.frame.marshal(frame, channel)``, packed in one step (pamqp's generic
     encoder took ~2 µs a frame hot; tests/test_direct_frames.py compares the bytes)."""
     if isinstance(frame, commands.Basic.Ack):
-        method, bits = _ACK, int(frame.multiple)
+        method, bits = BASIC_ACK, int(frame.multiple)
     else:
-        method, bits = _NACK, int(frame.multiple) | int(frame.requeue) << 1
-    return _SETTLEMENT.pack(1, channel, 13, 60, method, frame.delivery_tag, bits, 0xCE)
+        method, bits = BASIC_NACK, int(frame.multiple) | int(frame.requeue) << 1
+    return SETTLEMENT.pack(
+        METHOD, channel, SETTLEMENT_PAYLOAD, BASIC, method, frame.delivery_tag, bits, FRAME_END
+    )
 
 
 class DirectFrames:

@@ -39,15 +39,15 @@ from pamqp import commands
 from pamqp.exceptions import PAMQPException
 from pamqp.header import ContentHeader
 
+from broker_jobs.amqp.frame_layout import (
+    FRAME_END,
+    FRAME_HEADER,
+    FRAME_OVERHEAD,
+    HEADER,
+)
 from broker_jobs.worker.delivery_frames import ReceivedFrame, unmarshal_delivery_frame
 
 log = logging.getLogger(__name__)
-
-#: Frame type (octet), channel (short), payload size (long): AMQP 0-9-1, 2.3.5.
-_FRAME_HEADER = struct.Struct(">BHI")
-_FRAME_END = 0xCE
-#: The header, the payload, the frame-end octet.
-_OVERHEAD = _FRAME_HEADER.size + 1
 
 
 def whole_frame(receiver: Any) -> ReceivedFrame | None:
@@ -59,7 +59,7 @@ def whole_frame(receiver: Any) -> ReceivedFrame | None:
         return None
     buffer: bytearray = reader._buffer  # type: ignore[attr-defined]
     end = _first_frame_end(buffer)
-    if not end or len(buffer) < end or buffer[end - 1] != _FRAME_END:
+    if not end or len(buffer) < end or buffer[end - 1] != FRAME_END:
         return None
     data = bytes(memoryview(buffer)[:end])
     del buffer[:end]
@@ -85,10 +85,10 @@ def _free_reader(receiver: Any) -> asyncio.StreamReader | None:
 def _first_frame_end(buffer: bytearray) -> int:
     """Where the first frame in ``buffer`` ends, frame-end octet included; 0 while
     its header is not all there."""
-    if len(buffer) < _OVERHEAD:
+    if len(buffer) < FRAME_OVERHEAD:
         return 0
-    _, _, size = _FRAME_HEADER.unpack_from(buffer)
-    return int(size) + _OVERHEAD
+    _, _, size = FRAME_HEADER.unpack_from(buffer)
+    return int(size) + FRAME_OVERHEAD
 
 
 def _unmarshal(data: bytes) -> ReceivedFrame:
@@ -106,7 +106,6 @@ def _unmarshal(data: bytes) -> ReceivedFrame:
 #: them (``x-``: never one of a publisher's, dropped from its dead letter).
 UNREADABLE_PROPERTIES = "x-broker-jobs-unreadable-properties"
 #: A content header frame's type, and its payload's start: class, weight, body size.
-_CONTENT_HEADER = 2
 _HEADER_START = struct.Struct(">HHQ")
 
 
@@ -140,10 +139,10 @@ def unreadable_header(data: bytes, error: BaseException) -> ReceivedFrame | None
     properties but :data:`UNREADABLE_PROPERTIES`: its delivery is then dead-lettered
     like any bad message, instead of the connection closing on it, and the same
     message coming back first on every new connection. None for any other frame."""
-    kind, channel, size = _FRAME_HEADER.unpack_from(data)
-    if kind != _CONTENT_HEADER or size < _HEADER_START.size:
+    kind, channel, size = FRAME_HEADER.unpack_from(data)
+    if kind != HEADER or size < _HEADER_START.size:
         return None
-    _class, weight, body_size = _HEADER_START.unpack_from(data, _FRAME_HEADER.size)
+    _class, weight, body_size = _HEADER_START.unpack_from(data, FRAME_HEADER.size)
     why = f"its properties cannot be read ({type(error).__name__}: {str(error)[:200]})"
     properties = commands.Basic.Properties(headers={UNREADABLE_PROPERTIES: why})
     return len(data), channel, ContentHeader(weight, body_size, properties)
