@@ -89,6 +89,7 @@ from broker_jobs.store.rows import (
     status_counts,
 )
 from broker_jobs.store.sqlite_batching import Call, StoreThread
+from broker_jobs.store.sqlite_fork_gate import SQLiteForkGate
 from broker_jobs.store.sqlite_schema import SCHEMA_VERSION, create_tables, use_wal
 from broker_jobs.store.sqlite_statements import (
     _AT_ONCE_ROWS,
@@ -187,6 +188,8 @@ class SQLiteStore(ExclusiveStore):
         self._connections: list[sqlite3.Connection] = []
         self._closed = False
         self._calls = StoreThread(self)  # started by the first submit
+        #: Entered around every span inside SQLite: a fork waits for them to end.
+        self._gate = SQLiteForkGate.of_process()
         #: The parent's connections, in a forked child: kept, never used nor closed.
         self._inherited: list[object] = []
         try:
@@ -273,15 +276,18 @@ class SQLiteStore(ExclusiveStore):
         self._local.reopen = len(mine) > 0
         with self._lock:
             self._connections = [c for c in self._connections if c not in idle.values()]
-        for conn in idle.values():
-            conn.close()
+        with self._gate:
+            for conn in idle.values():
+                conn.close()
 
     @contextmanager
     def _translate(self, action: str) -> Iterator[None]:
-        """sqlite3 errors -> StoreError saying what happened and what to do."""
+        """A span inside SQLite (a fork waits for it to end: ``sqlite_fork_gate``);
+        sqlite3 errors -> StoreError saying what happened and what to do."""
         started = time.monotonic()
         try:
-            yield
+            with self._gate:
+                yield
         except sqlite3.Error as error:
             raise self._store_error(action, error, time.monotonic() - started) from error
 
@@ -368,7 +374,10 @@ class SQLiteStore(ExclusiveStore):
         has passed since the first try; another opener has usually switched the file
         by then, and the next try finds it in WAL mode.
         """
-        conn = self._connection()
+        with self._gate:
+            self._migrate_on(self._connection())
+
+    def _migrate_on(self, conn: sqlite3.Connection) -> None:
         where = f"SQLite store {str(self.path)!r}"
         started = time.monotonic()
         pause = _OPEN_FIRST_PAUSE
@@ -419,8 +428,9 @@ class SQLiteStore(ExclusiveStore):
         if not self._calls.serving.acquire(blocking=False):
             return None
         try:
-            conn = self._connection("NORMAL", wait=False)
-            fresh = _insert_fresh(conn, claims, lease, utc(None))
+            with self._gate:
+                conn = self._connection("NORMAL", wait=False)
+                fresh = _insert_fresh(conn, claims, lease, utc(None))
         except (sqlite3.Error, StoreError) as error:  # busy, or worse: claim_many meets it
             self._reopen_if_read_only(error)  # again; a read-only connection is not kept
             return None
@@ -475,13 +485,8 @@ class SQLiteStore(ExclusiveStore):
             with self._transaction("change a record") as conn:
                 updated = _finish_row(conn, key, worker, finish, moment)
         else:
-            conn = batch or self._connection()
-            started = time.monotonic()
-            try:
-                updated = _finish_row(conn, key, worker, finish, moment)
-            except sqlite3.Error as exc:
-                waited = time.monotonic() - started
-                raise self._store_error("change a record", exc, waited) from exc
+            with self._translate("change a record"):
+                updated = _finish_row(batch or self._connection(), key, worker, finish, moment)
         if not updated:
             raise LeaseLostError(key, worker, self.get(key), finish.action)
 
@@ -516,24 +521,25 @@ class SQLiteStore(ExclusiveStore):
         """One transaction for a batch of the store thread's calls, which join it (they
         find its connection in ``_local.batch``) and commit together; synchronous=FULL
         when ``durable``. On an exception nothing of the batch is written."""
-        conn = self._connection("FULL" if durable else "NORMAL")
-        started = time.monotonic()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            self._local.batch = conn
+        with self._gate:
+            conn = self._connection("FULL" if durable else "NORMAL")
+            started = time.monotonic()
             try:
-                yield
-            finally:
-                self._local.batch = None
-            conn.execute("COMMIT")
-        except BaseException as error:
-            if conn.in_transaction:
-                with suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            if isinstance(error, sqlite3.Error):
-                waited = time.monotonic() - started
-                raise self._store_error("change a record", error, waited) from error
-            raise
+                conn.execute("BEGIN IMMEDIATE")
+                self._local.batch = conn
+                try:
+                    yield
+                finally:
+                    self._local.batch = None
+                conn.execute("COMMIT")
+            except BaseException as error:
+                if conn.in_transaction:
+                    with suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                if isinstance(error, sqlite3.Error):
+                    waited = time.monotonic() - started
+                    raise self._store_error("change a record", error, waited) from error
+                raise
 
     # --- queries ------------------------------------------------------------------
 
@@ -781,8 +787,9 @@ class SQLiteStore(ExclusiveStore):
         with self._lock:
             self._closed = True
             connections, self._connections = self._connections, []
-        for conn in connections:
-            conn.close()
+        with self._gate:
+            for conn in connections:
+                conn.close()
 
 
 #: SQLite's primary result codes that mean "the database cannot be used now", not "the
