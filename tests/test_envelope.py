@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from broker_jobs import DecodeError, Job, WireMessage, decode, encode
-from broker_jobs.envelope import encode_again, new_job_id
+from broker_jobs.envelope import _plain_job, encode_again, new_job_id
 from topology import names as n
 from topology.priority import Priority
 
@@ -281,3 +281,120 @@ def test_a_message_made_again_keeps_the_body_and_the_publishers_own_headers() ->
     now = encode_again(job.copy(attempt=2), again)
     assert n.HEADER_DUE_AT not in now.headers
     assert decode(now) == job.copy(attempt=2, priority=Priority.HIGH)
+
+
+# -- the plain path of decode (envelope._plain_job): the model's result, without it ----
+
+PLAIN_FIELDS: dict[str, object] = {
+    "id": "0193a7c2-6f1e-7b6e-9d1c-0f2d5e8a9b10",
+    "task": "mail.send",
+    "payload": {"to": "a@example.com", "n": 1},
+    "idempotency_key": "",
+    "attempt": 1,
+    "due_at": None,
+    "traceparent": None,
+    "tracestate": None,
+    "priority": Priority.NORMAL,
+    "created_at": "2026-12-06T09:18:28.519517Z",
+}
+
+#: One field changed at a time, and whether the plain path takes it (else it leaves
+#: it to the model: some valid, some not).
+FIELD_VARIANTS: list[tuple[str, object, bool]] = [
+    ("id", "x", True),
+    ("id", "", False),
+    ("id", "é" * 127, True),
+    ("id", "é" * 128, False),  # 256 bytes
+    ("id", 7, False),
+    ("task", "a.b-c_d", True),
+    ("task", "not a name", False),
+    ("task", "mail.send\n", False),
+    ("task", None, False),
+    ("payload", {}, True),
+    ("payload", [], False),
+    ("payload", {"nested": {"a": [1, 2.5, None, True]}}, True),
+    ("idempotency_key", "order-46", True),
+    ("idempotency_key", "k" * 255, True),
+    ("idempotency_key", "k" * 256, False),
+    ("idempotency_key", 46, False),
+    ("attempt", 3, True),
+    ("attempt", 0, False),
+    ("attempt", True, False),
+    ("attempt", "2", False),
+    ("due_at", "2026-12-06T09:18:30.000000Z", False),
+    ("due_at", None, True),
+    ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", True),
+    ("traceparent", 5, False),
+    ("tracestate", "a=b", True),
+    ("priority", Priority.HIGH, True),
+    ("priority", "high", False),
+    ("created_at", "2026-12-06T09:18:28Z", False),
+    ("created_at", "2026-12-06T09:18:28.519517+00:00", False),
+    ("created_at", "2026-12-06T09:18:28.519517+02:00", False),
+    ("created_at", "2026-02-30T09:18:28.519517Z", False),
+    ("created_at", "2026-12-06T24:18:28.519517Z", False),
+    ("created_at", "2026-12-06T09:18:60.519517Z", False),
+    ("created_at", "0001-01-01T00:00:00.000000Z", True),
+    ("created_at", "9999-12-31T23:59:59.999999Z", True),
+    ("created_at", "\uff12026-12-06T09:18:28.519517Z", False),  # a full-width digit
+    ("created_at", "2026-12-06 09:18:28.519517Z", False),
+    ("created_at", "2026-12-06T09:18:28.519517z", False),
+    ("created_at", datetime(2026, 12, 6, 9, 18, 28, tzinfo=UTC), True),
+    ("created_at", datetime(2026, 12, 6, 9, 18, 28, tzinfo=timezone(timedelta(hours=2))), False),
+    ("created_at", datetime(2026, 12, 6, 9, 18, 28), False),
+    ("created_at", 1765012708, False),
+]
+
+
+def _model_result(fields: dict[str, object]) -> Job | None:
+    try:
+        return Job.model_validate(fields)
+    except ValidationError:
+        return None
+
+
+def _assert_same_job(plain: Job, model: Job) -> None:
+    assert plain == model
+    assert plain.model_fields_set == model.model_fields_set
+    assert plain.__pydantic_extra__ == model.__pydantic_extra__
+    assert plain.__pydantic_private__ == model.__pydantic_private__
+    for name in Job.model_fields:
+        ours, theirs = getattr(plain, name), getattr(model, name)
+        assert type(ours) is type(theirs), name
+        if isinstance(theirs, datetime):
+            assert ours.tzinfo is theirs.tzinfo, name
+    assert plain.model_dump() == model.model_dump()
+
+
+@pytest.mark.parametrize(("name", "value", "taken"), FIELD_VARIANTS)
+def test_the_plain_path_makes_the_models_job_or_leaves_it_to_the_model(
+    name: str, value: object, taken: bool
+) -> None:
+    fields = {**PLAIN_FIELDS, name: value}
+    plain, model = _plain_job(dict(fields)), _model_result(dict(fields))
+    assert (plain is not None) is taken
+    if model is None:
+        assert plain is None  # an invalid field is never taken: the model says why
+    elif plain is not None:
+        _assert_same_job(plain, model)
+
+
+def test_the_plain_path_takes_what_our_publishers_send(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent = [
+        Job(task="mail.send", payload={"n": 1}),
+        Job(task="mail.send", payload={"n": 1}, idempotency_key="order-46", attempt=3),
+        Job(task="mail.send", priority=Priority.LOW, traceparent="00-ab-cd-01", tracestate="a=b"),
+    ]
+    for job in sent:
+        message = encode(job)
+        decoded = decode(message)
+        assert decoded == job
+        fields_given = decoded.model_fields_set
+        model = _model_result({name: getattr(job, name) for name in fields_given})
+        assert model is not None
+    created_absent = {key: value for key, value in PLAIN_FIELDS.items() if key != "created_at"}
+    assert _plain_job(dict(created_absent)) is not None
+    # The model is not asked at all for those: the path takes effect.
+    monkeypatch.setattr(Job, "model_validate", None)
+    for job in sent:
+        assert decode(encode(job)) == job
