@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -30,8 +29,6 @@ from topology.priority import Priority
 PERSISTENT = 2
 #: The longest job id: message_id is an AMQP short string.
 MAX_ID_BYTES = 255
-#: The longest idempotency key (characters).
-MAX_KEY_LENGTH = 255
 
 
 def new_job_id() -> str:
@@ -63,7 +60,7 @@ class Job(BaseModel):
     id: str = Field(default_factory=new_job_id, min_length=1, max_length=255)
     task: str
     payload: dict[str, Any] = Field(default_factory=dict)
-    idempotency_key: str = Field(default="", max_length=MAX_KEY_LENGTH)
+    idempotency_key: str = Field(default="", max_length=255)
     attempt: int = Field(default=1, ge=1)
     created_at: datetime = Field(default_factory=utc_now)
     due_at: datetime | None = None
@@ -267,74 +264,10 @@ def decode(message: WireMessage) -> Job:
         fields["created_at"] = created
     elif message.timestamp is not None:
         fields["created_at"] = datetime.fromtimestamp(message.timestamp, UTC)
-    job = _plain_job(fields)
-    if job is not None:
-        return job
     try:
         return Job.model_validate(fields)
     except ValidationError as error:
         raise DecodeError("envelope", describe_validation_error(error)) from None
-
-
-#: The creation time as :func:`encode` writes it (microseconds, UTC), ASCII digits.
-_PLAIN_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
-
-
-def _plain_job(fields: dict[str, Any]) -> Job | None:
-    """The job ``Job.model_validate(fields)`` makes, made without pydantic when every
-    field (of :func:`decode`'s) has the plain shape the model takes unchanged: the
-    common job as our publishers send it. None for anything else (a due time, a
-    creation time in another form, a value out of the model's bounds): the model
-    decides, and says what is wrong.
-
-    Why: on a worker that waits between jobs, the model's validation ran cold, ~90 us
-    of the ~250 us from a delivery to its handler's start (``bench.idle_path``);
-    this takes ~25. tests/test_envelope.py holds it to the model's result, field by
-    field, for valid and invalid fields alike."""
-    job_id, key, attempt = fields["id"], fields["idempotency_key"], fields["attempt"]
-    created = fields.get("created_at")
-    if not (
-        type(job_id) is str
-        and 0 < len(job_id.encode("utf-8")) <= MAX_ID_BYTES
-        and n.is_task_name(fields["task"])
-        and type(fields["payload"]) is dict
-        and type(key) is str
-        and len(key) <= MAX_KEY_LENGTH
-        and type(attempt) is int
-        and attempt >= 1
-        and fields["due_at"] is None
-        and _plain_text(fields["traceparent"])
-        and _plain_text(fields["tracestate"])
-        and type(fields["priority"]) is Priority
-        and _plain_time(created)
-    ):
-        return None
-    values = dict(fields)
-    values["idempotency_key"] = key or job_id  # Job.model_post_init
-    if created is None:
-        values["created_at"] = utc_now()  # the model's default
-    elif type(created) is str:
-        try:
-            values["created_at"] = datetime.fromisoformat(created)
-        except ValueError:  # a day or an hour that does not exist
-            return None
-    job: Job = Job.__new__(Job)
-    object.__setattr__(job, "__dict__", values)
-    object.__setattr__(job, "__pydantic_fields_set__", set(fields))
-    object.__setattr__(job, "__pydantic_extra__", None)
-    object.__setattr__(job, "__pydantic_private__", None)
-    return job
-
-
-def _plain_text(value: object) -> bool:
-    return value is None or type(value) is str
-
-
-def _plain_time(value: object) -> bool:
-    """None, a UTC datetime (from the timestamp property) or the header's text."""
-    if type(value) is str:
-        return _PLAIN_TIME.fullmatch(value) is not None
-    return value is None or (type(value) is datetime and value.tzinfo is UTC)
 
 
 def _parse_body(body: bytes) -> dict[str, Any]:
@@ -374,7 +307,6 @@ def strict_json(text: str) -> Any:
     """``text`` as JSON the way a job's body is read: NaN, Infinity and numbers out of
     a float's range refused (ValueError), as too deep a nesting (RecursionError)."""
     return _STRICT_JSON.decode(text)
-
 
 #: Spellings of UTF-8 accepted in content_encoding and a content_type's charset.
 _UTF8 = ("utf-8", "utf8")
