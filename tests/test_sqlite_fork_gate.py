@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -117,11 +118,11 @@ def test_children_forked_while_threads_write_use_the_store_and_never_hang(
         store.close()
 
 
-def test_a_fork_waits_for_another_threads_span_and_new_spans_wait_for_the_fork() -> None:
-    gate = SQLiteForkGate.of_process()
-    events: list[str] = []
-    inside = threading.Event()
-    release = threading.Event()
+@contextmanager
+def span_of_another_thread(gate: SQLiteForkGate, events: list[str]) -> Iterator[threading.Event]:
+    """A thread inside ``gate`` from entry to exit of the block, or until the event
+    yielded is set; it appends "span left" to ``events`` as it leaves."""
+    inside, release = threading.Event(), threading.Event()
 
     def hold_a_span() -> None:
         with gate:
@@ -129,26 +130,43 @@ def test_a_fork_waits_for_another_threads_span_and_new_spans_wait_for_the_fork()
             release.wait()
             events.append("span left")
 
+    holder = threading.Thread(target=hold_a_span)
+    holder.start()
+    inside.wait()
+    try:
+        yield release
+    finally:
+        release.set()
+        holder.join()
+
+
+def test_a_fork_waits_for_another_threads_span_and_new_spans_wait_for_the_fork() -> None:
+    gate = SQLiteForkGate.of_process()
+    events: list[str] = []
+
     def enter_after() -> None:
         with gate:
             events.append("new span entered")
 
-    holder = threading.Thread(target=hold_a_span)
-    holder.start()
-    inside.wait()
     codes: list[int] = []
-    forker = threading.Thread(target=lambda: codes.append(fork_and_wait()))
-    forker.start()
-    with gate._changed:  # the fork has closed the gate and waits for the span
-        gate._changed.wait_for(lambda: gate._forking)
-    latecomer = threading.Thread(target=enter_after)
-    latecomer.start()
-    release.set()
-    for thread in (holder, forker, latecomer):
-        thread.join()
+
+    def fork() -> None:
+        codes.append(fork_and_wait())
+        events.append("forked")
+
+    with span_of_another_thread(gate, events) as release:
+        forker = threading.Thread(target=fork)
+        forker.start()
+        with gate._changed:  # the fork has closed the gate and waits for the span
+            gate._changed.wait_for(lambda: gate._forking)
+        latecomer = threading.Thread(target=enter_after)
+        latecomer.start()
+        release.set()
+        for thread in (forker, latecomer):
+            thread.join()
     assert codes == [0]
-    assert events[0] == "span left"
-    assert events[1:] == ["new span entered"]
+    assert events[0] == "span left"  # before the fork and the new span, in either order
+    assert sorted(events[1:]) == ["forked", "new span entered"]
 
 
 def test_a_thread_that_forks_inside_its_own_span_is_not_waited_for(
@@ -169,23 +187,8 @@ def test_a_fork_held_by_a_long_span_goes_on_after_the_wait_and_says_so(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(sqlite_fork_gate, "FORK_WAIT", 0.05)
-    gate = SQLiteForkGate.of_process()
-    inside = threading.Event()
-    release = threading.Event()
-
-    def hold_a_span() -> None:
-        with gate:
-            inside.set()
-            release.wait()
-
-    holder = threading.Thread(target=hold_a_span)
-    holder.start()
-    inside.wait()
-    try:
+    with span_of_another_thread(SQLiteForkGate.of_process(), []):
         assert fork_and_wait() == 0
-    finally:
-        release.set()
-        holder.join()
     (warning,) = [r for r in caplog.records if r.name == sqlite_fork_gate.__name__]
     assert "1 other thread span(s) are inside SQLite" in warning.getMessage()
     assert "open the store in each process after forking" in warning.getMessage()
