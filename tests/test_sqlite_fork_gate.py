@@ -190,5 +190,7 @@ def test_a_fork_held_by_a_long_span_goes_on_after_the_wait_and_says_so(
     with span_of_another_thread(SQLiteForkGate.of_process(), []):
         assert fork_and_wait() == 0
     (warning,) = [r for r in caplog.records if r.name == sqlite_fork_gate.__name__]
-    assert "1 other thread span(s) are inside SQLite" in warning.getMessage()
+    assert "after waiting 0.05 s for other threads to leave SQLite (1 span(s)" in (
+        warning.getMessage()
+    )
     assert "open the store in each process after forking" in warning.getMessage()

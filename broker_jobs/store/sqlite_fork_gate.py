@@ -5,8 +5,8 @@ the locks its connections hold on each file (and on its -shm). ``fork()`` copies
 state as the other threads left it: a mutex one of them held mid-statement stays held
 in the child forever, and a write lock one held mid-transaction is counted as the
 child's own. The child then hangs in its first ``sqlite3.connect`` or ``BEGIN
-IMMEDIATE`` (seen: 8 of 300 children of a process publishing from two threads with an
-SQLite ledger). Forgetting the parent's connections in the child
+IMMEDIATE`` (seen: 31 of 100 children of a process writing from two threads,
+tests/test_sqlite_fork_gate.py). Forgetting the parent's connections in the child
 (:class:`~broker_jobs.fork_watch.ForkWatch`) cannot undo that.
 
 So every SQLite store of the process enters this gate around each statement and each
@@ -96,11 +96,11 @@ class SQLiteForkGate:
             inside = self._inside - mine
         if not quiet:
             log.warning(
-                "forking while %d other thread span(s) are inside SQLite after %g s: a"
-                " child that uses an SQLite store may hang; open the store in each process"
-                " after forking",
-                inside,
+                "a fork went on after waiting %g s for other threads to leave SQLite (%d"
+                " span(s) still inside, a long transaction): a child that uses an SQLite"
+                " store may hang; open the store in each process after forking",
                 FORK_WAIT,
+                inside,
             )
 
     def _after_fork_in_parent(self) -> None:
