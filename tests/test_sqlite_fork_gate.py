@@ -158,7 +158,7 @@ def test_a_fork_waits_for_another_threads_span_and_new_spans_wait_for_the_fork()
         forker = threading.Thread(target=fork)
         forker.start()
         with gate._changed:  # the fork has closed the gate and waits for the span
-            gate._changed.wait_for(lambda: gate._forking)
+            gate._changed.wait_for(lambda: gate._forks > 0)
         latecomer = threading.Thread(target=enter_after)
         latecomer.start()
         release.set()
@@ -167,6 +167,26 @@ def test_a_fork_waits_for_another_threads_span_and_new_spans_wait_for_the_fork()
     assert codes == [0]
     assert events[0] == "span left"  # before the fork and the new span, in either order
     assert sorted(events[1:]) == ["forked", "new span entered"]
+
+
+def test_threads_forking_at_once_all_wait_for_the_span() -> None:
+    gate = SQLiteForkGate.of_process()
+    events: list[str] = []
+
+    def fork() -> None:
+        events.append(f"forked {fork_and_wait()}")
+
+    with span_of_another_thread(gate, events) as release:
+        forkers = [threading.Thread(target=fork) for _ in range(2)]
+        for forker in forkers:
+            forker.start()
+        with gate._changed:  # both forks wait for the span
+            gate._changed.wait_for(lambda: gate._forks == 2)
+        release.set()
+        for forker in forkers:
+            forker.join()
+    assert events == ["span left", "forked 0", "forked 0"]
+    assert gate._forks == 0
 
 
 def test_a_thread_that_forks_inside_its_own_span_is_not_waited_for(
@@ -179,7 +199,7 @@ def test_a_thread_that_forks_inside_its_own_span_is_not_waited_for(
 
     with SQLiteForkGate.of_process():
         assert fork_and_wait(in_child) == 0
-    assert caplog.records == []
+    assert [r for r in caplog.records if r.name == sqlite_fork_gate.__name__] == []
     assert store.last_fire("from the child") == datetime(2026, 1, 1, tzinfo=UTC)
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from types import TracebackType
 from typing import ClassVar
 
@@ -57,14 +56,14 @@ class SQLiteForkGate:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._inside = 0  # spans of all threads, nested ones included
-        self._forking = False
+        self._forks = 0  # forks between their before and after hooks (threads may fork at once)
         self._depth = threading.local()  # this thread's open spans
 
     def __enter__(self) -> None:
         depth = getattr(self._depth, "spans", 0)
         with self._lock:
-            if depth == 0 and self._forking:  # nested spans pass: the fork waits for them
-                self._changed.wait_for(self._fork_done)
+            if depth == 0 and self._forks:  # nested spans pass: the fork waits for them
+                self._changed.wait_for(self._no_fork)
             self._inside += 1
         self._depth.spans = depth + 1
 
@@ -77,22 +76,17 @@ class SQLiteForkGate:
         self._depth.spans -= 1
         with self._lock:
             self._inside -= 1
-            if self._forking:
+            if self._forks:
                 self._changed.notify_all()
 
-    def _fork_done(self) -> bool:
-        return not self._forking
+    def _no_fork(self) -> bool:
+        return self._forks == 0
 
     def _before_fork(self) -> None:
         mine = getattr(self._depth, "spans", 0)
-        deadline = time.monotonic() + FORK_WAIT
         with self._lock:
-            # Another thread's fork first (its hooks run until its fork returns).
-            self._changed.wait_for(self._fork_done, FORK_WAIT)
-            self._forking = True
-            quiet = self._changed.wait_for(
-                lambda: self._inside <= mine, max(0.0, deadline - time.monotonic())
-            )
+            self._forks += 1
+            quiet = self._changed.wait_for(lambda: self._inside <= mine, FORK_WAIT)
             inside = self._inside - mine
         if not quiet:
             log.warning(
@@ -105,7 +99,7 @@ class SQLiteForkGate:
 
     def _after_fork_in_parent(self) -> None:
         with self._lock:
-            self._forking = False
+            self._forks -= 1
             self._changed.notify_all()
 
     def _after_fork_in_child(self) -> None:
@@ -113,4 +107,4 @@ class SQLiteForkGate:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._inside = getattr(self._depth, "spans", 0)
-        self._forking = False
+        self._forks = 0
