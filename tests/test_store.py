@@ -188,6 +188,38 @@ def test_first_claim_creates_a_running_record(store: Store) -> None:
     assert record.created_at.utcoffset() == timedelta(0)
 
 
+def test_a_new_record_says_when_its_job_was_made_not_when_it_was_claimed(
+    store: Store,
+) -> None:
+    # A job published without the ledger has no record until a worker claims it: its
+    # record's created_at is the job's (the message's bj-created-at), never after the
+    # claim (a publisher whose clock runs ahead).
+    waited = job("waited").model_copy(update={"created_at": at(-3600)})
+    ahead = job("ahead").model_copy(update={"created_at": at(60)})
+
+    assert store.claim(waited, A, LEASE, now=at(0)).record.created_at == at(-3600)
+    assert store.claim(ahead, A, LEASE, now=at(0)).record.created_at == at(0)
+    assert store.get("waited").updated_at == at(0)  # type: ignore[union-attr]
+
+    # claim_many (the worker's batch: SQLite's fresh-key insert, PostgreSQL's pipelined
+    # upserts), on the store's own clock
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    batch = [job(key).model_copy(update={"created_at": hour_ago}) for key in ("b1", "b2")]
+    claims = store.claim_many([(batch[0], A), (batch[1], B)], LEASE)
+    assert [claim.record.created_at for claim in claims] == [hour_ago, hour_ago]
+    assert [store.get(key).created_at for key in ("b1", "b2")] == [hour_ago, hour_ago]  # type: ignore[union-attr]
+
+    # a poison message dead-lettered before any claim: its job's time too
+    store.dead(
+        "poison",
+        A,
+        "bad payload",
+        job=job("poison").model_copy(update={"created_at": at(-60)}),
+        now=at(0),
+    )
+    assert store.get("poison").created_at == at(-60)  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("outcome", ["succeed", "fail", "dead"])
 def test_a_key_with_an_outcome_is_done(store: Store, outcome: str) -> None:
     store.claim(job(), A, LEASE, now=at(0))

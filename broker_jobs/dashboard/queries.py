@@ -232,7 +232,7 @@ def job_view(settings: DashboardSettings, ref: str) -> JobView | None:
 def timeline(
     record: JobRecord, executions: list[Execution], letter: DeadLetter | None
 ) -> list[Event]:
-    events = [Event(record.created_at, "created", "published, or first claimed")]
+    events = [Event(record.created_at, "created", "the job made (published)")]
     for run in executions:
         events.append(Event(run.started_at, f"attempt {run.attempt} started", run.worker))
         if run.finished_at is not None:

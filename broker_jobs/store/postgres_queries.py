@@ -91,7 +91,8 @@ class Queries:
 
         self.claim = q(
             "INSERT INTO {records} AS r ({cols})"
-            " SELECT %(key)s, %(job_id)s, %(task)s, 'running', %(attempt)s, n.now, n.now,"
+            " SELECT %(key)s, %(job_id)s, %(task)s, 'running', %(attempt)s,"
+            "  LEAST(%(created_at)s::timestamptz, n.now), n.now,"  # rules.created_time"
             "  %(worker)s, n.now + make_interval(secs => %(lease)s), NULL, NULL"
             f" FROM (SELECT {NOW} AS now) AS n"
             " ON CONFLICT (idempotency_key) DO UPDATE SET"
@@ -511,6 +512,7 @@ def claim_params(job: Job, worker: str, lease: float, now: datetime | None) -> d
         "job_id": job.id,
         "task": job.task,
         "attempt": job.attempt,
+        "created_at": job.created_at,
         "worker": worker,
         "lease": lease,
         "now": opt_utc(now),

@@ -64,6 +64,15 @@ def decide(record: JobRecord | None, job: Job, worker: str, now: datetime) -> Cl
     return ClaimOutcome.CLAIMED if record.worker == worker or expired else ClaimOutcome.BUSY
 
 
+def created_time(job: Job, now: datetime) -> datetime:
+    """A new record's ``created_at``: when its job was made (the message's
+    ``bj-created-at``), so that a job published without the ledger shows when it was
+    published, not when a worker first claimed it; never after ``now`` (a publisher
+    whose clock runs ahead).
+    """
+    return min(job.created_at, now)
+
+
 def claimed_record(
     record: JobRecord | None, job: Job, worker: str, lease: float, now: datetime
 ) -> JobRecord:
@@ -74,7 +83,7 @@ def claimed_record(
         task=job.task,
         status=Status.RUNNING,
         attempts=job.attempt,
-        created_at=record.created_at if record else now,
+        created_at=record.created_at if record else created_time(job, now),
         updated_at=now,
         worker=worker,
         lease_until=now + timedelta(seconds=lease),
@@ -168,7 +177,7 @@ def dead_record(
             task=job.task if job else (task or ""),
             status=Status.DEAD,
             attempts=job.attempt if job else 0,
-            created_at=now,
+            created_at=created_time(job, now) if job else now,
             updated_at=now,
             worker=worker,
             lease_until=None,

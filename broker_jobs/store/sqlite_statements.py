@@ -328,7 +328,8 @@ def _insert_fresh(
     for job, worker in claims:
         if job.idempotency_key not in fresh:
             record = claimed_record(None, job, worker, lease, moment)
-            fresh[job.idempotency_key] = (record, _fresh_row(job, worker, now, lease_until))
+            row = _fresh_row(job, worker, _text(record.created_at), now, lease_until)
+            fresh[job.idempotency_key] = (record, row)
     entries = list(fresh.values())
     claimed: dict[str, JobRecord] = {}
     for start in range(0, len(entries), _ROWS_PER_INSERT):
@@ -340,7 +341,9 @@ def _insert_fresh(
     return claimed
 
 
-def _fresh_row(job: Job, worker: str, now: str | None, lease_until: str | None) -> tuple[Any, ...]:
+def _fresh_row(
+    job: Job, worker: str, created: str | None, now: str | None, lease_until: str | None
+) -> tuple[Any, ...]:
     """``_row(claimed_record(None, job, worker, lease, moment))``, its times given as text."""
     return (
         job.idempotency_key,
@@ -348,7 +351,7 @@ def _fresh_row(job: Job, worker: str, now: str | None, lease_until: str | None) 
         job.task,
         Status.RUNNING.value,
         job.attempt,
-        now,  # created_at
+        created,  # created_at
         now,  # updated_at
         worker,
         lease_until,
