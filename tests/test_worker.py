@@ -448,7 +448,7 @@ def test_a_worker_stopped_past_its_grace_counts_and_says_what_it_abandoned(
     assert outcomes["abandoned"] == 1, outcomes
     assert "succeeded" not in outcomes
     [line] = [r.getMessage() for r in caplog.records if "abandoned" in r.getMessage()]
-    assert line.startswith("1 jobs still running after the grace period (0.2 s) were abandoned")
+    assert line.startswith("1 job still running after the grace period (0.2 s) was abandoned")
     assert "once its lease (20 s) lapses" in line
     record = store.get(job.idempotency_key)
     assert record is not None

@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import click
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
@@ -620,7 +621,8 @@ def _with_ledger(letter: DeadLetter, statuses: dict[str, str]) -> dict[str, Any]
 def _table(
     letters: Sequence[DeadLetter], statuses: dict[str, str], *, several_tasks: bool
 ) -> Table:
-    table = PrintableTable(show_edge=False, pad_edge=False)
+    # The other commands' style: a rule under the header, no other lines.
+    table = PrintableTable(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     columns = ["job id", "key", "reason", "attempts", "dead at", "error"]
     if several_tasks:
         columns.insert(0, "task")
@@ -630,7 +632,7 @@ def _table(
     # each is as wide as its longest value, and the error column gives way.
     widest = {
         "job id": max((len(letter.job_id or "-") for letter in letters), default=1),
-        "key": max((len(letter.idempotency_key or "-") for letter in letters), default=1),
+        "key": max((len(_key_cell(letter)) for letter in letters), default=1),
     }
     for column in columns:
         if column in widest:
@@ -641,7 +643,7 @@ def _table(
         key = letter.idempotency_key
         cells = [
             letter.job_id or "-",
-            "=" if key == letter.job_id else key or "-",  # most keys are the job id
+            _key_cell(letter),
             letter.reason or "-",
             "-" if letter.attempts is None else str(letter.attempts),
             _when(letter.dead_at),
@@ -653,6 +655,12 @@ def _table(
             cells.append(statuses.get(key or "", "-"))
         table.add_row(*cells)
     return table
+
+
+def _key_cell(letter: DeadLetter) -> str:
+    """The key column: ``=`` where the key is the job id (most keys are)."""
+    key = letter.idempotency_key
+    return "=" if key == letter.job_id else key or "-"
 
 
 def _echo(text: str) -> None:

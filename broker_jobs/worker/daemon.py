@@ -441,7 +441,10 @@ class Worker:
         deadline = loop.time() + grace
         overruns = runner.overruns
         if returned := fast_path.return_waiting():  # behind the stuck threads: never run here
-            log.info("%d jobs waiting for a handler thread returned to their queues", returned)
+            log.info(
+                "%d job%s waiting for a handler thread returned to the broker",
+                returned, _s(returned),
+            )  # fmt: skip
         while fast_path.in_hand + runner.in_hand > len(overruns.stuck) and loop.time() < deadline:
             await asyncio.sleep(REPLACE_POLL)
         overruns.settle_stuck.set()
@@ -453,7 +456,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         if returned := fast_path.return_waiting():
-            log.info("%d jobs not started yet returned to their queues", returned)
+            log.info("%d job%s not started yet returned to the broker", returned, _s(returned))
         abandoned = 0 if await fast_path.wait_idle(grace) else fast_path.in_hand
         await fast_path.stop()
         abandoned += await runner.finish(max(0.0, deadline - loop.time()))
@@ -467,10 +470,11 @@ class Worker:
                 else "still running after the grace period (%g s)"
             )
             log.warning(
-                f"%d jobs {why} were abandoned: their deliveries go back to the queue,"
+                f"%d job%s {why} %s abandoned: the broker gives the deliveries back,"
                 " and each runs again once its lease (%g s) lapses (a longer --grace"
                 " lets them finish)",
-                abandoned, grace, self._settings.lease,
+                abandoned, _s(abandoned), grace, "was" if abandoned == 1 else "were",
+                self._settings.lease,
             )  # fmt: skip
 
     async def _until_drained(self, connection: aio_pika.abc.AbstractConnection) -> SessionEnded:
@@ -614,3 +618,8 @@ def priority_policy(app: App, tasks: tuple[str, ...]) -> PriorityPolicy | None:
             " worker of its own (--task), or give them the same policy"
         )
     return next(iter(chosen), None)
+
+
+def _s(count: int) -> str:
+    """The plural ending of a count's noun: ``1 job``, ``3 jobs``."""
+    return "" if count == 1 else "s"
