@@ -92,7 +92,7 @@ class Queries:
         self.claim = q(
             "INSERT INTO {records} AS r ({cols})"
             " SELECT %(key)s, %(job_id)s, %(task)s, 'running', %(attempt)s,"
-            "  LEAST(%(created_at)s::timestamptz, n.now), n.now,"  # rules.created_time"
+            "  LEAST(%(created_at)s::timestamptz, n.now), n.now,"  # rules.created_time
             "  %(worker)s, n.now + make_interval(secs => %(lease)s), NULL, NULL"
             f" FROM (SELECT {NOW} AS now) AS n"
             " ON CONFLICT (idempotency_key) DO UPDATE SET"
