@@ -18,7 +18,8 @@ SOURCES = ("broker_jobs", "topology", "scheduler", "bench")
 
 #: The top-level modules of broker_jobs that are its core (one concept each: the
 #: task registry, the job envelope, errors, retries, due times, URLs, the watched event
-#: loop, the fork hook of connection holders, the drivers' log filters), and the old
+#: loop, text made printable, counts in words, the fork hook of connection holders,
+#: the drivers' log filters), and the old
 #: paths of moved modules (they only alias the new ones).
 CORE = frozenset(
     {
@@ -42,6 +43,7 @@ CORE = frozenset(
         "closing",
         "watched_loop",
         "printable",
+        "plural",
         "fork_watch",
         "log_scopes",
     }

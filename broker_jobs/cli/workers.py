@@ -15,6 +15,7 @@ from broker_jobs.clock import utc_now
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.ops.processes import ProcessView, liveness_counts, process_views
 from broker_jobs.ops.readable import span, when
+from broker_jobs.plural import plural
 from broker_jobs.printable import printable
 from broker_jobs.store.base import Store, mask_dsn
 from broker_jobs.store.processes import Liveness
@@ -113,10 +114,7 @@ def workers_command(  # noqa: PLR0917 - click passes every option positionally
         grid.add_row(*_row(view))
     console().print(grid)
     click.echo(
-        ", ".join(
-            f"{count} {kind}{'' if count == 1 else 's'} {state}"
-            for (kind, state), count in _counted(views)
-        )
+        ", ".join(f"{plural(count, kind)} {state}" for (kind, state), count in _counted(views))
     )
     if show_running:
         _echo_running(views)

@@ -321,8 +321,9 @@ def _insert_fresh(
     one of those) are left to the caller's long way, which finds the keys inserted
     here already ours. No RETURNING: each row fetched would hand the GIL back once
     more."""
-    # Each new key's record and its row; the times written once per batch (_row's four
-    # conversions cost ~11 us per job, on the loop, before the jobs start).
+    # Each new key's record and its row; the claim's times written once per batch
+    # (_row's four conversions cost ~11 us per job, on the loop, before the jobs start),
+    # only created_at (the job's own time) once per job.
     fresh: dict[str, tuple[JobRecord, tuple[Any, ...]]] = {}
     now, lease_until = _text(moment), _text(moment + timedelta(seconds=lease))
     for job, worker in claims:

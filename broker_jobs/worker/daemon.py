@@ -41,6 +41,7 @@ from broker_jobs.errors import (
 )
 from broker_jobs.observe.heartbeat import Heartbeat, Pulse, process_record
 from broker_jobs.observe.worker_metrics import WorkerMetrics
+from broker_jobs.plural import plural
 from broker_jobs.publish.async_publisher import AsyncPublisher
 from broker_jobs.store.base import Store, StoreError
 from broker_jobs.store.processes import ProcessKind, ProcessState
@@ -442,9 +443,8 @@ class Worker:
         overruns = runner.overruns
         if returned := fast_path.return_waiting():  # behind the stuck threads: never run here
             log.info(
-                "%d job%s waiting for a handler thread returned to the broker",
-                returned, _s(returned),
-            )  # fmt: skip
+                "%s waiting for a handler thread returned to the broker", plural(returned, "job")
+            )
         while fast_path.in_hand + runner.in_hand > len(overruns.stuck) and loop.time() < deadline:
             await asyncio.sleep(REPLACE_POLL)
         overruns.settle_stuck.set()
@@ -456,7 +456,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         if returned := fast_path.return_waiting():
-            log.info("%d job%s not started yet returned to the broker", returned, _s(returned))
+            log.info("%s not started yet returned to the broker", plural(returned, "job"))
         abandoned = 0 if await fast_path.wait_idle(grace) else fast_path.in_hand
         await fast_path.stop()
         abandoned += await runner.finish(max(0.0, deadline - loop.time()))
@@ -470,10 +470,10 @@ class Worker:
                 else "still running after the grace period (%g s)"
             )
             log.warning(
-                f"%d job%s {why} %s abandoned: the broker gives the deliveries back,"
+                f"%s {why} %s abandoned: the broker gives the deliveries back,"
                 " and each runs again once its lease (%g s) lapses (a longer --grace"
                 " lets them finish)",
-                abandoned, _s(abandoned), grace, "was" if abandoned == 1 else "were",
+                plural(abandoned, "job"), grace, "was" if abandoned == 1 else "were",
                 self._settings.lease,
             )  # fmt: skip
 
@@ -618,8 +618,3 @@ def priority_policy(app: App, tasks: tuple[str, ...]) -> PriorityPolicy | None:
             " worker of its own (--task), or give them the same policy"
         )
     return next(iter(chosen), None)
-
-
-def _s(count: int) -> str:
-    """The plural ending of a count's noun: ``1 job``, ``3 jobs``."""
-    return "" if count == 1 else "s"

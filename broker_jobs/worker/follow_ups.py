@@ -26,6 +26,7 @@ from broker_jobs.app import App, TaskSpec
 from broker_jobs.envelope import Job
 from broker_jobs.errors import BrokerJobsError, FollowUpError
 from broker_jobs.job_context import FollowUpBuilder, follow_up_key
+from broker_jobs.plural import plural
 from broker_jobs.publish.prepare import JobFactory
 from broker_jobs.store.base import JobRecord, Status, Store
 from broker_jobs.worker.link import LinkStoppedError
@@ -127,12 +128,11 @@ class FollowUps:
             else:
                 if refusals:
                     log.info(
-                        "follow-up %s (task %s) of job %s published after %d refusal%s",
+                        "follow-up %s (task %s) of job %s published after %s",
                         job.id,
                         job.task,
                         parent.id,
-                        refusals,
-                        "" if refusals == 1 else "s",
+                        plural(refusals, "refusal"),
                     )
                 return
 

@@ -18,6 +18,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from broker_jobs.plural import plural
+
 #: Seconds between two summary lines (a second without successes has none).
 SUMMARY_EVERY = 1.0
 #: The choices of ``--log-successes``.
@@ -53,8 +55,8 @@ class SuccessSummary:
         total = sum(counts.values())
         by_task = dict(sorted(counts.items()))
         self._log.info(
-            "worker %s: %d job%s succeeded in the last %.1f s (%s)",
-            self._worker_id, total, "" if total == 1 else "s", seconds,
+            "worker %s: %s succeeded in the last %.1f s (%s)",
+            self._worker_id, plural(total, "job"), seconds,
             ", ".join(f"{task} {count}" for task, count in by_task.items()),
             extra={
                 "worker": self._worker_id,
