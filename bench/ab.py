@@ -114,9 +114,10 @@ APP_SOURCE = textwrap.dedent(
     starts, waits = [], []
 
     @app.task({task!r}, queue=QueueOptions(queue_type={queue_type!r}), time_limit=60)
-    def noop(payload: Noop) -> None:
+    def noop(payload: Noop) -> dict[str, int] | None:
         starts.append(time.monotonic())
         waits.append(time.time() - payload.sent)
+        return {{"n": payload.n}} if {returns!r} else None  # a result to keep, or none
 
     @atexit.register
     def _report() -> None:
@@ -142,6 +143,8 @@ class Options:
     this_args: str = ""
     #: The phases to run (``--only``): all of :data:`PHASES` by default.
     only: str = ",".join(PHASES)
+    #: Whether the handler returns a result, which the ledger keeps (``--returns``).
+    returns: bool = False
 
     def runs(self, phase: str) -> bool:
         return phase in self.only.split(",")
@@ -193,7 +196,11 @@ class Side:
         self.workdir = Path(tempfile.mkdtemp(prefix="bench-ab-"))
         self.report = self.workdir / "starts.json"
         source = APP_SOURCE.format(
-            namespace=namespace, task=TASK, queue_type=options.queue_type, report=str(self.report)
+            namespace=namespace,
+            task=TASK,
+            queue_type=options.queue_type,
+            report=str(self.report),
+            returns=options.returns,
         )
         (self.workdir / "ab_app.py").write_text(source)
 
@@ -516,6 +523,11 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         default=",".join(PHASES),
         help="phases, comma-separated (default: all): drain, steady, live, single; e.g. --only"
         " single --rounds 16 for a change of the publisher alone",
+    )
+    parser.add_argument(
+        "--returns",
+        action="store_true",
+        help="the handler returns a small result, which the ledger keeps with the success",
     )
     options = from_args(Options, parser.parse_args(argv))
     unknown = set(options.only.split(",")) - set(PHASES)

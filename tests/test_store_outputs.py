@@ -19,6 +19,7 @@ from broker_jobs.store import MemoryStore, PostgresStore, SQLiteStore, Status, S
 from broker_jobs.store import postgres as postgres_module
 from broker_jobs.store import sqlite as sqlite_module
 from broker_jobs.store.base import MAX_PAYLOAD_BYTES, LeaseLostError, Output, json_text
+from broker_jobs.store.errors import StoreError
 from tests.test_store import LEASE, A, B, Kit, _admin, at, durable_only
 
 RESULTS: list[Any] = [{"n": 1, "text": "é\x00<b>"}, [1, 2.5, None], "done", 42, True, None]
@@ -278,6 +279,31 @@ def test_sqlite_keeps_outputs_in_the_store_threads_batch(tmp_path: Path) -> None
         assert isinstance(results[2], LeaseLostError)
         assert [store.result(key) for key in ("a", "b")] == ["a", "b"]
         assert store.output("c") is None
+
+
+def test_sqlite_keeps_successes_with_outputs_all_or_none(tmp_path: Path) -> None:
+    """Several successes with outputs are one transaction: one that fails to write
+    (a full disk, here a trigger) leaves none recorded, so the call held and tried
+    again finds every key still running under its holder, none "lost"."""
+    with SQLiteStore(tmp_path / "jobs.db") as store:
+        for key in ("a", "b", "c"):
+            claimed(store, key)
+        failing = (
+            "CREATE TRIGGER full_disk BEFORE UPDATE ON broker_jobs_records"
+            " WHEN NEW.idempotency_key = 'c' BEGIN SELECT RAISE(FAIL, 'disk is full'); END"
+        )
+        db = sqlite3.connect(tmp_path / "jobs.db", isolation_level=None)
+        db.execute(failing)
+        finished = [(key, A, Output(json_text(key))) for key in ("a", "b", "c")]
+        with pytest.raises(StoreError):
+            store.succeed_many_keeping(finished)
+        assert [store.get(key).status for key in ("a", "b", "c")] == [Status.RUNNING] * 3  # type: ignore[union-attr]
+        assert store.output("a") is None
+
+        db.execute("DROP TRIGGER full_disk")
+        db.close()
+        assert store.succeed_many_keeping(finished) == []
+        assert [store.result(key) for key in ("a", "b", "c")] == ["a", "b", "c"]
 
 
 # --- the table in an older layout ------------------------------------------------------------

@@ -78,6 +78,7 @@ from broker_jobs.store.records import (
     KeptOutput,
     KeptPayload,
     LeaderRecord,
+    Output,
     Status,
     TaskSummary,
 )
@@ -133,6 +134,7 @@ from broker_jobs.store.sqlite_statements import (
     _claim_rows,
     _finish_row,
     _insert_fresh,
+    _keep_successes,
     _record,
     _SQLiteRecords,
     _succeed_rows,
@@ -474,6 +476,19 @@ class SQLiteStore(ExclusiveStore):
                 return _succeed_rows(conn, finished, moment)
         with self._transaction("record successes") as conn:
             return _succeed_rows(conn, finished, moment)
+
+    def succeed_many_keeping(self, finished: Sequence[tuple[str, str, Output]]) -> list[str]:
+        # Every success and its output in ONE transaction (the store thread's batch,
+        # or one of its own): all or none, one commit. One transaction per success
+        # left some recorded when a later one failed (a full disk), and the held
+        # retry of the whole call then found those "lost".
+        moment = utc(None)
+        batch = getattr(self._local, "batch", None)
+        if batch is not None:
+            with self._translate("record successes"):
+                return _keep_successes(batch, finished, moment)
+        with self._transaction("record successes") as conn:
+            return _keep_successes(conn, finished, moment)
 
     def _finish(self, key: str, worker: str, finish: Finish, now: datetime | None) -> None:
         # One UPDATE guarded by the lease: atomic on its own (autocommit). A payload

@@ -27,6 +27,7 @@ from broker_jobs.store.ledger import (
     Dialect,
 )
 from broker_jobs.store.records import (
+    SUCCESS,
     Claim,
     ClaimOutcome,
     Finish,
@@ -34,6 +35,7 @@ from broker_jobs.store.records import (
     Output,
     PayloadText,
     Status,
+    succeeded_with,
 )
 from broker_jobs.store.rows import record_of
 from broker_jobs.store.rules import claimed_record, decide
@@ -377,6 +379,19 @@ def _succeed_rows(
     for key, worker in finished:
         found = conn.execute(_SUCCEEDED_BY, (key,)).fetchone()
         if found is None or tuple(found) != (Status.SUCCEEDED.value, worker, moment):
+            lost.append(key)
+    return lost
+
+
+def _keep_successes(
+    conn: sqlite3.Connection, finished: Sequence[tuple[str, str, Output]], moment: datetime
+) -> list[str]:
+    """Record successes with their outputs inside the caller's transaction; the keys
+    whose lease was lost."""
+    lost = []
+    for key, worker, output in finished:
+        finish = SUCCESS if output.empty else succeeded_with(output)
+        if not _finish_row(conn, key, worker, finish, moment):
             lost.append(key)
     return lost
 

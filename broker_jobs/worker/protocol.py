@@ -96,11 +96,6 @@ LINK_ERRORS: tuple[type[BaseException], ...] = (
 RETRY_PUBLISH_AFTER = 0.5
 
 
-def _committed_by(record: JobRecord | None, holder: str) -> bool:
-    """Whether ``record`` shows ``holder``'s success (its commit went through)."""
-    return record is not None and record.status is Status.SUCCEEDED and record.worker == holder
-
-
 class Runner:
     """Applies the execution protocol to each delivery of the app's tasks, over as
     many connections as the worker's link goes through."""
@@ -530,7 +525,7 @@ class Runner:
             try:
                 await asyncio.to_thread(store.succeed_with, job.idempotency_key, holder, effects)
             except LeaseLostError as lost:
-                if tried_before and _committed_by(lost.record, holder):
+                if tried_before and lost.record is not None and lost.record.succeeded_by(holder):
                     break  # the commit went through before the connection broke
                 ledger.answered()
                 self.observer.lease_lost(job.task)

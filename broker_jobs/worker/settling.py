@@ -106,7 +106,12 @@ class Settling:
         if any(done.output is not None for done in finished):
             return None
         lost = self._store.try_succeed_many([(d.job.idempotency_key, d.holder) for d in finished])
-        return None if lost is None else self._successes(finished, lost)
+        if lost is None:
+            return None
+        lost_keys = set(lost)  # tried once, at once: a lost key is one taken over
+        return self._successes(
+            finished, [done for done in finished if done.job.idempotency_key in lost_keys]
+        )
 
     async def record_successes(self, finished: Sequence[Finished]) -> list[Finished]:
         """Record the successes in one store call: at once on the loop where the store
@@ -131,25 +136,38 @@ class Settling:
             )
         if keeping:
             lost += await self._recorded(self._store.succeed_many_keeping, keeping)
-        return self._successes(finished, lost)
+        if not lost:
+            return self._successes(finished, [])
+        # Held through an outage, the call may have been tried before: a try whose
+        # commit went through and whose answer was lost (a connection dropped in the
+        # commit) leaves successes that this try finds already there, under their
+        # own holders. They were recorded: their follow-ups go out, they are acked.
+        lost_keys = set(lost)
+        taken_over = []
+        for done in finished:
+            if done.job.idempotency_key in lost_keys:
+                record = await self._recorded(self._store.get, done.job.idempotency_key)
+                if record is None or not record.succeeded_by(done.holder):
+                    taken_over.append(done)
+        return self._successes(finished, taken_over)
 
-    def _successes(self, finished: Sequence[Finished], lost: list[str]) -> list[Finished]:
+    def _successes(
+        self, finished: Sequence[Finished], taken_over: Sequence[Finished]
+    ) -> list[Finished]:
         """Of ``finished``, now recorded, those that were still theirs to record:
-        those whose lease was taken over (the keys in ``lost``) are said, and left out."""
+        those whose lease was taken over are said, and left out."""
         observer = self._observer
-        if lost:
-            lost_keys = set(lost)
-            for done in finished:
-                if done.job.idempotency_key in lost_keys:
-                    observer.lease_lost(done.job.task)
-                    log.warning(
-                        "job %s (key %s) finished after its lease was taken over",
-                        done.job.id,
-                        done.job.idempotency_key,
-                    )
-            finished = [done for done in finished if done.job.idempotency_key not in lost_keys]
-        observer.succeeded_all((done.job, done.run) for done in finished)
-        return list(finished)
+        for done in taken_over:
+            observer.lease_lost(done.job.task)
+            log.warning(
+                "job %s (key %s) finished after its lease was taken over",
+                done.job.id,
+                done.job.idempotency_key,
+            )
+        gone = {id(done) for done in taken_over}
+        recorded = [done for done in finished if id(done) not in gone]
+        observer.succeeded_all((done.job, done.run) for done in recorded)
+        return recorded
 
     async def ack(self, acks: ChannelAcks, settled: Sequence[Settled]) -> None:
         """Ack deliveries of one channel whose outcomes are recorded (one ``multiple``
