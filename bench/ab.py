@@ -38,10 +38,13 @@ ratio this / base (jobs/s: above 1 is faster; CPU: below 1 is cheaper).
     python -m bench.ab --base HEAD~1
     python -m bench.ab --base main --store sqlite --queue-type quorum --rounds 7
     python -m bench.ab --base HEAD~1 --only single --rounds 16   # a publisher change
+    python -m bench.ab --base HEAD~1 --store sqlite --only drain --returns
 
 ``--only`` runs some of the phases (drain, steady, live, single): a change of the publisher
 alone needs many rounds of the single-publish phase to be told from the noise (about
-3% from run to run on a 2-core machine), not the worker's phases.
+3% from run to run on a 2-core machine), not the worker's phases. ``--returns`` makes the
+handler return a small result, which the ledger keeps with the success (the path of a
+task whose result is read later).
 
 The last line of the output is one JSON object with every figure.
 """
@@ -440,6 +443,7 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
         worker="broker-jobs worker --concurrency 8 (default log level and prefetch)",
         this_args=options.this_args or "none",
         phases=options.only,
+        handler="returns a result" if options.returns else "returns nothing",
     )
     print_config("The worker, this checkout against --base, side by side", config, 12)
     with tempfile.TemporaryDirectory(prefix="bench-ab-base-") as base_dir:

@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -27,14 +27,14 @@ from prometheus_client import CollectorRegistry
 from psycopg.conninfo import make_conninfo
 from pydantic import BaseModel
 
-from broker_jobs import App, JobRequest, Publisher, QueueOptions
+from broker_jobs import App, JobContext, JobRequest, Publisher, QueueOptions, RetryPolicy
 from broker_jobs.envelope import Job
 from broker_jobs.observe import heartbeat as heartbeat_module
 from broker_jobs.observe.heartbeat import Heartbeat, Pulse, process_record
 from broker_jobs.observe.worker_metrics import WorkerMetrics
 from broker_jobs.store import postgres_logs
 from broker_jobs.store import sqlite as sqlite_store
-from broker_jobs.store.base import Status, Store
+from broker_jobs.store.base import Output, Status, Store
 from broker_jobs.store.controls import TaskPause
 from broker_jobs.store.errors import StoreError, StoreUnavailableError
 from broker_jobs.store.memory import MemoryStore
@@ -48,7 +48,7 @@ from broker_jobs.worker import controls as controls_module
 from broker_jobs.worker.controls import ControlWatch
 from broker_jobs.worker.observer import JobObserver
 from broker_jobs.worker.protocol import Runner
-from tests.support import Broker, unavailable, wait_until
+from tests.support import Broker, run_burst_worker, unavailable, wait_until
 
 JOBS, BEFORE_OUTAGE = 120, 30
 
@@ -588,3 +588,111 @@ def test_the_heartbeat_and_the_paused_tasks_leave_the_ledgers_outage_to_its_gate
     heartbeat.write(Pulse())
     asyncio.run(controls.read())
     assert warnings() == [ledger_gate.__name__, heartbeat_module.__name__, controls_module.__name__]
+
+
+# --- a commit whose answer was lost --------------------------------------------------------
+
+
+class AnswerLostOnce(MemoryStore):
+    """A ledger whose first call of ``method`` commits, then fails as a PostgreSQL
+    connection dropped in the commit does: written, its answer lost."""
+
+    def __init__(self, method: str) -> None:
+        super().__init__()
+        self.method = method
+        self.failed = 0
+
+    def _answer(self, method: str, result: Any) -> Any:
+        if method == self.method and not self.failed:
+            self.failed += 1
+            raise StoreUnavailableError("server closed the connection unexpectedly")
+        return result
+
+    def succeed_many_keeping(self, finished: Sequence[tuple[str, str, Output]]) -> list[str]:
+        return cast(
+            "list[str]",
+            self._answer("succeed_many_keeping", super().succeed_many_keeping(finished)),
+        )
+
+    def retry(self, *args: Any, **kwargs: Any) -> None:
+        self._answer("retry", super().retry(*args, **kwargs))
+
+    def dead(self, *args: Any, **kwargs: Any) -> None:
+        self._answer("dead", super().dead(*args, **kwargs))
+
+
+class Step(BaseModel):
+    n: int
+
+
+def test_a_success_whose_commit_lost_its_answer_still_publishes_its_follow_ups(
+    broker: Broker, make_app: Callable[[], App], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker holds the success through the outage and records it again; that
+    try finds it recorded under the delivery's own holder: recorded, not a lease
+    taken over, so its next step is published and runs once."""
+    app = make_app()
+    runs: Counter[str] = Counter()
+
+    @app.task("answer.parent", retry=RetryPolicy(max_attempts=1))
+    def parent(payload: Step, job: JobContext) -> int:
+        runs[job.idempotency_key] += 1
+        job.then("answer.child", Step(n=payload.n + 1))
+        return payload.n
+
+    @app.task("answer.child", retry=RetryPolicy(max_attempts=1))
+    def child(payload: Step, job: JobContext) -> None:
+        runs[job.idempotency_key] += 1
+
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish("answer.parent", Step(n=1), idempotency_key="p")
+    store = AnswerLostOnce("succeed_many_keeping")
+    with caplog.at_level(logging.WARNING, logger="broker_jobs.worker"):
+        outcomes = run_burst_worker(broker, app, store)
+    assert store.failed == 1
+    assert runs == {"p": 1, "p>1": 1}
+    assert outcomes["succeeded"] == 2
+    assert store.result("p") == 1
+    kept = store.output("p")
+    assert kept is not None
+    assert kept.sent_at is not None
+    assert "taken over" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("method", "attempts", "outcome"),
+    [("retry", 2, "succeeded"), ("dead", 1, "dead:exhausted")],
+)
+def test_a_failure_whose_record_lost_its_answer_is_settled_once(
+    broker: Broker,
+    make_app: Callable[[], App],
+    caplog: pytest.LogCaptureFixture,
+    method: str,
+    attempts: int,
+    outcome: str,
+) -> None:
+    """A retry or a dead letter recorded, its answer lost: the held try finds the
+    outcome under the delivery's own holder and acks the delivery (it was left
+    unacked, held by the worker until its channel closed); the next attempt runs
+    once, the dead letter is there once."""
+    app = make_app()
+    runs: Counter[int] = Counter()
+
+    @app.task("answer.flaky", retry=RetryPolicy(max_attempts=attempts, base_delay=0.1))
+    def flaky(payload: Step, job: JobContext) -> None:
+        runs[job.attempt] += 1
+        if job.attempt == 1:
+            raise RuntimeError("first attempt fails")
+
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish("answer.flaky", Step(n=1), idempotency_key="f")
+    store = AnswerLostOnce(method)
+    with caplog.at_level(logging.WARNING, logger="broker_jobs.worker"):
+        outcomes = run_burst_worker(broker, app, store)
+    assert store.failed == 1
+    assert runs == {n: 1 for n in range(1, attempts + 1)}
+    assert outcomes[outcome] == 1
+    assert outcomes["left"] == 0
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as connection:
+        assert dead_letter_count(connection, app, "answer.flaky") == (method == "dead")
+    assert "taken over" not in caplog.text

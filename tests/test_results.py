@@ -12,7 +12,7 @@ import logging
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import pika
@@ -23,7 +23,6 @@ from broker_jobs import App, JobContext, Publisher, RetryPolicy
 from broker_jobs.envelope import Job
 from broker_jobs.errors import FollowUpError
 from broker_jobs.store.base import MAX_PAYLOAD_BYTES, Output, Status
-from broker_jobs.store.errors import StoreUnavailableError
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.store.sqlite import SQLiteStore
 from broker_jobs.worker.follow_ups import FollowUps
@@ -288,56 +287,6 @@ def test_a_delivery_of_a_succeeded_job_publishes_its_unconfirmed_follow_ups_once
         assert kept is not None
         assert kept.sent_at is not None
     assert "publishing its 1 recorded follow-ups again" in caplog.text
-
-
-class AnswerLostOnce(MemoryStore):
-    """A ledger whose first record of successes with outputs commits, then fails as a
-    PostgreSQL connection dropped in the commit does: written, the answer lost."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.failed = 0
-
-    def succeed_many_keeping(self, finished: Sequence[tuple[str, str, Output]]) -> list[str]:
-        lost = super().succeed_many_keeping(finished)
-        if not self.failed:
-            self.failed += 1
-            raise StoreUnavailableError("server closed the connection unexpectedly")
-        return lost
-
-
-def test_a_success_whose_commit_lost_its_answer_still_publishes_its_follow_ups(
-    broker: Broker, make_app: Callable[[], App], caplog: pytest.LogCaptureFixture
-) -> None:
-    """The worker holds the success through the outage and records it again; that
-    try finds it recorded under the delivery's own holder: recorded, not a lease
-    taken over, so its next step is published and runs once."""
-    app = make_app()
-    ran = Ran()
-
-    @app.task("answer.parent", retry=ONCE)
-    def parent(payload: Item, job: JobContext) -> int:
-        ran.add(job)
-        job.then("answer.child", Item(n=payload.n + 1))
-        return payload.n
-
-    @app.task("answer.child", retry=ONCE)
-    def child(payload: Item, job: JobContext) -> None:
-        ran.add(job)
-
-    with Publisher(broker.url, app) as publisher:
-        publisher.publish("answer.parent", Item(n=1), idempotency_key="p")
-    store = AnswerLostOnce()
-    with caplog.at_level(logging.WARNING, logger="broker_jobs.worker"):
-        outcomes = run_burst_worker(broker, app, store)
-    assert store.failed == 1
-    assert ran.counts == {("answer.parent", "p"): 1, ("answer.child", "p>1"): 1}
-    assert outcomes["succeeded"] == 2
-    assert store.result("p") == 1
-    kept = store.output("p")
-    assert kept is not None
-    assert kept.sent_at is not None
-    assert "taken over" not in caplog.text
 
 
 def test_a_follow_up_refused_for_a_missing_queue_is_held_then_published_once_declared(

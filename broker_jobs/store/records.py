@@ -80,13 +80,15 @@ class JobRecord:
         """Its state for people: the waiting status, saying when it was released."""
         return "queued (released)" if self.released else self.status.value
 
-    def succeeded_by(self, holder: str) -> bool:
-        """Whether this is ``holder``'s recorded success. A holder id is one
-        delivery's own (``worker_id#n``), so only that run's commit can have written
-        it: met by a try after the ledger failed, it is an earlier try's commit whose
-        answer the failure took (a connection dropped in the commit), not a lease
-        taken over."""
-        return self.status is Status.SUCCEEDED and self.worker == holder
+    def outcome_by(self, holder: str) -> Status | None:
+        """The outcome ``holder`` recorded here (None: none of its). A holder id is
+        one delivery's own (``worker_id#n``), so only that run's commit can have
+        written it: met by a try after the ledger failed, it is an earlier try's
+        commit whose answer the failure took (a connection dropped in the commit),
+        not a lease taken over."""
+        if self.worker != holder or self.status is Status.RUNNING:
+            return None
+        return self.status
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from broker_jobs.plural import plural
 from broker_jobs.store.base import LeaseLostError, StoreError
 from broker_jobs.worker.observer import JobObserver
 
@@ -214,10 +215,10 @@ class LedgerGate:
             return
         log.info(
             "the ledger (%s) answers again after %.1f s, in which it answered and failed"
-            " again %d times (down %.1f s in all); it has answered for %.1f s since",
+            " again %s (down %.1f s in all); it has answered for %.1f s since",
             self._store_name,
             answered_at - outage,
-            relapses,
+            plural(relapses, "time"),
             down_for,
             self._clock() - answered_at,
         )

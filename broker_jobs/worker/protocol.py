@@ -96,6 +96,13 @@ LINK_ERRORS: tuple[type[BaseException], ...] = (
 RETRY_PUBLISH_AFTER = 0.5
 
 
+def _recorded_by(lost: LeaseLostError, holder: str | None, outcome: Status) -> bool:
+    """Whether the record a lost lease met shows ``outcome`` recorded by ``holder``
+    itself (an earlier try's commit, see :meth:`JobRecord.outcome_by`)."""
+    record = lost.record
+    return holder is not None and record is not None and record.outcome_by(holder) is outcome
+
+
 class Runner:
     """Applies the execution protocol to each delivery of the app's tasks, over as
     many connections as the worker's link goes through."""
@@ -316,6 +323,45 @@ class Runner:
         :class:`LedgerGaveUp` instead."""
         return await self.ledger.call(lambda: self.in_store(call, *args, **kwargs), give_up=give_up)
 
+    async def record_outcome(
+        self,
+        outcome: Status,
+        call: Callable[..., None],
+        key: str,
+        holder: str | None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        """:meth:`recorded` for ``holder``'s ``outcome`` of ``key`` (``store.retry``,
+        ``store.dead``), whose replacement (the next attempt, the dead letter) is
+        confirmed already. A try after the ledger failed that meets a lost lease met
+        the earlier try's commit, whose answer the failure took: the record shows
+        ``outcome`` by ``holder``, or has moved on since (the next attempt claimed it
+        as the ledger came back). Recorded either way, so the delivery is acked, not
+        held unacked as a lease lost on a first try is."""
+        tries = 0
+
+        def attempt() -> asyncio.Future[None]:
+            nonlocal tries
+            tries += 1
+            return self.in_store(call, key, holder, *args, **kwargs)
+
+        try:
+            await self.ledger.call(attempt)
+        except LeaseLostError as lost:
+            if tries == 1:
+                raise
+            record = lost.record
+            if record is not None and not _recorded_by(lost, holder, outcome):
+                log.info(
+                    "job key %s: recorded as %s before the ledger failed (the answer was"
+                    " lost); the record has moved on since: %s, by %s",
+                    key,
+                    outcome.value,
+                    record.state_label,
+                    record.worker or "nobody",
+                )
+
     async def release(self, job: Job, holder: str) -> None:
         """Give ``holder``'s claim back (a job not started, or abandoned) so that its
         redelivery runs at once; tried once: if the store fails, the lease lapses."""
@@ -525,7 +571,7 @@ class Runner:
             try:
                 await asyncio.to_thread(store.succeed_with, job.idempotency_key, holder, effects)
             except LeaseLostError as lost:
-                if tried_before and lost.record is not None and lost.record.succeeded_by(holder):
+                if tried_before and _recorded_by(lost, holder, Status.SUCCEEDED):
                     break  # the commit went through before the connection broke
                 ledger.answered()
                 self.observer.lease_lost(job.task)
@@ -579,8 +625,14 @@ class Runner:
                 return None
             text = f"{type(error).__name__}: {error}"
             # A failure is rare: its payload is kept with it (for the job's page).
-            await self.recorded(
-                self._store.retry, job.idempotency_key, holder, text, due, payload=job.payload
+            await self.record_outcome(
+                Status.RETRYING,
+                self._store.retry,
+                job.idempotency_key,
+                holder,
+                text,
+                due,
+                payload=job.payload,
             )
             self.observer.retrying(job, run, error, due)
             outcome = "retried"
@@ -634,7 +686,8 @@ class Runner:
         if not record:
             await self.recorded(self._store.index_dead_letters, [letter])
         elif job is not None:
-            await self.recorded(
+            await self.record_outcome(
+                Status.DEAD,
                 self._store.dead,
                 job.idempotency_key,
                 holder,

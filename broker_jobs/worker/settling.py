@@ -18,7 +18,7 @@ from itertools import groupby
 from typing import Any, TypeVar
 
 from broker_jobs.envelope import Job
-from broker_jobs.store.base import LeaseLostError, Output, Store, StoreError
+from broker_jobs.store.base import LeaseLostError, Output, Status, Store, StoreError
 from broker_jobs.worker.acks import ChannelAcks
 from broker_jobs.worker.ledger_gate import LedgerGate
 from broker_jobs.worker.observer import JobObserver, Run
@@ -147,7 +147,7 @@ class Settling:
         for done in finished:
             if done.job.idempotency_key in lost_keys:
                 record = await self._recorded(self._store.get, done.job.idempotency_key)
-                if record is None or not record.succeeded_by(done.holder):
+                if record is None or record.outcome_by(done.holder) is not Status.SUCCEEDED:
                     taken_over.append(done)
         return self._successes(finished, taken_over)
 
