@@ -269,6 +269,7 @@ WORKER_DECLARES = "or start the worker without --no-declare (it declares its que
 class TopologyMissingError(TopologyError):
     def __init__(self, broker_message: str, *, or_else: str = PUBLISHER_DECLARES) -> None:
         """``or_else``: the way out besides the topology command, for who met it."""
+        self.broker_message = broker_message
         super().__init__(
             f"the broker says {broker_message!r}: the topology does not exist. Declare it"
             " first: `broker-jobs topology apply --app module:app` (or --file"

@@ -406,6 +406,7 @@ def test_publish_without_an_app_declares_nothing_and_names_the_namespace(
     )
     assert missing.exit_code == 1
     assert "topology apply" in missing.output
+    assert f"namespace {namespace!r}" in missing.output  # perhaps not the one meant
     channel = connection.channel()
     with pytest.raises(pika.exceptions.ChannelClosedByBroker):
         channel.exchange_declare(f"{namespace}.work", passive=True)  # nothing left behind

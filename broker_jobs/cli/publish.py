@@ -12,7 +12,12 @@ import click
 
 from broker_jobs.app_loader import load_app
 from broker_jobs.cli.options import Duration, from_environment, url_option
-from broker_jobs.errors import BrokerJobsError, ConfigurationError, UnroutableError
+from broker_jobs.errors import (
+    BrokerJobsError,
+    ConfigurationError,
+    TopologyMissingError,
+    UnroutableError,
+)
 from broker_jobs.publish.publisher import Publisher
 from broker_jobs.store import Store, open_store
 from broker_jobs.urls import BrokerURLs
@@ -103,6 +108,16 @@ def publish_command(  # noqa: PLR0917 - click passes every option positionally
                     eta=_eta(eta),
                     priority=priority,
                 )
+    except TopologyMissingError as error:
+        declaring = "without --no-declare" if app_path else "with --app module:app"
+        click.echo(
+            f"error: the broker says {error.broker_message!r}: namespace {used!r} has no"
+            " topology there. Declare it: `broker-jobs topology apply --app module:app`, or"
+            f" publish {declaring} (the app's topology is declared then); if the task lives"
+            " in another namespace, pass --namespace",
+            err=True,
+        )
+        sys.exit(1)
     except UnroutableError as error:
         click.echo(
             f"error: {error} (namespace {used!r}: if the task lives in another one, pass"
