@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 
-def plural(count: int, noun: str) -> str:
-    """``count`` and ``noun``, the noun with an ``s`` unless the count is one."""
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """``count`` and ``noun``, the noun with an ``s`` (or ``many``, for a noun such
+    as ``success``) unless the count is one."""
+    if count == 1:
+        return f"{count} {noun}"
+    return f"{count} {many or noun + 's'}"

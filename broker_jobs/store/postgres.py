@@ -40,6 +40,7 @@ from typing import Any, NoReturn
 
 from broker_jobs.dead_letter import DeadLetter, DeadLetterFilter
 from broker_jobs.envelope import Job
+from broker_jobs.plural import plural
 from broker_jobs.store.base import Rule, Store
 from broker_jobs.store.controls import StopRequest, TaskPause
 from broker_jobs.store.dead_letter_index import IndexedDeadLetter, IndexRow, read_entry, where_sql
@@ -286,7 +287,7 @@ class PostgresStore(Store):
         found: dict[int, Claim] = {}
         with (
             self._pool.connection() as conn,
-            self._translate(f"claim {len(claims)} jobs"),
+            self._translate(f"claim {plural(len(claims), 'job')}"),
             conn.transaction(),
         ):
             with pipelined(conn):
@@ -340,7 +341,7 @@ class PostgresStore(Store):
         params = [finish_params(key, worker, SUCCESS, None) for key, worker in sorted(finished)]
         with (
             self._pool.connection() as conn,
-            self._translate(f"record {len(finished)} successes"),
+            self._translate(f"record {plural(len(finished), 'success', 'successes')}"),
             conn.transaction(),
         ):
             with pipelined(conn):
@@ -359,7 +360,7 @@ class PostgresStore(Store):
         ]
         with (
             self._pool.connection() as conn,
-            self._translate(f"record {len(finished)} successes"),
+            self._translate(f"record {plural(len(finished), 'success', 'successes')}"),
             conn.transaction(),
         ):
             with pipelined(conn):
