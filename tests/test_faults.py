@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections import Counter
@@ -24,14 +25,18 @@ from broker_jobs import (
     AsyncPublisher,
     ConfirmTimeoutError,
     Job,
+    JobContext,
     JobRequest,
     PublishBatchError,
     Publisher,
     PublisherBusyError,
+    RetryPolicy,
 )
 from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
 from broker_jobs.publish.prepare import JobFactory
+from broker_jobs.store.memory import MemoryStore
 from broker_jobs.testing.rabbit_node import RabbitNode
+from broker_jobs.worker import Worker, WorkerSettings, publish_outage
 from scheduler import load_schedules
 from scheduler.emitter import Emitter
 from tests.support import AnyPublisher, Broker, drain_at_least
@@ -286,6 +291,33 @@ def test_publishes_in_flight_when_an_async_publisher_closes_open_no_connection(
     assert connects == 1  # none reconnected after close()
 
 
+def test_publishes_timing_out_together_fail_with_the_librarys_errors_only(
+    broker: Broker, node: RabbitNode, app: App
+) -> None:
+    """Publishes that time out at once on a blocked broker each drop the connection
+    they used, never the one another publish opened meanwhile to send again: that
+    one's channel failed to open with aiormq's bare ``Exception``, which a worker took
+    for a failure of its own processing (an ERROR and a strike against the job)."""
+
+    async def time_out_together() -> list[BaseException | Job]:
+        async with AsyncPublisher(broker.url, app, confirm_timeout=1) as publisher:
+            await publisher.publish("order.ship", {"number": 0})  # connected, declared
+            raise_alarm()
+
+            async def publish_after(number: int) -> Job:
+                await asyncio.sleep(number * 0.05)  # their timeouts and reconnects overlap
+                return await publisher.publish("order.ship", {"number": number})
+
+            return await asyncio.gather(
+                *(publish_after(n) for n in range(1, 40)), return_exceptions=True
+            )
+
+    with memory_alarm(node, now=False) as raise_alarm:
+        outcomes = asyncio.run(time_out_together())
+    strangers = [o for o in outcomes if not isinstance(o, BrokerJobsError | Job)]
+    assert not strangers, strangers
+
+
 @pytest.mark.also_on_rabbitmq_4
 def test_a_connection_closed_by_the_broker_is_replaced_on_the_next_publish(
     broker: Broker,
@@ -330,3 +362,72 @@ def test_delayed_jobs_survive_a_broker_restart_in_the_middle_of_their_delays(
     assert not missing, f"{missing} delayed jobs missing; {where_jobs_wait(broker, app)}"
     twice = [job_id for job_id, count in arrived.items() if count > 1]
     assert len(twice) <= len(wanted) // 20, f"{len(twice)} of {len(wanted)} arrived twice"
+
+
+def test_a_worker_whose_publishes_the_broker_blocks_holds_them_says_so_once_and_loses_none(
+    broker: Broker,
+    node: RabbitNode,
+    make_app: Callable[[], App],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A memory alarm blocks the worker's publisher (its retries): each retry is made
+    again until confirmed, the delivery held meanwhile. One WARNING and one INFO say
+    so (a line per try was ~1,200 lines over a 45 s alarm), and every job runs each
+    attempt once: none returned, left or dead-lettered."""
+    app = make_app()
+    runs: Counter[tuple[str, int]] = Counter()
+    lock = threading.Lock()
+    alarm_on = threading.Event()
+
+    @app.task("blocked.step", retry=RetryPolicy(max_attempts=2, base_delay=0.1))
+    def step(payload: Order, job: JobContext) -> None:
+        with lock:
+            runs[job.idempotency_key, job.attempt] += 1
+            started = sum(runs.values())
+        if started > 5:  # the rest fail once the broker blocks publishing
+            assert alarm_on.wait(60), "the test never raised the alarm"
+        if job.attempt == 1:
+            raise RuntimeError("the first attempt fails")
+
+    keys = [f"b{n}" for n in range(40)]
+    with Publisher(broker.url, app) as publisher:
+        requests = [
+            JobRequest("blocked.step", {"number": n}, idempotency_key=key)
+            for n, key in enumerate(keys)
+        ]
+        publisher.publish_many(requests)
+    said = threading.Event()
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno == logging.WARNING:
+                said.set()
+
+    settings = WorkerSettings(burst=True, concurrency=4)
+    worker = Worker(broker.url, app, MemoryStore(), settings)
+    outcomes: list[Counter[str]] = []
+    thread = threading.Thread(target=lambda: outcomes.append(asyncio.run(worker.run())))
+    outage_log = logging.getLogger(publish_outage.__name__)
+    handler = Said()
+    outage_log.addHandler(handler)
+    caplog.set_level(logging.INFO, logger=publish_outage.__name__)
+    thread.start()
+    try:
+        with memory_alarm(node, now=False) as raise_alarm:
+            raise_alarm()
+            alarm_on.set()
+            assert said.wait(60), "the worker never said its publishes fail"
+    finally:
+        alarm_on.set()
+        outage_log.removeHandler(handler)
+        thread.join(120)
+    assert not thread.is_alive()
+    [counts] = outcomes
+    assert (counts["retried"], counts["succeeded"]) == (40, 40), counts
+    assert not {"returned", "left"} & set(counts), counts
+    assert not [outcome for outcome in counts if outcome.startswith("dead")], counts
+    assert runs == {(key, attempt): 1 for key in keys for attempt in (1, 2)}
+    said_lines = [
+        record.levelname for record in caplog.records if record.name == publish_outage.__name__
+    ]
+    assert said_lines == ["WARNING", "INFO"]

@@ -182,7 +182,7 @@ class AsyncPublisher(PublisherBase):
             sent += 1
         await batch.wait_below(1)
         if batch.fail_unsettled(to_send[sent:]):
-            await self._drop_connection()  # its state is unknown now
+            await self._drop_connection(connection)  # its state is unknown now
         return outcome
 
     async def connect(self) -> None:
@@ -246,13 +246,13 @@ class AsyncPublisher(PublisherBase):
             if not cancelled_by_closing():
                 raise
             # Another publish on this connection failed and dropped it under this one.
-            await self._drop_connection()
+            await self._drop_connection(connection)
             return _outcome_unknown(job, f"the connection to {self._node_name()} closed")
         except Exception as error:  # translated below; unknown errors are re-raised
             translated = self._translate(job, error, connection)
             if not isinstance(translated, UnroutableError | NackedError):
                 # The channel is closed or in an unknown state: start afresh next time.
-                await self._drop_connection()
+                await self._drop_connection(connection)
             return translated
         return None
 
@@ -320,28 +320,35 @@ class AsyncPublisher(PublisherBase):
             after=self._node,
         )
         self._node = node
+        connection = self._connection
         try:
-            channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             if settings.declare:
                 await asyncio.to_thread(self._declare, node)
-        except CONNECT_ERRORS as error:
-            await self._drop_connection()
-            raise BrokerConnectionError(
-                f"cannot open a channel on the broker at {node.host}:{node.port}"
-                f" ({node.masked}): {describe(error)}"
-            ) from None
-        except BaseException:
-            await self._drop_connection()
+        except BaseException as error:
+            await self._drop_connection(connection)
+            # Closed under the opening (the broker, or a close()): aiormq raises its
+            # bare Exception then, which is the link's failure, not the caller's.
+            if isinstance(error, CONNECT_ERRORS) or (
+                isinstance(error, Exception) and connection.is_closed
+            ):
+                raise BrokerConnectionError(
+                    f"cannot open a channel on the broker at {node.host}:{node.port}"
+                    f" ({node.masked}): {describe(error)}"
+                ) from None
             raise
         return channel
 
-    async def _drop_connection(self) -> None:
-        connection = self._connection
-        self._forget_channel()
-        if connection is not None and not connection.is_closed:
+    async def _drop_connection(self, used: aio_pika.abc.AbstractConnection | None) -> None:
+        """Close ``used``, the connection a publish failed on, and forget it if it is
+        still the publisher's: a publish that fails late on an old connection must
+        not close the one another publish opened meanwhile to send again."""
+        if used is not None and used is self._connection:
+            self._forget_channel()
+        if used is not None and not used.is_closed:
             # Already broken: the next publish opens a new one.
             with contextlib.suppress(*aio_pika.exceptions.CONNECTION_EXCEPTIONS):
-                await connection.close()
+                await used.close()
 
 
 def _outcome_unknown(job: Job, what: str) -> BrokerConnectionError:

@@ -74,6 +74,7 @@ from broker_jobs.worker.ledger_gate import LedgerGate, LedgerGaveUp, StalledCall
 from broker_jobs.worker.link import BrokerLink, LinkStoppedError
 from broker_jobs.worker.observer import JobObserver, Run
 from broker_jobs.worker.overrun import Overruns
+from broker_jobs.worker.publish_outage import PublishOutage
 from broker_jobs.worker.settings import ProtocolSettings
 from broker_jobs.worker.settling import Finished, Settled, Settling
 from broker_jobs.worker.strikes import Strikes
@@ -122,6 +123,8 @@ class Runner:
         self._store = store
         self._executor = executor
         self._publisher = publisher
+        #: Says once that publishes fail (a blocked broker), not once per try.
+        self._publish_outage = PublishOutage()
         self._link = link
         self._settings = settings
         #: Logs each outcome and, given metrics, counts it (both paths report there).
@@ -779,13 +782,11 @@ class Runner:
             except Exception as error:
                 if self._link.is_up and not isinstance(error, LINK_ERRORS):
                     raise
-                log.warning(
-                    "a publish met a broken link (%s); it is made again once the broker is back",
-                    type(error).__name__,
-                )
+                self._publish_outage.failed(error)
                 if self._link.is_up:  # the publisher's own connection: it reconnects
                     await asyncio.sleep(RETRY_PUBLISH_AFTER)
                 continue
+            self._publish_outage.confirmed()
             return
 
     async def _abandon(self, job: Job | None, holder: str | None) -> None:
