@@ -326,12 +326,16 @@ class AsyncPublisher(PublisherBase):
             if settings.declare:
                 await asyncio.to_thread(self._declare, node)
         except BaseException as error:
+            # Closed under the opening (by the broker, or by another publish's drop
+            # before it dropped only its own): aiormq raises a bare Exception then,
+            # which is the link's failure, not the caller's.
+            closed_under = (
+                isinstance(error, Exception)
+                and not isinstance(error, BrokerJobsError)
+                and connection.is_closed
+            )
             await self._drop_connection(connection)
-            # Closed under the opening (the broker, or a close()): aiormq raises its
-            # bare Exception then, which is the link's failure, not the caller's.
-            if isinstance(error, CONNECT_ERRORS) or (
-                isinstance(error, Exception) and connection.is_closed
-            ):
+            if isinstance(error, CONNECT_ERRORS) or closed_under:
                 raise BrokerConnectionError(
                     f"cannot open a channel on the broker at {node.host}:{node.port}"
                     f" ({node.masked}): {describe(error)}"
