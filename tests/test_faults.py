@@ -417,6 +417,9 @@ def test_a_worker_whose_publishes_the_broker_blocks_holds_them_says_so_once_and_
             raise_alarm()
             alarm_on.set()
             assert said.wait(60), "the worker never said its publishes fail"
+            ready, reason = worker.readiness()  # held until the alarm clears
+            assert not ready
+            assert "confirmed none of this worker's publishes" in reason
     finally:
         alarm_on.set()
         outage_log.removeHandler(handler)

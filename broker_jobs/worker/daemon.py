@@ -174,7 +174,11 @@ class Worker:
         url = self.connected_to
         runner = self._runner
         if runner is not None:
-            held = runner.overruns.describe() or runner.ledger.describe()
+            held = (
+                runner.overruns.describe()
+                or runner.ledger.describe()
+                or runner.publish_outage.describe()
+            )
             if held is not None:
                 return False, held
         if self._stopping.is_set():

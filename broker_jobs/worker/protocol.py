@@ -124,7 +124,7 @@ class Runner:
         self._executor = executor
         self._publisher = publisher
         #: Says once that publishes fail (a blocked broker), not once per try.
-        self._publish_outage = PublishOutage()
+        self.publish_outage = PublishOutage()
         self._link = link
         self._settings = settings
         #: Logs each outcome and, given metrics, counts it (both paths report there).
@@ -782,11 +782,11 @@ class Runner:
             except Exception as error:
                 if self._link.is_up and not isinstance(error, LINK_ERRORS):
                     raise
-                self._publish_outage.failed(error)
+                self.publish_outage.failed(error)
                 if self._link.is_up:  # the publisher's own connection: it reconnects
                     await asyncio.sleep(RETRY_PUBLISH_AFTER)
                 continue
-            self._publish_outage.confirmed()
+            self.publish_outage.confirmed()
             return
 
     async def _abandon(self, job: Job | None, holder: str | None) -> None:

@@ -32,15 +32,22 @@ class PublishOutage:
         self._since: float | None = None
         self._tries = 0
 
-    @property
-    def ongoing(self) -> bool:
-        return self._since is not None
+    def describe(self) -> str | None:
+        """``/readyz``'s reason while publishes fail (None otherwise); only reads."""
+        since = self._since
+        if since is None:
+            return None
+        return (
+            f"the broker has confirmed none of this worker's publishes for"
+            f" {self._clock() - since:.0f} s (a memory or disk alarm blocks publishing?):"
+            " the deliveries they replace are held"
+        )
 
     def failed(self, error: BaseException) -> None:
         """A try failed on the link: it is made again."""
         self._tries += 1
         if self._since is not None:
-            log.debug("a publish failed again (%s: %s)", type(error).__name__, error)
+            log.debug("a publish failed again (%s: %s)", type(error).__name__, _what(error))
             return
         self._since = self._clock()
         log.warning(
@@ -48,7 +55,7 @@ class PublishOutage:
             " confirms it, holding the delivery it replaces (said once: the tries"
             " until then are logged at DEBUG)",
             type(error).__name__,
-            error,
+            _what(error),
         )
 
     def confirmed(self) -> None:
@@ -61,3 +68,13 @@ class PublishOutage:
             plural(self._tries, "try", "tries"),
         )
         self._since, self._tries = None, 0
+
+
+def _what(error: BaseException) -> str:
+    """``error``'s text; a bare timeout's (a confirm that never came) said in words."""
+    if str(error) or not isinstance(error, TimeoutError):
+        return str(error)
+    return (
+        "no confirm in time; a broker blocking publishing connections (a memory or disk"
+        " alarm) confirms nothing until the alarm clears"
+    )
