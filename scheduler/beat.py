@@ -319,8 +319,8 @@ class Beat:
             self._check_leading(leadership)
             try:
                 job = await self._emitter.emit(leadership.channel, schedule, fire)
-            except BrokerConnectionError as error:
-                log.warning("emitting %s failed: %s", schedule.name, error)
+            except BrokerConnectionError as error:  # its text names the schedule
+                log.warning("%s", error)
                 raise _StandDown from None
             except PublishError as error:
                 # An operator's problem (a deleted queue, a full one): say it loudly,
