@@ -34,7 +34,7 @@ def test_an_outage_is_said_once_and_its_end_once(caplog: pytest.LogCaptureFixtur
     outage = PublishOutage(clock)
     outage.confirmed()  # no outage: nothing to say
     for _ in range(50):
-        outage.failed(TimeoutError())
+        outage.failed(TimeoutError(), outage.now())
         clock.now += 0.7
     reason = outage.describe()
     assert reason is not None
@@ -51,7 +51,29 @@ def test_an_outage_is_said_once_and_its_end_once(caplog: pytest.LogCaptureFixtur
     )
     assert outage.describe() is None
 
-    outage.failed(ConnectionError("connection reset"))  # a new outage: said again
+    began = outage.now()
+    outage.failed(ConnectionError("connection reset"), began)  # a new outage: said again
+    clock.now += 1
     outage.confirmed()
     assert [level for level, _ in said(caplog)][-2:] == ["WARNING", "INFO"]
     assert "(1 try failed meanwhile)" in said(caplog)[-1][1]
+
+
+def test_a_try_begun_before_the_outage_ended_fails_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A publish that waited through the outage for a confirm that never came
+    times out after another's confirm ended it: part of that outage, not a new one."""
+    caplog.set_level(logging.DEBUG, logger=publish_outage.__name__)
+    clock = Clock()
+    outage = PublishOutage(clock)
+    straggler = outage.now()
+    outage.failed(TimeoutError(), outage.now())
+    clock.now += 5
+    outage.confirmed()
+    clock.now += 5
+    outage.failed(TimeoutError(), straggler)
+    assert outage.describe() is None
+    assert [level for level, _ in said(caplog)] == ["WARNING", "INFO", "DEBUG"]
+    outage.failed(TimeoutError(), outage.now())  # begun after the end: a new outage
+    assert [level for level, _ in said(caplog)][-1] == "WARNING"

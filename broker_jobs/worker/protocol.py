@@ -777,12 +777,13 @@ class Runner:
         (a nack, an unroutable job, a missing exchange) are raised as they come."""
         while True:
             channel = await self._link.wait_up()
+            began = self.publish_outage.now()
             try:
                 await publish(channel)
             except Exception as error:
                 if self._link.is_up and not isinstance(error, LINK_ERRORS):
                     raise
-                self.publish_outage.failed(error)
+                self.publish_outage.failed(error, began)
                 if self._link.is_up:  # the publisher's own connection: it reconnects
                     await asyncio.sleep(RETRY_PUBLISH_AFTER)
                 continue

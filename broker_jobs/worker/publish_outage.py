@@ -31,6 +31,12 @@ class PublishOutage:
         self._clock = clock
         self._since: float | None = None
         self._tries = 0
+        #: When the last outage ended: a try begun before it belongs to that outage.
+        self._ended_at: float | None = None
+
+    def now(self) -> float:
+        """The time a try begins, for :meth:`failed`."""
+        return self._clock()
 
     def describe(self) -> str | None:
         """``/readyz``'s reason while publishes fail (None otherwise); only reads."""
@@ -43,13 +49,17 @@ class PublishOutage:
             " the deliveries they replace are held"
         )
 
-    def failed(self, error: BaseException) -> None:
-        """A try failed on the link: it is made again."""
-        self._tries += 1
-        if self._since is not None:
+    def failed(self, error: BaseException, began: float) -> None:
+        """A try begun at ``began`` (:meth:`now`) failed on the link: it is made again.
+        One begun before the last outage ended is that outage's straggler (its
+        confirm timed out after another publish's came): no new outage."""
+        ended = self._ended_at
+        if self._since is not None or (ended is not None and began < ended):
+            self._tries += 1
             log.debug("a publish failed again (%s: %s)", type(error).__name__, _what(error))
             return
-        self._since = self._clock()
+        self._tries = 1
+        self._since = began  # no confirm since that try began
         log.warning(
             "a publish met a broken link (%s: %s); it is made again until the broker"
             " confirms it, holding the delivery it replaces (said once: the tries"
@@ -68,6 +78,7 @@ class PublishOutage:
             plural(self._tries, "try", "tries"),
         )
         self._since, self._tries = None, 0
+        self._ended_at = self._clock()
 
 
 def _what(error: BaseException) -> str:
