@@ -357,8 +357,9 @@ class Runner:
             record = lost.record
             if record is not None and not _recorded_by(lost, holder, outcome):
                 log.info(
-                    "job key %s: recorded as %s before the ledger failed (the answer was"
-                    " lost); the record has moved on since: %s, by %s",
+                    "job key %s: writing its outcome (%s) again after the ledger failed"
+                    " found the record moved on (%s, by %s); the first try's commit may"
+                    " have gone through. Its replacement was confirmed: the delivery is acked",
                     key,
                     outcome.value,
                     record.state_label,
