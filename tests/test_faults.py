@@ -39,7 +39,7 @@ from broker_jobs.testing.rabbit_node import RabbitNode
 from broker_jobs.worker import Worker, WorkerSettings, publish_outage
 from scheduler import load_schedules
 from scheduler.emitter import Emitter
-from tests.support import AnyPublisher, Broker, drain_at_least
+from tests.support import AnyPublisher, Broker, drain_at_least, wait_until
 from topology import declare
 from topology.delay import DELAY_LEVELS
 
@@ -404,8 +404,9 @@ def test_a_worker_whose_publishes_the_broker_blocks_holds_them_says_so_once_and_
             if record.levelno == logging.WARNING:
                 said.set()
 
-    settings = WorkerSettings(burst=True, concurrency=4)
-    worker = Worker(broker.url, app, MemoryStore(), settings)
+    settings = WorkerSettings(burst=True, concurrency=4, heartbeat_every=0.5)
+    store = MemoryStore()
+    worker = Worker(broker.url, app, store, settings)
     outcomes: list[Counter[str]] = []
     thread = threading.Thread(target=lambda: outcomes.append(asyncio.run(worker.run())))
     outage_log = logging.getLogger(publish_outage.__name__)
@@ -421,6 +422,12 @@ def test_a_worker_whose_publishes_the_broker_blocks_holds_them_says_so_once_and_
             ready, reason = worker.readiness()  # held until the alarm clears
             assert not ready
             assert "confirmed none of this worker's publishes" in reason
+            held = wait_until(  # and its heartbeat says so (`broker-jobs workers`)
+                lambda: next((p.held for p in store.processes(app.namespace) if p.held), None),
+                within=30,
+                what="a heartbeat saying why the worker holds its deliveries",
+            )
+            assert "confirmed none of this worker's publishes" in held
     finally:
         alarm_on.set()
         outage_log.removeHandler(handler)

@@ -210,6 +210,34 @@ def test_the_workers_command_lists_the_live_the_lost_and_the_stopped(tmp_path: P
     assert "host-b:2:bbb is lost (no heartbeat for" in said.stderr
 
 
+def test_a_worker_that_holds_its_deliveries_says_why(tmp_path: Path) -> None:
+    """A worker holding its deliveries (the broker confirms none of its publishes, a
+    handler stuck) says why in its heartbeat: the table marks it, a line under it
+    gives the reason (escaped: it comes from the ledger), --json has it; a lost
+    worker's last reason is not shown as current."""
+    path = tmp_path / "jobs.db"
+    reason = "the broker has confirmed none of this worker's publishes for 12 s\x1b[31m"
+    held = replace(
+        process_record(ProcessKind.WORKER, "host-a:1:aaa", "jobs", tasks=["mail.send"]),
+        held=reason,
+    )
+    gone = replace(held, id="host-b:2:bbb", seen_at=utc_now() - timedelta(minutes=10))
+    with SQLiteStore(path) as store:
+        store.record_process(held)
+        store.record_process(gone)
+    store_url = f"sqlite:///{path}"
+    runner = CliRunner()
+    shown = runner.invoke(main, ["workers", "--namespace", "jobs", "--store", store_url])
+    assert shown.exit_code == 0, shown.output
+    assert "alive (held)" in shown.output
+    assert "host-a:1:aaa holds its deliveries: the broker has confirmed none" in shown.output
+    assert "\x1b" not in shown.output
+    assert "host-b:2:bbb holds" not in shown.output
+    listed = runner.invoke(main, ["workers", "--namespace", "jobs", "--store", store_url, "--json"])
+    helds = {p["id"]: p["held"] for p in json.loads(listed.output)["processes"]}
+    assert helds == {"host-a:1:aaa": reason, "host-b:2:bbb": None}
+
+
 def test_a_lost_process_shows_no_running_jobs_and_no_role_it_still_has(tmp_path: Path) -> None:
     """A lost process's last heartbeat names jobs that ended or were taken over since,
     and a role another process has now (each killed beat leader read "beat

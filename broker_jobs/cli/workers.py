@@ -116,6 +116,9 @@ def workers_command(  # noqa: PLR0917 - click passes every option positionally
     click.echo(
         ", ".join(f"{plural(count, kind)} {state}" for (kind, state), count in _counted(views))
     )
+    for view in views:
+        if view.present and view.record.held:
+            click.echo(f"{view.record.id} holds its deliveries: {printable(view.record.held)}")
     if show_running:
         _echo_running(views)
 
@@ -145,6 +148,8 @@ def _row(view: ProcessView) -> list[str | Text]:
     elif view.liveness is Liveness.STOPPED and r.ended:
         # Its exit code only: the message would take the table's width (--json has it).
         state = f"stopped ({printable(r.ended.partition(':')[0])})"
+    elif view.present and r.held:
+        state += " (held)"  # why: under the table
     concurrency = "-" if r.concurrency is None else str(r.concurrency)
     if r.processes and r.processes > 1:
         concurrency += f" x{r.processes}"

@@ -58,6 +58,8 @@ class Pulse:
     running: tuple[RunningJob, ...] = ()
     role: str | None = None
     paused: tuple[str, ...] = ()
+    #: Why the process holds its deliveries (None: it does not).
+    held: str | None = None
 
 
 def process_record(
@@ -139,6 +141,7 @@ class Heartbeat:
             running=pulse.running,
             role=pulse.role,
             paused=pulse.paused,
+            held=pulse.held,
         )
         try:
             self._store.record_process(record)

@@ -63,6 +63,7 @@ class ProcessView:
             "role": r.role,
             "paused": list(r.paused),
             "ended": r.ended,
+            "held": r.held if self.present else None,
             "started_at": when(r.started_at),
             "last_seen": when(r.seen_at),
             "silent_s": round(self.silent_for.total_seconds(), 1),
@@ -106,7 +107,6 @@ def process_views(
         views,
         key=lambda v: (_ORDER[v.liveness], v.record.kind.value, v.record.host, v.record.id),
     )
-
 
 
 def liveness_counts(views: Iterable[ProcessView]) -> Counter[tuple[str, str]]:

@@ -84,6 +84,9 @@ class ProcessRecord:
     #: Why it stopped, when not because it was asked to: the error it exited with
     #: (its exit code and message's first line), for an operator to see.
     ended: str | None = None
+    #: Why it holds its deliveries at the heartbeat, when it does (its ``/readyz``
+    #: reason: the broker confirms none of its publishes, a handler is stuck).
+    held: str | None = None
     #: The PID namespace its pid counts in (:func:`pid_namespace`; None: unknown).
     #: Containers of one host name may each have their own: a pid means something
     #: to a reader only in the same one.
@@ -150,6 +153,7 @@ def process_document(record: ProcessRecord) -> str:
         "role": record.role,
         "paused": list(record.paused),
         "ended": record.ended,
+        "held": record.held,
         "pid_namespace": record.pid_namespace,
     }
     return json.dumps(document, separators=(",", ":"))
@@ -187,6 +191,7 @@ def process_of(text: str) -> ProcessRecord:
             role=document.get("role"),
             paused=tuple(map(str, document.get("paused") or ())),
             ended=_text_or_none(document.get("ended")),
+            held=_text_or_none(document.get("held")),
             pid_namespace=_text_or_none(document.get("pid_namespace")),
         )
     except (ValueError, KeyError, TypeError) as error:

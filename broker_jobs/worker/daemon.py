@@ -174,11 +174,7 @@ class Worker:
         url = self.connected_to
         runner = self._runner
         if runner is not None:
-            held = (
-                runner.overruns.describe()
-                or runner.ledger.describe()
-                or runner.publish_outage.describe()
-            )
+            held = runner.held()
             if held is not None:
                 return False, held
         if self._stopping.is_set():
@@ -354,6 +350,7 @@ class Worker:
                 in_flight=fast_path.in_hand + runner.in_hand,
                 running=runner.observer.running_jobs(),
                 paused=tuple(sorted(runner.paused)),
+                held=runner.held(),
             )
 
         # A ledger outage the gate says already is not said again by the heartbeat.

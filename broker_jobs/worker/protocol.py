@@ -326,6 +326,12 @@ class Runner:
         :class:`LedgerGaveUp` instead."""
         return await self.ledger.call(lambda: self.in_store(call, *args, **kwargs), give_up=give_up)
 
+    def held(self) -> str | None:
+        """Why the worker holds its deliveries now (None: it does not): a handler
+        stuck past its time limit, the ledger failing, the broker confirming none of
+        its publishes. ``/readyz``'s 503 and the heartbeat's ``held``; only reads."""
+        return self.overruns.describe() or self.ledger.describe() or self.publish_outage.describe()
+
     async def record_outcome(
         self,
         outcome: Status,
