@@ -974,6 +974,7 @@ def test_the_workers_page_shows_every_heartbeat_escaped_without_the_broker(
         host="<script>alert(1)</script>",
         in_flight=1,
         running=(RunningJob("job-1", TASK, "tenant/../../dead-letters", 2, now),),
+        held="publishes unconfirmed <img src=x>",
     )
     lost = replace(alive, id="w2", seen_at=now - timedelta(minutes=3), running=())
     ledger.record_process(alive)
@@ -989,12 +990,18 @@ def test_the_workers_page_shows_every_heartbeat_escaped_without_the_broker(
         assert 'data-state="lost"' in page.text
         assert "elsewhere" not in page.text
         assert 'href="/jobs/tenant%2F..%2F..%2Fdead-letters"' in page.text
+        # Why the live worker holds its deliveries; the lost one's last reason is old.
+        assert page.text.count("held: publishes unconfirmed &lt;img src=x&gt;") == 1
         document = client.get("/api/workers").json()
         assert [(p["id"], p["state"]) for p in document["processes"]] == [
             ("<b>w1</b>", "alive"),
             ("w2", "lost"),
         ]
         assert document["processes"][0]["running"][0]["key"] == "tenant/../../dead-letters"
+        assert [p["held"] for p in document["processes"]] == [
+            "publishes unconfirmed <img src=x>",
+            None,
+        ]
         fragment = client.get("/workers?fragment=1")
         assert "<html" not in fragment.text
         assert 'id="workers"' in fragment.text
