@@ -38,6 +38,7 @@ from broker_jobs.clock import utc_now
 from broker_jobs.envelope import Job
 from broker_jobs.errors import BrokerConnectionError, ConfigurationError, PublishError
 from broker_jobs.observe.beat_metrics import BeatMetrics
+from broker_jobs.observe.failure_streak import FailureStreak
 from broker_jobs.observe.heartbeat import Heartbeat, Pulse, process_record
 from broker_jobs.publish.prepare import JobFactory
 from broker_jobs.store.base import Store, StoreError
@@ -132,6 +133,9 @@ class Beat:
             JobFactory(app, None), confirm_timeout=self._settings.confirm_timeout
         )
         self._digests = schedule_digests(self._schedules)
+        #: A store that fails is said once, and once when it answers again: the
+        #: leader tries again every RETRY_AFTER seconds meanwhile.
+        self._store_streak = FailureStreak(log)
         self._agreement = ScheduleAgreement(
             self._identity,
             self._digests,
@@ -204,6 +208,7 @@ class Beat:
             ),
             pulse=self._pulse,
             call=self._in_store,
+            quiet=lambda: self._store_streak.failing,  # one outage, said once
         )
         beating = asyncio.create_task(heartbeat.run())
         try:
@@ -215,8 +220,10 @@ class Beat:
                 except StoreError as error:
                     # Without the store no fire can be recorded: emit nothing, keep
                     # the leadership (another beat would meet the same store) and retry.
-                    log.error(  # noqa: TRY400 - the error says it all; no traceback
-                        "beat %s cannot use the store: %s; trying again in %g s",
+                    self._store_streak.failed(
+                        "beat %s cannot use the store: %s; it emits nothing and tries"
+                        " again every %g s until the store answers (then it catches up"
+                        " the fires due meanwhile, within their lookback)",
                         self._identity,
                         error,
                         RETRY_AFTER,
@@ -276,7 +283,8 @@ class Beat:
 
     async def _lead(self, leadership: Leadership) -> None:
         elected = self._clock()
-        log.info("beat %s leads %s", self._identity, self._app.namespace)
+        if not self._store_streak.failing:  # not again at each try through an outage
+            log.info("beat %s leads %s", self._identity, self._app.namespace)
         self._agreement.leading()
         cursors = {s.name: await self._cursor(s, elected) for s in self._schedules}
         announce_at = 0.0
@@ -297,6 +305,11 @@ class Beat:
                 cursors[schedule.name] = await self._emit_due(
                     leadership, schedule, cursors[schedule.name], now
                 )
+            # A pass whose every store call answered: an outage is over.
+            self._store_streak.worked(
+                "beat %s: the store answers again; the fires due meanwhile are emitted",
+                self._identity,
+            )
             await self._nap(self._next_wake(cursors, now))
 
     async def _cursor(self, schedule: Schedule, elected: datetime) -> datetime:

@@ -437,14 +437,19 @@ class FlakyStore(MemoryStore):
 
 
 def test_a_store_failure_pauses_the_leader_and_loses_no_fire(
-    broker: Broker, namespace: str, cleanup_topology: Callable[..., object]
+    broker: Broker,
+    namespace: str,
+    cleanup_topology: Callable[..., object],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A fire published but not recorded is emitted again after the store recovers,
-    under its fence key: nothing is lost, and the worker runs it once."""
+    under its fence key: nothing is lost, and the worker runs it once. The outage is
+    said once and its end once (it was an ERROR and a "leads" line every second)."""
+    caplog.set_level(logging.INFO, logger="scheduler.beat")
     app = build_app(namespace)
     app.schedule("steady", TASK, every=0.5)
     cleanup_topology(app.topology())
-    store = FlakyStore(failures=2)
+    store = FlakyStore(failures=3)
     emitted: list[datetime] = []
     beat = Beat(
         broker.url,
@@ -455,6 +460,15 @@ def test_a_store_failure_pauses_the_leader_and_loses_no_fire(
     )
     run_beat_until(beat, lambda: len(emitted) >= 4)
     assert store.failures == 0
+    kinds = {" leads ": "leads", "cannot use the store": "failed", "answers again": "answers"}
+    said = [
+        (record.levelname, kind)
+        for record in caplog.records
+        if record.name == "scheduler.beat"
+        for words, kind in kinds.items()
+        if words in record.getMessage()
+    ]
+    assert said == [("INFO", "leads"), ("WARNING", "failed"), ("INFO", "answers")], said
     last = store.last_fire(fire_key(namespace, "steady"))
     assert last == emitted[-1]
     ran = executions(broker, namespace, store)
