@@ -212,12 +212,15 @@ class Beat:
         )
         beating = asyncio.create_task(heartbeat.run())
         try:
+            retrying = False  # leading still, after the store failed under the last term
             while await self._until_leader(leadership):
                 try:
-                    await self._lead(leadership)
+                    await self._lead(leadership, retrying=retrying)
                 except _StandDown:
+                    retrying = False
                     log.warning("beat %s lost the leadership; standing down", self._identity)
                 except StoreError as error:
+                    retrying = True
                     # Without the store no fire can be recorded: emit nothing, keep
                     # the leadership (another beat would meet the same store) and retry.
                     self._store_streak.failed(
@@ -281,9 +284,11 @@ class Beat:
             return
         self._agreement.check(record, self._clock())
 
-    async def _lead(self, leadership: Leadership) -> None:
+    async def _lead(self, leadership: Leadership, *, retrying: bool = False) -> None:
+        """Emit the due fires while leading. ``retrying``: the same leadership again
+        after the store failed (its "leads" line is not said at each try)."""
         elected = self._clock()
-        if not self._store_streak.failing:  # not again at each try through an outage
+        if not retrying:
             log.info("beat %s leads %s", self._identity, self._app.namespace)
         self._agreement.leading()
         cursors = {s.name: await self._cursor(s, elected) for s in self._schedules}

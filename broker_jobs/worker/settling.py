@@ -108,10 +108,8 @@ class Settling:
         lost = self._store.try_succeed_many([(d.job.idempotency_key, d.holder) for d in finished])
         if lost is None:
             return None
-        lost_keys = set(lost)  # tried once, at once: a lost key is one taken over
-        return self._successes(
-            finished, [done for done in finished if done.job.idempotency_key in lost_keys]
-        )
+        # Tried once, at once: a lost key is one taken over.
+        return self._successes(finished, _of_keys(finished, lost))
 
     async def record_successes(self, finished: Sequence[Finished]) -> list[Finished]:
         """Record the successes in one store call: at once on the loop where the store
@@ -142,13 +140,11 @@ class Settling:
         # commit went through and whose answer was lost (a connection dropped in the
         # commit) leaves successes that this try finds already there, under their
         # own holders. They were recorded: their follow-ups go out, they are acked.
-        lost_keys = set(lost)
         taken_over = []
-        for done in finished:
-            if done.job.idempotency_key in lost_keys:
-                record = await self._recorded(self._store.get, done.job.idempotency_key)
-                if record is None or record.outcome_by(done.holder) is not Status.SUCCEEDED:
-                    taken_over.append(done)
+        for done in _of_keys(finished, lost):
+            record = await self._recorded(self._store.get, done.job.idempotency_key)
+            if record is None or record.outcome_by(done.holder) is not Status.SUCCEEDED:
+                taken_over.append(done)
         return self._successes(finished, taken_over)
 
     def _successes(
@@ -231,3 +227,9 @@ class Settling:
         is lost): the broker returns it to the queue when the channel closes."""
         acks.forget(tag)
         self.outcomes.add("left")
+
+
+def _of_keys(finished: Sequence[Finished], keys: Sequence[str]) -> list[Finished]:
+    """Those of ``finished`` whose key is in ``keys`` (all copies of a key)."""
+    wanted = set(keys)
+    return [done for done in finished if done.job.idempotency_key in wanted]
