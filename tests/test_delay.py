@@ -21,7 +21,10 @@ from topology.delay import (
     MAX_HOLD,
     delay_routing_key,
     ladder_units,
+    released_key,
 )
+from topology.lanes import Lane
+from topology.names import Priority
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -72,6 +75,22 @@ def test_routing_keys_spell_the_whole_seconds_in_binary() -> None:
     assert ladder_units(365 * 86400) == 365 * 86400 - 1
     with pytest.raises(ValueError, match="levels"):
         delay_routing_key(2**DELAY_LEVELS, "t")
+
+
+def test_a_released_job_goes_on_by_its_task_and_lane() -> None:
+    """What <ns>.delay.out routes by, and what a job of <ns>.unroutable is sent on with."""
+    assert released_key(delay_routing_key(13, "image.resize")) == "image.resize"
+    high_shard = delay_routing_key(1, "image.resize", Lane(Priority.HIGH, 3))
+    assert released_key(high_shard) == "image.resize@high:3"
+    for not_a_ladder_key in (
+        "image.resize",  # the work exchange's
+        "0." * 24 + "image.resize",  # a digit short
+        "0." * 24 + "2.image.resize",  # not a binary digit
+        "01." + "0." * 24 + "x",  # nor is 01
+        "0." * DELAY_LEVELS,  # no task
+        "0." * DELAY_LEVELS + "not a task",
+    ):
+        assert released_key(not_a_ladder_key) is None, not_a_ladder_key
 
 
 def test_short_delays_go_straight_to_the_task_queue_and_long_ones_through_the_ladder() -> None:

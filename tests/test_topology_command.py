@@ -24,11 +24,12 @@ from pydantic import BaseModel
 
 from broker_jobs import App, Job, Publisher
 from broker_jobs.cli import main
+from broker_jobs.ops.unroutable import reroute
 from broker_jobs.store import MemoryStore
 from broker_jobs.testing.rabbit_node import RabbitNode
 from broker_jobs.urls import BrokerURL
 from scheduler import Beat, BeatSettings, load_schedules
-from tests.support import Broker, drain, importable_app, untyped_queue_type
+from tests.support import Broker, drain, importable_app, untyped_queue_type, wait_until
 from topology import Names, Topology, declare
 from topology.delay import delay_routing_key
 from topology.errors import show_value
@@ -567,9 +568,11 @@ def test_permissions_print_escaped_least_privilege_patterns() -> None:
     worker = role_permissions(Role.WORKER, names, ["a.b", "c"])
     # Each task's queue and its lanes' (priority levels, shards), if it has any.
     lanes = r"(@(high|low))?(:[0-9]+)?"
-    assert worker.read == rf"^(ns-1\.task\.a\.b{lanes}|ns-1\.task\.c{lanes})$"
-    assert worker.write == r"^(ns-1\.work|ns-1\.dead|ns-1\.delay\.[0-9]{2})$"
-    assert role_permissions(Role.WORKER, names, None).read == r"^ns-1\.task\..+$"
+    # And the unroutable delayed jobs it sends on (or puts back: its fanout exchange
+    # has the queue's name).
+    assert worker.read == (rf"^(ns-1\.unroutable|ns-1\.task\.a\.b{lanes}|ns-1\.task\.c{lanes})$")
+    assert worker.write == r"^(ns-1\.work|ns-1\.dead|ns-1\.unroutable|ns-1\.delay\.[0-9]{2})$"
+    assert role_permissions(Role.WORKER, names, None).read == r"^(ns-1\.unroutable|ns-1\.task\..+)$"
     beat = role_permissions(Role.BEAT, names, None)
     assert beat.configure == beat.read == r"^ns-1\.beat\.leader$"
     assert beat.write == r"^(ns-1\.work|ns-1\.beat\.leader|ns-1\.delay\.[0-9]{2})$"
@@ -661,6 +664,37 @@ def test_worker_permissions_allow_consuming_its_queues_only(
         assert method is not None
     dead = names.dead_letter_queue("mail.send")
     assert _refused(url, lambda channel: channel.basic_get(dead)).startswith("403")
+
+
+def test_worker_permissions_allow_sending_on_unroutable_delayed_jobs(
+    broker: Broker,
+    app_path: str,
+    namespace: str,
+    connection: pika.BlockingConnection,
+    user: Callable[[], tuple[str, str]],
+) -> None:
+    """What a worker does at each connection (broker_jobs.worker.rerouting) with the
+    printed grants: reads <ns>.unroutable, sends a job whose task has a queue on to
+    it, puts back one whose task has none."""
+    names = Names(namespace)
+    assert topology("apply", "--url", broker.url, "--app", app_path).exit_code == 0
+    url, printed = granted_user(broker, user, "--role", "worker", "--app", app_path)
+    assert f"jobs back to {names.unroutable_queue}" in printed
+    channel = connection.channel()
+    for task in ("mail.send", "nobody.home"):  # as the ladder's end sends them there
+        key = delay_routing_key(0, task)
+        channel.basic_publish(names.unroutable_exchange, key, b"{}", pika.BasicProperties())
+    wait_until(
+        lambda: (
+            channel.queue_declare(names.unroutable_queue, passive=True).method.message_count == 2
+        ),
+        within=10,
+        what="both in the unroutable queue",
+    )
+    rerouted = reroute(url, names)
+    assert (rerouted.moved, rerouted.kept) == ({"mail.send": 1}, {"nobody.home": 1})
+    depth = channel.queue_declare(names.task_queue("mail.send"), passive=True)
+    assert depth.method.message_count == 1
 
 
 def test_beat_permissions_allow_leading_and_emitting(

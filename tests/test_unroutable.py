@@ -11,7 +11,9 @@ apply`` reports and leaves alone (RabbitMQ cannot change exchange arguments).
 from __future__ import annotations
 
 import json
+import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -26,10 +28,14 @@ from pika.exchange_type import ExchangeType
 from pydantic import BaseModel
 
 import broker_jobs
-from broker_jobs import App
+from broker_jobs import App, JobContext
 from broker_jobs.cli import main
-from tests.support import AnyPublisher, Broker
+from broker_jobs.store.memory import MemoryStore
+from broker_jobs.worker import Worker, WorkerSettings, rerouting
+from tests.support import AnyPublisher, Broker, wait_until
+from tests.test_worker_recovery import WorkerThread
 from topology import Names, QueueType, Topology, namespace_topology
+from topology.delay import delay_routing_key
 from topology.file import load_file
 
 pytestmark = pytest.mark.broker
@@ -259,3 +265,176 @@ def test_the_unroutable_queue_follows_the_ladder_queue_type() -> None:
         assert queue.arguments == {"x-queue-type": queue_type.value}
         (out,) = [e for e in built.exchanges if e.name == names.delay_out_exchange]
         assert out.arguments == {"alternate-exchange": names.unroutable_exchange}
+
+
+# -- sent on once their task has a queue (broker_jobs.ops.unroutable) -------------------
+
+LATER = "report.build"
+
+
+class Released(BaseModel):
+    task: str
+
+
+def write_topology(path: Path, namespace: str, *tasks: str) -> Topology:
+    path.write_text(f'namespace = "{namespace}"\n' + "".join(f'\n[tasks."{t}"]\n' for t in tasks))
+    return load_file(path).topology()
+
+
+def test_reroute_sends_on_the_jobs_whose_task_has_a_queue_now_and_keeps_the_rest_in_order(
+    broker: Broker,
+    namespace: str,
+    tmp_path: Path,
+    cleanup_topology: Callable[[Topology], Topology],
+    connection: pika.BlockingConnection,
+) -> None:
+    names = Names(namespace)
+    path = tmp_path / "topology.toml"
+    cleanup_topology(write_topology(path, namespace, DECLARED))
+    assert topology("apply", "--url", broker.url, "--file", str(path)).exit_code == 0
+    channel = confirm_channel(connection)
+    first = publish_delayed(channel, namespace, NOBODY, 1.5)
+    later = publish_delayed(channel, namespace, LATER, 1.5)
+    second = publish_delayed(channel, namespace, NOBODY, 1.5)
+    wait_for_depth(connection, names.unroutable_queue, 3, within=10)
+    stray = pika.BasicProperties(message_id="stray", delivery_mode=2)
+    channel.basic_publish(names.unroutable_exchange, "not.from.the.ladder", b"{}", stray)
+    # The task is declared since (or its binding is back after a broker restart).
+    cleanup_topology(write_topology(path, namespace, DECLARED, LATER))
+    assert topology("apply", "--url", broker.url, "--file", str(path)).exit_code == 0
+
+    reroute = ["jobs", "reroute", "--url", broker.url, "--namespace", namespace]
+    result = CliRunner().invoke(main, [*reroute, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {
+        "queue": names.unroutable_queue,
+        "moved": 1,
+        "kept": 3,
+        "moved_by_key": {LATER: 1},
+        "kept_by_key": {"": 1, NOBODY: 2},
+    }
+    method, got, body = connection.channel().basic_get(names.task_queue(LATER), auto_ack=True)
+    assert method is not None
+    assert got is not None
+    assert got.headers is not None
+    assert json.loads(body) == {"task": LATER}
+    for field in ("message_id", "type", "content_type", "delivery_mode", "timestamp"):
+        assert getattr(got, field) == getattr(later, field), field
+    # The job's own headers as sent, without the ladder's x-death (the task queue
+    # adds its own x-delivery-count).
+    assert "x-death" not in got.headers
+    assert {k: v for k, v in got.headers.items() if not k.startswith("x-")} == later.headers
+
+    again = CliRunner().invoke(main, reroute)
+    assert again.exit_code == 0, again.output
+    assert again.stdout.splitlines() == [
+        f"sent on 0 jobs from {names.unroutable_queue} to their task queues",
+        "kept 1 message that did not come out of the delay ladder (no task in its routing"
+        " key): read or purge them with rabbitmqctl or the management UI",
+        f"kept 2 jobs for {NOBODY}: no queue is bound for it; declare the task"
+        " (broker-jobs topology apply) and run this again",
+    ]
+    kept = []
+    while (found := connection.channel().basic_get(names.unroutable_queue, auto_ack=True))[0]:
+        kept.append(found[1].message_id)
+    assert kept == [first.message_id, second.message_id, "stray"]
+
+
+def test_reroute_needs_a_namespace_and_finds_nothing_where_no_queue_is(broker: Broker) -> None:
+    missing = CliRunner().invoke(main, ["jobs", "reroute", "--url", broker.url])
+    assert missing.exit_code == 2
+    assert "no namespace given: add --app MODULE:APP, or --namespace NS" in missing.output
+    fresh = f"t{uuid.uuid4().hex[:10]}"  # nothing declared: nothing to send on
+    result = CliRunner().invoke(
+        main, ["jobs", "reroute", "--url", broker.url, "--namespace", fresh, "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["moved"] == 0
+
+
+def test_a_worker_sends_on_the_delayed_jobs_it_finds_unroutable_when_it_connects(
+    broker: Broker,
+    namespace: str,
+    tmp_path: Path,
+    cleanup_topology: Callable[[Topology], Topology],
+    make_app: Callable[[], App],
+    connection: pika.BlockingConnection,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As after a broker restart that released a job before its queue's binding was
+    back: the job waits in ``<ns>.unroutable`` while its task has a queue."""
+    names = Names(namespace)
+    cleanup_topology(write_topology(tmp_path / "t.toml", namespace, DECLARED))
+    apply = topology("apply", "--url", broker.url, "--file", str(tmp_path / "t.toml"))
+    assert apply.exit_code == 0
+    sent = publish_delayed(confirm_channel(connection), namespace, LATER, 1.5)
+    wait_for_depth(connection, names.unroutable_queue, 1, within=10)
+    app = make_app()
+    ran: list[str] = []
+    done = threading.Event()
+
+    @app.task(LATER)
+    def build(payload: Released, job: JobContext) -> None:
+        ran.append(job.job_id)
+        done.set()
+
+    caplog.set_level(logging.INFO, logger="broker_jobs.worker.rerouting")
+    running = WorkerThread(Worker(broker.url, app, MemoryStore(), WorkerSettings()))
+    try:
+        assert done.wait(30), "the job in the unroutable queue never ran"
+    finally:
+        outcomes = running.stop()
+    assert ran == [sent.message_id]
+    assert outcomes["succeeded"] == 1
+    assert depth(connection, names.unroutable_queue) == 0
+    said = [r.getMessage() for r in caplog.records if r.name.endswith("rerouting")]
+    assert [line.split(":")[0] for line in said] == [
+        f"sent on 1 delayed job from {names.unroutable_queue} to their task queues ({LATER}"
+    ]
+
+
+def test_a_connected_worker_looks_again_and_sends_on_what_arrived_since(
+    broker: Broker,
+    namespace: str,
+    tmp_path: Path,
+    cleanup_topology: Callable[[Topology], Topology],
+    make_app: Callable[[], App],
+    connection: pika.BlockingConnection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node of a cluster can restart under a worker that keeps its connection: the
+    worker's looks (every 60 s; here 0.2) find the job all the same."""
+    monkeypatch.setattr(rerouting, "LOOK_EVERY", 0.2)
+    names = Names(namespace)
+    cleanup_topology(write_topology(tmp_path / "t.toml", namespace, DECLARED))
+    apply = topology("apply", "--url", broker.url, "--file", str(tmp_path / "t.toml"))
+    assert apply.exit_code == 0
+    app = make_app()
+    ran: list[str] = []
+    done = threading.Event()
+
+    @app.task(LATER)
+    def build(payload: Released, job: JobContext) -> None:
+        ran.append(job.job_id)
+        done.set()
+
+    running = WorkerThread(Worker(broker.url, app, MemoryStore(), WorkerSettings()))
+    try:
+        wait_until(lambda: running.worker.connected_to, within=30, what="the worker connected")
+        # What the ladder's end puts there when the binding is missing.
+        properties = pika.BasicProperties(
+            message_id="misrouted",
+            type=LATER,
+            content_type="application/json",
+            delivery_mode=2,
+            headers={"bj-wire-version": 1},
+        )
+        connection.channel().basic_publish(
+            names.unroutable_exchange, delay_routing_key(0, LATER), b'{"task": "x"}', properties
+        )
+        assert done.wait(30), "the worker never sent the job on"
+    finally:
+        outcomes = running.stop()
+    assert ran == ["misrouted"]
+    assert outcomes["succeeded"] == 1
+    assert depth(connection, names.unroutable_queue) == 0

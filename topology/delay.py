@@ -36,6 +36,7 @@ which a job's next hop fell due makes that job late by up to the outage's length
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from topology import names as n
@@ -69,6 +70,17 @@ def delay_routing_key(units: int, task: str, lane: Lane = ONLY_LANE) -> str:
         raise ValueError(f"{units} units do not fit in {DELAY_LEVELS} levels")
     digits = format(units, f"0{DELAY_LEVELS}b")
     return ".".join(digits) + "." + n.check_task_name(task) + lane.suffix
+
+
+def released_key(ladder_key: str) -> str | None:
+    """Where ``<ns>.delay.out`` sends a job of ``ladder_key``: its key on the work
+    exchange (the task and its lane's suffix, after the 25 digits). None when
+    ``ladder_key`` is not a ladder key or names no task."""
+    parts = ladder_key.split(".", DELAY_LEVELS)
+    if len(parts) <= DELAY_LEVELS or any(digit not in ("0", "1") for digit in parts[:-1]):
+        return None
+    key = parts[-1]
+    return key if n.is_task_name(re.split("[@:]", key, maxsplit=1)[0]) else None
 
 
 def delivery_binding_key(task: str, lane: Lane = ONLY_LANE) -> str:

@@ -9,7 +9,10 @@ operator (``broker-jobs topology apply``), no role needs configure:
   delayed job enters at the level of its delay's highest bit);
 - worker: read its task queues; write the work exchange (immediate retries), the
   ladder's exchanges (delayed retries) and the dead-letter exchange (jobs it gives
-  up on). Dead-lettering by the queue itself needs no permission;
+  up on). Dead-lettering by the queue itself needs no permission. Read and write
+  ``<ns>.unroutable`` (a queue and a fanout exchange of that name): a worker sends
+  on the delayed jobs a restarting broker put there (``broker_jobs.worker.rerouting``),
+  and puts back at the end of the queue those whose task has no queue;
 - beat: what a publisher has, plus configure, write and read on ``<ns>.beat.leader``:
   its leader election declares a quorum queue and a fanout exchange of that name,
   binds them, publishes tokens to the exchange and consumes the queue.
@@ -18,9 +21,8 @@ Passive declares (checking that an object exists) need no permission: measured o
 RabbitMQ 3.10, a user with ``^$`` everywhere may passive-declare any exchange or
 queue of the vhost, and is refused (403) on anything else.
 
-No role touches ``<ns>.unroutable`` (the alternate exchange of ``<ns>.delay.out``
-and its queue): the operator declares it and reads it. Routing there needs no
-permission either: measured on 3.10, a publisher with the grants below whose job
+Routing to ``<ns>.unroutable`` (the alternate exchange of ``<ns>.delay.out``) needs
+no permission: measured on 3.10, a publisher with the grants below whose job
 goes from a ladder exchange on to ``<ns>.delay.out`` and its alternate exchange
 while it publishes is not refused, and the job lands in the queue.
 """
@@ -75,24 +77,26 @@ def role_permissions(role: Role, names: Names, tasks: Sequence[str] | None) -> P
         write = exact([names.work_exchange], patterns=[ladder])
         return Permissions(role, NOTHING, write, NOTHING, notes)
     if role is Role.WORKER:
+        unroutable = names.unroutable_queue  # also its exchange's name
         if tasks is None:
-            read = "^" + escape(names.task_queue_prefix) + ".+$"
-            reads = "read: consume every task queue of the namespace"
+            queues = [escape(names.task_queue_prefix) + ".+"]
+            reads = f"read: consume every task queue of the namespace, and {unroutable}"
         else:
             # Each task's queue and its lanes' (priority levels, shards), which the
             # task names alone do not tell: every lane a task can have.
-            read = exact((), [escape(names.task_queue(task)) + LANES for task in tasks])
-            reads = "read: consume the task queues" if tasks else "read: nothing (no tasks)"
+            queues = [escape(names.task_queue(task)) + LANES for task in tasks]
+            reads = f"read: consume the task queues, and {unroutable}"
         writes = [names.work_exchange, names.dead_letter_exchange]
         return Permissions(
             role,
             NOTHING,
-            exact(writes, patterns=[ladder]),
-            read,
+            exact([*writes, unroutable], patterns=[ladder]),
+            exact([unroutable], patterns=queues),
             (
                 "configure: nothing",
-                f"write: retries and dead letters to {', '.join(writes)} and the ladder",
-                reads,
+                f"write: retries and dead letters to {', '.join(writes)} and the ladder;"
+                f" unroutable delayed jobs back to {unroutable}",
+                reads + " (sending on the delayed jobs a restarting broker put there)",
             ),
         )
     leader = beat_leader_queue(names)

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from broker_jobs.cli.jobs_purge import purge_command
+from broker_jobs.cli.jobs_reroute import reroute_command
 from broker_jobs.cli.options import store_option
 from broker_jobs.cli.output import AWARE_DATETIME, console, echo_json, fail, json_option, table
 from broker_jobs.errors import BrokerJobsError
@@ -61,7 +62,8 @@ _UNKNOWN_HINT = (
 
 @click.group("jobs")
 def jobs_group() -> None:
-    """List, show and cancel the ledger's jobs.
+    """List, show and cancel the ledger's jobs; purge a task's pending jobs; send
+    unroutable delayed jobs on to their queues.
 
     \b
     Examples:
@@ -371,3 +373,4 @@ def _store(url: str) -> Iterator[Store]:
 
 
 jobs_group.add_command(purge_command)
+jobs_group.add_command(reroute_command)

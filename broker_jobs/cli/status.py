@@ -91,7 +91,7 @@ def _echo(report: StatusReport, store_url: str, app_path: str | None) -> None:
         grid.add_row(*_row(task, report))
     console().print(grid)
     click.echo(_ladder_line(report))
-    click.echo(_unroutable_line(report.unroutable))
+    click.echo(_unroutable_line(report.unroutable, report.namespace))
     click.echo("running: the ledger's running jobs (AMQP cannot count unacked deliveries)")
     if report.missing:
         click.echo(f"missing: {_missing(report)}; {missing_hint(app_path)}")
@@ -140,10 +140,15 @@ def _ladder_line(report: StatusReport) -> str:
     return line
 
 
-def _unroutable_line(queue: QueueState) -> str:
+def _unroutable_line(queue: QueueState, namespace: str) -> str:
     if not queue.exists:
         return f"unroutable: queue {queue.name} missing"
-    note = ": declare their task, then move them to the work exchange" if queue.messages else ""
+    note = (
+        f": declare their task, then `broker-jobs jobs reroute --namespace {namespace}`"
+        " (a worker does it too when it connects)"
+        if queue.messages
+        else ""
+    )
     return f"unroutable: {queue.messages} job(s) in {queue.name}{note}"
 
 

@@ -80,6 +80,17 @@ def chosen_tasks(
     )
 
 
+def chosen_names(app: str | None, namespace: str | None) -> Names:
+    """The namespace's names, from ``--app`` or ``--namespace``; a usage error (exit 2)
+    saying what to add when neither is given."""
+    app_path = _app_path(app, namespace)
+    if app_path is not None:
+        return load_app(app_path).names
+    if namespace is None:
+        raise click.UsageError("no namespace given: add --app MODULE:APP, or --namespace NS")
+    return _names(namespace)
+
+
 def _app_path(app: str | None, namespace: str | None) -> str | None:
     if app is None or namespace is None:
         return app

@@ -1,8 +1,10 @@
-"""The messages made from a dead letter again: the replayed job, and the copy that
-moves it to the back of its queue. A dead letter as read (:class:`DeadLetter`,
-:func:`read_dead_letter`) is the core's (:mod:`broker_jobs.dead_letter`: the worker
-and the ledger's index read it too); its names are given out here as before.
-Which dead letters can run again is decided by :func:`replayable`.
+"""The messages made from a dead letter again: the replayed job, the copy that
+moves it to the back of its queue, and a job of ``<ns>.unroutable`` sent on to its
+task queue (read as a dead letter too: :mod:`broker_jobs.ops.unroutable`). A dead
+letter as read (:class:`DeadLetter`, :func:`read_dead_letter`) is the core's
+(:mod:`broker_jobs.dead_letter`: the worker and the ledger's index read it too); its
+names are given out here as before. Which dead letters can run again is decided by
+:func:`replayable`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "moved_message",
     "read_dead_letter",
     "replay_message",
+    "rerouted_message",
     "replayable",
 ]
 
@@ -102,6 +105,18 @@ def moved_message(letter: DeadLetter) -> WireMessage:
     """A dead letter as it is, to put at the back of its queue (without the delivery
     count, which the broker sets on a redelivery)."""
     headers = {k: v for k, v in letter.headers.items() if k != n.HEADER_DELIVERY_COUNT}
+    return _wire(letter, headers)
+
+
+def rerouted_message(letter: DeadLetter) -> WireMessage:
+    """A job of ``<ns>.unroutable`` sent on to its task queue: as it is (its attempt,
+    ``bj-due-at`` and the rest), without RabbitMQ's ``x-*`` headers (the ladder's
+    ``x-death`` would trip the broker's cycle detection on a later delay)."""
+    headers = {
+        key: value
+        for key, value in letter.headers.items()
+        if not key.startswith(BROKER_HEADER_PREFIX)
+    }
     return _wire(letter, headers)
 
 

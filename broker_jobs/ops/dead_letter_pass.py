@@ -49,24 +49,42 @@ NOT_FOUND = 404
 
 
 def one_pass(
-    channel: Channel, *, task: str, queue: str, link: PikaLink, timeout: float, visit: Visit
+    channel: Channel,
+    *,
+    task: str | None,
+    queue: str,
+    link: PikaLink,
+    timeout: float,
+    visit: Visit,
+    going_on: Callable[[], bool] = lambda: True,
+    back_through: str = "",
 ) -> None:
     """Every message of ``task``'s dead-letter ``queue``, as deep as it was at the start:
     ``visit`` True acks it (taken); False moves it to the back (kept), so after the
-    whole pass the kept ones are in the order they were. Closes ``channel``."""
-    mover = _Mover(link, channel, queue, timeout)
+    whole pass the kept ones are in the order they were. Closes ``channel``.
+
+    ``task`` None: a queue of no one task (``<ns>.unroutable``), whose messages are
+    read with the routing key they came with as their task; give ``back_through``
+    then, an exchange that routes to ``queue`` alone whatever the key (a fanout), so
+    that a kept message keeps its key (through the default exchange, its key would
+    be the queue's name). ``going_on`` False ends the pass before the next message
+    (a stopping worker's)."""
+    mover = _Mover(link, channel, queue, timeout, back_through)
     try:
         # Only the depth at the start: what arrives meanwhile (the copies among
         # it) waits for the next pass.
         for _ in range(depth_of(channel, queue)):
+            if not going_on():
+                break
             method, properties, body = channel.basic_get(queue, auto_ack=False)
             if method is None or method.delivery_tag is None or properties is None:
                 break  # emptied meanwhile (another client took some)
-            letter = read_dead_letter(task, properties, _bytes(body))
+            key = method.routing_key or ""
+            letter = read_dead_letter(key if task is None else task, properties, _bytes(body))
             if visit(letter, link):
                 channel.basic_ack(method.delivery_tag)
             else:
-                mover.keep(method.delivery_tag, letter)
+                mover.keep(method.delivery_tag, letter, key)
     finally:
         close_channel(channel)  # what is still unacked goes back to the queue
 
@@ -83,22 +101,24 @@ class _Mover:
     channel: Channel
     queue: str
     timeout: float
+    exchange: str  # "": the default exchange, to the queue by its name
 
-    def keep(self, tag: int, letter: DeadLetter) -> None:
+    def keep(self, tag: int, letter: DeadLetter, key: str) -> None:
         # The default exchange routes to this queue alone, whatever else the
         # dead-letter exchange may be bound to.
-        delivery = self.link.publish("", self.queue, moved_message(letter))
+        routing_key = key if self.exchange else self.queue
+        delivery = self.link.publish(self.exchange, routing_key, moved_message(letter))
         settled = self.link.wait(lambda: delivery.settled, self.timeout)
         self.link.forget_settled()
         if not settled:
             why = self.link.describe_closed() if not self.link.is_open else "no confirm in time"
             raise BrokerConnectionError(
-                f"moving a dead letter to the back of {self.queue}: {why}; none is lost,"
+                f"moving a message to the back of {self.queue}: {why}; none is lost,"
                 " but one may now be in the queue twice, and the unacked ones out of order"
             )
         if not delivery.acked or delivery.returned:
             raise BrokerJobsError(
-                f"the broker refused to put a dead letter back at the end of {self.queue}"
+                f"the broker refused to put a message back at the end of {self.queue}"
                 " (basic.nack or basic.return): it stays where it was; check that the"
                 " queue exists and is not full, and try again"
             )
@@ -117,23 +137,29 @@ def close_channel(channel: Channel) -> None:
             channel.close()
 
 
+#: What an operation over dead-letter queues needs of the broker's permissions.
+DEAD_LETTER_PERMISSIONS = (
+    "Reading dead letters needs read permission on the dead-letter queues, replaying them"
+    " write permission on the work exchange too (broker-jobs topology permissions)"
+)
+
+
 @contextlib.contextmanager
-def translated() -> Iterator[None]:
-    """pika's errors as the library's, with passwords masked."""
+def translated(permissions: str = DEAD_LETTER_PERMISSIONS) -> Iterator[None]:
+    """pika's errors as the library's, with passwords masked; a refusal says what
+    the operation needs (``permissions``)."""
     try:
         yield
     except pika.exceptions.ChannelClosedByBroker as error:
         if error.reply_code == NOT_FOUND:
             raise TopologyMissingError(error.reply_text) from None
         raise BrokerJobsError(
-            f"the broker refused: {error.reply_code} {mask_text(error.reply_text)}. Reading"
-            " dead letters needs read permission on the dead-letter queues, replaying them"
-            " write permission on the work exchange too (broker-jobs topology permissions)"
+            f"the broker refused: {error.reply_code} {mask_text(error.reply_text)}. {permissions}"
         ) from None
     except pika.exceptions.AMQPError as error:
         raise BrokerConnectionError(
             f"the connection to the broker broke: {type(error).__name__}:"
-            f" {mask_text(str(error))}; unacked dead letters went back to their queue"
+            f" {mask_text(str(error))}; unacked messages went back to their queue"
         ) from None
 
 

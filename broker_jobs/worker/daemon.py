@@ -55,6 +55,7 @@ from broker_jobs.worker.link import BrokerLink, ExpectedDisconnects
 from broker_jobs.worker.observer import JobObserver
 from broker_jobs.worker.prefetch_boost import PrefetchBoost
 from broker_jobs.worker.protocol import Runner
+from broker_jobs.worker.rerouting import Rerouting
 from broker_jobs.worker.session import Cancelled, Lost, Session, SessionEnded, describe_loss
 from broker_jobs.worker.settings import ProtocolSettings, WorkerSettings
 from topology.delay import MAX_HOLD
@@ -130,6 +131,8 @@ class Worker:
         self._runner: Runner | None = None
         self._fast_path: FastPath | None = None
         self._link: BrokerLink | None = None
+        #: Sends on the delayed jobs a restarting broker misrouted, at each connection.
+        self._rerouting = Rerouting(app.names, self._worker_id)
 
     @property
     def worker_id(self) -> str:
@@ -229,6 +232,7 @@ class Worker:
             asyncio.create_task(self._prune_forever(runner.ledger)),
             asyncio.create_task(runner.observer.summarise()),
             asyncio.create_task(runner.stalls.watch()),
+            asyncio.create_task(self._rerouting.look_while_connected(link)),
         ]
         controls = ControlWatch(
             self._store,
@@ -260,6 +264,7 @@ class Worker:
             failure = sys.exception()  # the error it exits with, for its last heartbeat
             for chore in chores:
                 chore.cancel()
+            await self._rerouting.close()
             following.cancel()
             await controls.stopped()
             beating.cancel()
@@ -389,6 +394,7 @@ class Worker:
             log.info(
                 "worker %s consuming %s on %s", self._worker_id, ", ".join(self._tasks), link.url
             )
+            self._rerouting.start(link.urls.starting_at(link.url))
             self._consuming = True
             try:
                 why = await self._until_ended(session, connection)

@@ -1,0 +1,148 @@
+"""A worker sends the delayed jobs of ``<ns>.unroutable`` on, each time it connects.
+
+A broker that restarts can release a delayed job before its task queue's binding is
+back, and the job waits in ``<ns>.unroutable`` (:mod:`broker_jobs.ops.unroutable`).
+The worker that connects again after the restart is the one that notices, so each
+connection of the worker starts one pass (:func:`~broker_jobs.ops.unroutable.reroute`)
+in a thread of its own; the worker consumes meanwhile. A node of a cluster can
+restart without the worker losing its connection, so the worker also looks every
+:data:`LOOK_EVERY` seconds, and makes a pass when the queue holds another number of
+messages than its last pass kept. A look costs one short connection and a passive
+declare.
+
+A pass takes at most :data:`PASS_LIMIT` messages: jobs whose task has no queue are
+moved to the back at each pass, and a long queue of them must not cost a worker
+minutes at each connection. The lines: what was sent on (INFO); jobs kept for a
+task without a queue (a WARNING when that count changes, so one line per change,
+not one per connection); a refusal (a WARNING, once: the worker's user may not
+read the queue); a lost connection (DEBUG: the worker's own link says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
+from broker_jobs.ops.unroutable import Rerouted, reroute
+from broker_jobs.plural import plural
+from broker_jobs.urls import BrokerURLs
+from broker_jobs.worker.link import BrokerLink
+from topology.names import Names
+
+log = logging.getLogger(__name__)
+
+#: The most messages one pass of a worker reads.
+PASS_LIMIT = 1000
+#: Seconds between a worker's looks at the queue while it is connected.
+LOOK_EVERY = 60.0
+
+
+class Rerouting:
+    """The passes of one worker: :meth:`start` after each connection, :meth:`close`
+    when the worker stops."""
+
+    def __init__(self, names: Names, worker_id: str) -> None:
+        self._names = names
+        self._worker_id = worker_id
+        self._pass: asyncio.Task[None] | None = None
+        self._closing = False
+        #: What the last pass kept: a look makes a pass only when there is more.
+        self._kept_last = 0
+        self._refusal_said = False
+
+    def start(self, urls: BrokerURLs, *, look: bool = False) -> None:
+        """Start a pass over the queue on the first of ``urls`` that answers, unless
+        one still runs (what arrived meanwhile waits for the next look). ``look``:
+        only if the queue holds another number of messages than the last pass kept."""
+        if self._closing or (self._pass is not None and not self._pass.done()):
+            return
+        unless = self._kept_last if look else None
+        self._pass = asyncio.create_task(self._run(urls, unless), name="reroute unroutable jobs")
+
+    async def look_while_connected(self, link: BrokerLink) -> None:
+        """Every :data:`LOOK_EVERY` seconds while ``link`` is up, a look (see
+        :meth:`start`); until cancelled."""
+        while True:
+            await asyncio.sleep(LOOK_EVERY)
+            if link.is_up:
+                self.start(link.urls.starting_at(link.url), look=True)
+
+    async def close(self) -> None:
+        """End a running pass before its next message, and wait for it."""
+        self._closing = True
+        if self._pass is not None:
+            await asyncio.shield(self._pass)
+
+    async def _run(self, urls: BrokerURLs, unless_depth: int | None) -> None:
+        read = 0
+
+        def going_on() -> bool:
+            nonlocal read
+            read += 1
+            return not self._closing and read <= PASS_LIMIT
+
+        try:
+            rerouted = await asyncio.to_thread(self._reroute, urls, going_on, unless_depth)
+        except BrokerConnectionError as error:
+            log.debug("sending on the jobs of %s stopped: %s", self._names.unroutable_queue, error)
+        except BrokerJobsError as error:
+            self._refused(error)
+        except Exception:  # a pass must never take the worker down: it tries again later
+            log.warning(
+                "sending on the jobs of %s failed", self._names.unroutable_queue, exc_info=True
+            )
+        else:
+            if rerouted.made:
+                self._say(rerouted)
+            else:  # empty, or what the last pass kept
+                self._kept_last = rerouted.depth
+
+    def _reroute(
+        self, urls: BrokerURLs, going_on: Callable[[], bool], unless_depth: int | None
+    ) -> Rerouted:
+        return reroute(
+            urls,
+            self._names,
+            connection_name=f"broker-jobs worker {self._worker_id} (reroute)",
+            going_on=going_on,
+            unless_depth=unless_depth,
+        )
+
+    def _refused(self, error: BrokerJobsError) -> None:
+        """Said once: the worker's user may not read the queue (its permissions)."""
+        if not self._refusal_said:
+            self._refusal_said = True
+            log.warning(
+                "worker %s cannot send on the delayed jobs of %s: %s",
+                self._worker_id,
+                self._names.unroutable_queue,
+                error,
+            )
+
+    def _say(self, rerouted: Rerouted) -> None:
+        moved = sum(rerouted.moved.values())
+        if moved:
+            log.info(
+                "sent on %s from %s to their task queues (%s): the broker released them"
+                " before their queues' bindings were back, or their tasks were declared since",
+                plural(moved, "delayed job"),
+                rerouted.queue,
+                ", ".join(f"{key}: {count}" for key, count in sorted(rerouted.moved.items())),
+            )
+        kept, before = sum(rerouted.kept.values()), self._kept_last
+        self._kept_last = kept
+        if kept and kept != before:
+            keys = ", ".join(
+                f"{key or 'not from the ladder'}: {count}"
+                for key, count in sorted(rerouted.kept.items())
+            )
+            log.warning(
+                "%s in %s for tasks without a queue (%s): declare the task, then"
+                " `broker-jobs jobs reroute --namespace %s`",
+                plural(kept, "delayed job waits", "delayed jobs wait"),
+                rerouted.queue,
+                keys,
+                self._names.namespace,
+            )
