@@ -100,6 +100,14 @@ def app_path(
 
 
 @pytest.fixture
+def applied(broker: Broker, app_path: str, namespace: str) -> Names:
+    """The app's topology applied by an operator (the ladder included); its names."""
+    result = topology("apply", "--url", broker.url, "--app", app_path)
+    assert result.exit_code == 0, result.output
+    return Names(namespace)
+
+
+@pytest.fixture
 def user(broker: Broker) -> Iterator[Callable[[], tuple[str, str]]]:
     """Create users on the test's own node; deleted afterwards."""
     node = broker.controllable()
@@ -587,11 +595,11 @@ def test_permissions_print_escaped_least_privilege_patterns() -> None:
 def test_publisher_permissions_allow_publishing_and_nothing_more(
     broker: Broker,
     app_path: str,
+    applied: Names,
     namespace: str,
     connection: pika.BlockingConnection,
     user: Callable[[], tuple[str, str]],
 ) -> None:
-    assert topology("apply", "--url", broker.url, "--app", app_path).exit_code == 0
     url, _printed = granted_user(broker, user, "--role", "publisher", "--namespace", namespace)
 
     with Publisher(url, namespace=namespace, declare=False) as publisher:
@@ -622,6 +630,7 @@ def test_publisher_permissions_allow_publishing_and_nothing_more(
 def test_routing_to_the_unroutable_queue_needs_no_permission(
     broker: Broker,
     app_path: str,
+    applied: Names,
     namespace: str,
     connection: pika.BlockingConnection,
     user: Callable[[], tuple[str, str]],
@@ -630,7 +639,6 @@ def test_routing_to_the_unroutable_queue_needs_no_permission(
     publishes (a key of zeros) reaches the alternate exchange with the publisher's
     grants alone: no role needs anything on <ns>.unroutable."""
     names = Names(namespace)
-    assert topology("apply", "--url", broker.url, "--app", app_path).exit_code == 0
     url, printed = granted_user(broker, user, "--role", "publisher", "--namespace", namespace)
     assert "unroutable" not in printed
     with confirming_channel(url) as channel:  # neither refused nor returned
@@ -669,15 +677,14 @@ def test_worker_permissions_allow_consuming_its_queues_only(
 def test_worker_permissions_allow_sending_on_unroutable_delayed_jobs(
     broker: Broker,
     app_path: str,
-    namespace: str,
+    applied: Names,
     connection: pika.BlockingConnection,
     user: Callable[[], tuple[str, str]],
 ) -> None:
     """What a worker does at each connection (broker_jobs.worker.rerouting) with the
     printed grants: reads <ns>.unroutable, sends a job whose task has a queue on to
     it, puts back one whose task has none."""
-    names = Names(namespace)
-    assert topology("apply", "--url", broker.url, "--app", app_path).exit_code == 0
+    names = applied
     url, printed = granted_user(broker, user, "--role", "worker", "--app", app_path)
     assert f"jobs back to {names.unroutable_queue}" in printed
     channel = connection.channel()
@@ -700,13 +707,13 @@ def test_worker_permissions_allow_sending_on_unroutable_delayed_jobs(
 def test_beat_permissions_allow_leading_and_emitting(
     broker: Broker,
     app_path: str,
+    applied: Names,
     namespace: str,
     connection: pika.BlockingConnection,
     user: Callable[[], tuple[str, str]],
 ) -> None:
     """A beat user with the printed permissions declares its election queue and
     exchange, wins the election and emits, on a topology an operator applied."""
-    assert topology("apply", "--url", broker.url, "--app", app_path).exit_code == 0
     url, _printed = granted_user(broker, user, "--role", "beat", "--namespace", namespace)
     app = App(namespace=namespace)
     app.declare("mail.send", Mail)

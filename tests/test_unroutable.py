@@ -10,6 +10,7 @@ apply`` reports and leaves alone (RabbitMQ cannot change exchange arguments).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -281,17 +282,48 @@ def write_topology(path: Path, namespace: str, *tasks: str) -> Topology:
     return load_file(path).topology()
 
 
-def test_reroute_sends_on_the_jobs_whose_task_has_a_queue_now_and_keeps_the_rest_in_order(
+@pytest.fixture
+def ladder(
     broker: Broker,
     namespace: str,
     tmp_path: Path,
     cleanup_topology: Callable[[Topology], Topology],
+) -> Names:
+    """The namespace applied with one task, mail.send: report.build has no queue."""
+    cleanup_topology(write_topology(tmp_path / "ladder.toml", namespace, DECLARED))
+    applied = topology("apply", "--url", broker.url, "--file", str(tmp_path / "ladder.toml"))
+    assert applied.exit_code == 0, applied.output
+    return Names(namespace)
+
+
+@dataclasses.dataclass
+class Builds:
+    """An app whose task report.build records the jobs it runs."""
+
+    app: App
+    ran: list[str] = dataclasses.field(default_factory=list)
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        @self.app.task(LATER)
+        def build(payload: Released, job: JobContext) -> None:
+            self.ran.append(job.job_id)
+            self.done.set()
+
+    def worker(self, broker: Broker) -> WorkerThread:
+        return WorkerThread(Worker(broker.url, self.app, MemoryStore(), WorkerSettings()))
+
+
+def test_reroute_sends_on_the_jobs_whose_task_has_a_queue_now_and_keeps_the_rest_in_order(
+    broker: Broker,
+    namespace: str,
+    ladder: Names,
+    tmp_path: Path,
+    cleanup_topology: Callable[[Topology], Topology],
     connection: pika.BlockingConnection,
 ) -> None:
-    names = Names(namespace)
+    names = ladder
     path = tmp_path / "topology.toml"
-    cleanup_topology(write_topology(path, namespace, DECLARED))
-    assert topology("apply", "--url", broker.url, "--file", str(path)).exit_code == 0
     channel = confirm_channel(connection)
     first = publish_delayed(channel, namespace, NOBODY, 1.5)
     later = publish_delayed(channel, namespace, LATER, 1.5)
@@ -317,6 +349,7 @@ def test_reroute_sends_on_the_jobs_whose_task_has_a_queue_now_and_keeps_the_rest
     assert method is not None
     assert got is not None
     assert got.headers is not None
+    assert body is not None
     assert json.loads(body) == {"task": LATER}
     for field in ("message_id", "type", "content_type", "delivery_mode", "timestamp"):
         assert getattr(got, field) == getattr(later, field), field
@@ -355,36 +388,24 @@ def test_reroute_needs_a_namespace_and_finds_nothing_where_no_queue_is(broker: B
 def test_a_worker_sends_on_the_delayed_jobs_it_finds_unroutable_when_it_connects(
     broker: Broker,
     namespace: str,
-    tmp_path: Path,
-    cleanup_topology: Callable[[Topology], Topology],
+    ladder: Names,
     make_app: Callable[[], App],
     connection: pika.BlockingConnection,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """As after a broker restart that released a job before its queue's binding was
     back: the job waits in ``<ns>.unroutable`` while its task has a queue."""
-    names = Names(namespace)
-    cleanup_topology(write_topology(tmp_path / "t.toml", namespace, DECLARED))
-    apply = topology("apply", "--url", broker.url, "--file", str(tmp_path / "t.toml"))
-    assert apply.exit_code == 0
+    names = ladder
     sent = publish_delayed(confirm_channel(connection), namespace, LATER, 1.5)
     wait_for_depth(connection, names.unroutable_queue, 1, within=10)
-    app = make_app()
-    ran: list[str] = []
-    done = threading.Event()
-
-    @app.task(LATER)
-    def build(payload: Released, job: JobContext) -> None:
-        ran.append(job.job_id)
-        done.set()
-
+    builds = Builds(make_app())
     caplog.set_level(logging.INFO, logger="broker_jobs.worker.rerouting")
-    running = WorkerThread(Worker(broker.url, app, MemoryStore(), WorkerSettings()))
+    running = builds.worker(broker)
     try:
-        assert done.wait(30), "the job in the unroutable queue never ran"
+        assert builds.done.wait(30), "the job in the unroutable queue never ran"
     finally:
         outcomes = running.stop()
-    assert ran == [sent.message_id]
+    assert builds.ran == [sent.message_id]
     assert outcomes["succeeded"] == 1
     assert depth(connection, names.unroutable_queue) == 0
     said = [r.getMessage() for r in caplog.records if r.name.endswith("rerouting")]
@@ -395,9 +416,7 @@ def test_a_worker_sends_on_the_delayed_jobs_it_finds_unroutable_when_it_connects
 
 def test_a_connected_worker_looks_again_and_sends_on_what_arrived_since(
     broker: Broker,
-    namespace: str,
-    tmp_path: Path,
-    cleanup_topology: Callable[[Topology], Topology],
+    ladder: Names,
     make_app: Callable[[], App],
     connection: pika.BlockingConnection,
     monkeypatch: pytest.MonkeyPatch,
@@ -405,20 +424,9 @@ def test_a_connected_worker_looks_again_and_sends_on_what_arrived_since(
     """A node of a cluster can restart under a worker that keeps its connection: the
     worker's looks (every 60 s; here 0.2) find the job all the same."""
     monkeypatch.setattr(rerouting, "LOOK_EVERY", 0.2)
-    names = Names(namespace)
-    cleanup_topology(write_topology(tmp_path / "t.toml", namespace, DECLARED))
-    apply = topology("apply", "--url", broker.url, "--file", str(tmp_path / "t.toml"))
-    assert apply.exit_code == 0
-    app = make_app()
-    ran: list[str] = []
-    done = threading.Event()
-
-    @app.task(LATER)
-    def build(payload: Released, job: JobContext) -> None:
-        ran.append(job.job_id)
-        done.set()
-
-    running = WorkerThread(Worker(broker.url, app, MemoryStore(), WorkerSettings()))
+    names = ladder
+    builds = Builds(make_app())
+    running = builds.worker(broker)
     try:
         wait_until(lambda: running.worker.connected_to, within=30, what="the worker connected")
         # What the ladder's end puts there when the binding is missing.
@@ -432,9 +440,9 @@ def test_a_connected_worker_looks_again_and_sends_on_what_arrived_since(
         connection.channel().basic_publish(
             names.unroutable_exchange, delay_routing_key(0, LATER), b'{"task": "x"}', properties
         )
-        assert done.wait(30), "the worker never sent the job on"
+        assert builds.done.wait(30), "the worker never sent the job on"
     finally:
         outcomes = running.stop()
-    assert ran == ["misrouted"]
+    assert builds.ran == ["misrouted"]
     assert outcomes["succeeded"] == 1
     assert depth(connection, names.unroutable_queue) == 0
