@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import shlex
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,8 +30,10 @@ from broker_jobs.ops.unroutable import reroute
 from broker_jobs.store import MemoryStore
 from broker_jobs.testing.rabbit_node import RabbitNode
 from broker_jobs.urls import BrokerURL
+from broker_jobs.worker import Worker, WorkerSettings, rerouting
 from scheduler import Beat, BeatSettings, load_schedules
 from tests.support import Broker, drain, importable_app, untyped_queue_type, wait_until
+from tests.test_worker_recovery import WorkerThread
 from topology import Names, Topology, declare
 from topology.delay import delay_routing_key
 from topology.errors import show_value
@@ -702,6 +706,67 @@ def test_worker_permissions_allow_sending_on_unroutable_delayed_jobs(
     assert (rerouted.moved, rerouted.kept) == ({"mail.send": 1}, {"nobody.home": 1})
     depth = channel.queue_declare(names.task_queue("mail.send"), passive=True)
     assert depth.method.message_count == 1
+
+
+def test_a_worker_granted_without_the_unroutable_queue_says_so_once_and_consumes(
+    broker: Broker,
+    applied: Names,
+    user: Callable[[], tuple[str, str]],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker user granted before workers sent unroutable jobs on: the worker is
+    refused the queue, says so once, tries again only when it connects again (not
+    at each look), and runs its jobs."""
+    names = applied
+    name, password = user()
+    escaped = names.namespace.replace(".", r"\.")
+    broker.controllable().ctl(
+        *("set_permissions", "-p", "/", name, "^$"),
+        rf"^({escaped}\.work|{escaped}\.dead|{escaped}\.delay\.[0-9]{{2}})$",
+        rf"^{escaped}\.task\..+$",
+    )
+    with contextlib.closing(pika.BlockingConnection(pika.URLParameters(broker.url))) as admin:
+        key = delay_routing_key(0, "nobody.home")
+        admin.channel().basic_publish(names.unroutable_exchange, key, b"{}")
+    passes: list[object] = []  # reroute called: a pass, or a look that may make one
+    looks: list[object] = []  # the worker's looks, each every LOOK_EVERY seconds
+
+    def counted_pass(*args: Any, **kwargs: Any) -> Any:
+        passes.append(args)
+        return reroute(*args, **kwargs)
+
+    start = rerouting.Rerouting.start
+
+    def counted_start(self: rerouting.Rerouting, urls: Any, *, look: bool = False) -> None:
+        if look:
+            looks.append(urls)
+        start(self, urls, look=look)
+
+    monkeypatch.setattr(rerouting, "reroute", counted_pass)
+    monkeypatch.setattr(rerouting.Rerouting, "start", counted_start)
+    monkeypatch.setattr(rerouting, "LOOK_EVERY", 0.05)
+    app = App(namespace=names.namespace)
+    ran = threading.Event()
+
+    @app.task("mail.send")
+    def send(payload: Mail) -> None:
+        ran.set()
+
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish("mail.send", {"to": "a@example.com"})
+    url = with_credentials(broker.url, name, password)
+    running = WorkerThread(Worker(url, app, MemoryStore(), WorkerSettings(declare=False)))
+    try:
+        assert ran.wait(30), "the worker ran nothing"
+        wait_until(lambda: len(looks) >= 5, within=30, what="five looks")
+    finally:
+        running.stop()
+    assert len(passes) == 1  # at its connection; none at its looks after the refusal
+    refused = [r for r in caplog.records if r.name == rerouting.__name__]
+    assert [r.levelno for r in refused] == [logging.WARNING]
+    assert "403 ACCESS_REFUSED" in refused[0].getMessage()
+    assert "broker-jobs topology permissions --role worker" in refused[0].getMessage()
 
 
 def test_beat_permissions_allow_leading_and_emitting(

@@ -15,7 +15,8 @@ moved to the back at each pass, and a long queue of them must not cost a worker
 minutes at each connection. The lines: what was sent on (INFO); jobs kept for a
 task without a queue (a WARNING when that count changes, so one line per change,
 not one per connection); a refusal (a WARNING, once: the worker's user may not
-read the queue); a lost connection (DEBUG: the worker's own link says so).
+read the queue, and the worker tries again only when it connects again, not at its
+looks); a lost connection (DEBUG: the worker's own link says so).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class Rerouting:
         one still runs (what arrived meanwhile waits for the next look). ``look``:
         only if the queue holds another number of messages than the last pass kept."""
         if self._closing or (self._pass is not None and not self._pass.done()):
+            return
+        if look and self._refusal_said:  # a refused user: only at its connections
             return
         unless = self._kept_last if look else None
         self._pass = asyncio.create_task(self._run(urls, unless), name="reroute unroutable jobs")
