@@ -31,6 +31,7 @@ from broker_jobs.testing.rabbit_cluster import RabbitCluster
 from broker_jobs.testing.rabbit_node import RabbitNode
 from broker_jobs.testing.tcp_proxy import TcpProxy
 from broker_jobs.worker import Worker, WorkerSettings
+from broker_jobs.worker.stop_signals import SAME_STOP, Asked, StopSignals
 from tests.support import Broker, wait_until
 from tests.test_worker import EffectsDatabase
 from topology import Topology
@@ -398,6 +399,52 @@ def test_sigterm_while_the_broker_is_away_stops_the_worker_at_once_with_exit_0(
     no_tracebacks(worker)
 
 
+def test_a_sigterm_delivered_twice_is_one_stop_and_the_running_job_finishes(
+    broker: Broker,
+    namespace: str,
+    tmp_path: Path,
+    cleanup_topology: Callable[[Topology], Topology],
+    worker_processes: Callable[[list[str], Path], WorkerProcess],
+) -> None:
+    """``timeout`` passes a SIGTERM on to its command, then to the command's process
+    group: the worker got it twice, 7 ms apart (``timeout 15 broker-jobs worker``).
+    One graceful stop (the running job finishes), not "second signal: exiting now".
+    (Through ``timeout`` itself the two often arrive before the first is handled and
+    the kernel merges them: sent here one after the other, as in the walk.)"""
+    started, release = tmp_path / "started", tmp_path / "release"
+    write_app(
+        tmp_path,
+        namespace,
+        f"""
+        import pathlib, time
+
+        @app.task("counter.add", time_limit=60)
+        def add(payload: Add) -> None:
+            pathlib.Path({str(started)!r}).touch()
+            while not pathlib.Path({str(release)!r}).exists():  # until the test says
+                time.sleep(0.01)
+        """,
+    )
+    app = declared_app(namespace, cleanup_topology)
+    with Publisher(broker.url, app) as publisher:
+        publisher.publish_many([JobRequest("counter.add", {"key": k}) for k in ("a", "b")])
+    args = ["--url", broker.url, "--concurrency", "1", "recovery_app:app"]
+    worker = worker_processes(args, tmp_path)
+    wait_until(started.exists, within=30, what="the first job started")
+    worker.process.send_signal(signal.SIGTERM)
+    worker.logged("stopping: finishing running jobs", within=10)
+    worker.process.send_signal(signal.SIGTERM)  # the group's copy
+    worker.logged("SIGTERM again at once", within=10)
+    assert worker.alive
+    release.touch()
+    assert worker.process.wait(30) == 0, worker.log[-3000:]
+    assert "second signal" not in worker.log, worker.log[-3000:]
+    with broker.connection("test timeout") as connection:
+        queue = app.names.task_queue("counter.add")
+        depth = connection.channel().queue_declare(queue, passive=True).method.message_count
+    assert depth == 1  # the first job was acked; the second never started
+
+
 def test_a_worker_without_a_broker_for_its_reconnect_timeout_exits_75(
     broker: Broker,
     idle_app: App,
@@ -465,3 +512,18 @@ def test_a_worker_moves_to_a_live_node_when_its_node_is_killed(
     finally:
         rabbit_cluster.start()  # the killed node rejoins, for the tests after this one
     assert set(effects.runs.values()) == {1}, "a job ran twice"
+
+
+def test_what_each_stop_signal_asks() -> None:
+    """A SIGTERM again within SAME_STOP is the same request; later, or a SIGINT (a
+    person pressing Ctrl-C again), exits at once."""
+    twice = StopSignals()
+    assert twice.take(signal.SIGTERM, 100.0) is Asked.STOP
+    assert twice.take(signal.SIGTERM, 100.007) is Asked.AGAIN
+    assert twice.take(signal.SIGTERM, 100.0 + SAME_STOP) is Asked.EXIT
+    ctrl_c = StopSignals()
+    assert ctrl_c.take(signal.SIGINT, 5.0) is Asked.STOP
+    assert ctrl_c.take(signal.SIGINT, 5.2) is Asked.EXIT
+    mixed = StopSignals()
+    assert mixed.take(signal.SIGTERM, 5.0) is Asked.STOP
+    assert mixed.take(signal.SIGINT, 5.1) is Asked.EXIT

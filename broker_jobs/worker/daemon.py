@@ -22,6 +22,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -58,6 +59,7 @@ from broker_jobs.worker.protocol import Runner
 from broker_jobs.worker.rerouting import Rerouting
 from broker_jobs.worker.session import Cancelled, Lost, Session, SessionEnded, describe_loss
 from broker_jobs.worker.settings import ProtocolSettings, WorkerSettings
+from broker_jobs.worker.stop_signals import Asked, StopSignals
 from topology.delay import MAX_HOLD
 from topology.priority import AGING_SHARE, PriorityPolicy
 
@@ -146,19 +148,24 @@ class Worker:
             self._runner.stopping = True
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT stop gracefully; a second one exits at once (the broker
-        redelivers whatever was unacked, so nothing is lost either way)."""
+        """SIGTERM/SIGINT stop gracefully; a second one exits at once, but a SIGTERM
+        delivered twice is one request (:mod:`~broker_jobs.worker.stop_signals`)."""
         loop = asyncio.get_running_loop()
+        signals = StopSignals()
 
-        def on_signal() -> None:
-            if self._stopping.is_set():
+        def on_signal(signum: signal.Signals) -> None:
+            asked = signals.take(signum, time.monotonic())
+            if asked is Asked.STOP:
+                log.info("stopping: finishing running jobs (up to %g s)", self._settings.grace)
+                self.stop()
+            elif asked is Asked.AGAIN:
+                log.info("%s again at once (a process group's kill?): still stopping", signum.name)
+            else:
                 log.warning("second signal: exiting now; unacked jobs will be redelivered")
                 os._exit(1)
-            log.info("stopping: finishing running jobs (up to %g s)", self._settings.grace)
-            self.stop()
 
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, on_signal)
+            loop.add_signal_handler(signum, on_signal, signum)
 
     @property
     def outcomes(self) -> Counter[str]:
