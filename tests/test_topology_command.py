@@ -736,15 +736,14 @@ def test_a_worker_granted_without_the_unroutable_queue_says_so_once_and_consumes
         passes.append(args)
         return reroute(*args, **kwargs)
 
-    start = rerouting.Rerouting.start
+    look = rerouting.Rerouting.look
 
-    def counted_start(self: rerouting.Rerouting, urls: Any, *, look: bool = False) -> None:
-        if look:
-            looks.append(urls)
-        start(self, urls, look=look)
+    async def counted_look(self: rerouting.Rerouting) -> None:
+        looks.append(self)
+        await look(self)
 
     monkeypatch.setattr(rerouting, "reroute", counted_pass)
-    monkeypatch.setattr(rerouting.Rerouting, "start", counted_start)
+    monkeypatch.setattr(rerouting.Rerouting, "look", counted_look)
     monkeypatch.setattr(rerouting, "LOOK_EVERY", 0.05)
     app = App(namespace=names.namespace)
     ran = threading.Event()

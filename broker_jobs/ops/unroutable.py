@@ -69,14 +69,12 @@ class Rerouted:
     """What a pass did: jobs sent on and confirmed, by their key on the work exchange;
     jobs kept in ``queue`` (their task has no queue yet), by the same key
     (:data:`NOT_A_LADDER_KEY` for a message that did not come out of the ladder).
-    ``depth``: what the queue held before the pass; ``made`` False: no pass (the
-    queue was empty, or held what :func:`reroute` was told to leave)."""
+    ``depth``: what the queue held before the pass."""
 
     queue: str
     moved: Counter[str] = field(default_factory=Counter)
     kept: Counter[str] = field(default_factory=Counter)
     depth: int = 0
-    made: bool = False
 
     def document(self) -> dict[str, Any]:
         """JSON-ready (``broker-jobs jobs reroute --json``)."""
@@ -97,15 +95,12 @@ def reroute(
     confirm_timeout: float = CONFIRM_TIMEOUT,
     connection_name: str = "broker-jobs reroute",
     going_on: Callable[[], bool] = lambda: True,
-    unless_depth: int | None = None,
 ) -> Rerouted:
-    """One pass over ``names``' unroutable queue (see the module's docstring), unless
-    it is empty or holds ``unless_depth`` messages (a worker's periodic look: as many
-    as its last pass kept, most likely the same ones). A namespace without the queue
-    (declared before it existed) has nothing to send on. ``going_on`` False ends the
-    pass before its next message. Raises :class:`BrokerConnectionError` for a lost broker and
-    :class:`BrokerJobsError` for a refusal (permissions); a pass cut short loses
-    nothing."""
+    """One pass over ``names``' unroutable queue (see the module's docstring). A
+    namespace without the queue (declared before it existed) has nothing to send on.
+    ``going_on`` False ends the pass before its next message. Raises
+    :class:`BrokerConnectionError` for a lost broker and :class:`BrokerJobsError` for
+    a refusal (permissions); a pass cut short loses nothing."""
     rerouted = Rerouted(names.unroutable_queue)
     urls = BrokerURLs.parse(urls)
     with translated(REROUTE_PERMISSIONS):
@@ -114,9 +109,8 @@ def reroute(
         )
         try:
             rerouted.depth = _waiting(connection, rerouted.queue)
-            if rerouted.depth in {0, unless_depth}:
+            if not rerouted.depth:
                 return rerouted
-            rerouted.made = True
             link = PikaLink.connect_first(
                 urls.starting_at(node),
                 connect_timeout=connect_timeout,

@@ -239,7 +239,7 @@ class Worker:
             asyncio.create_task(self._prune_forever(runner.ledger)),
             asyncio.create_task(runner.observer.summarise()),
             asyncio.create_task(runner.stalls.watch()),
-            asyncio.create_task(self._rerouting.look_while_connected(link)),
+            asyncio.create_task(self._rerouting.look_forever()),
         ]
         controls = ControlWatch(
             self._store,
@@ -401,7 +401,7 @@ class Worker:
             log.info(
                 "worker %s consuming %s on %s", self._worker_id, ", ".join(self._tasks), link.url
             )
-            self._rerouting.start(link.urls.starting_at(link.url))
+            self._rerouting.connected(connection, link.urls.starting_at(link.url))
             self._consuming = True
             try:
                 why = await self._until_ended(session, connection)

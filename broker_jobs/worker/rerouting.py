@@ -6,9 +6,9 @@ The worker that connects again after the restart is the one that notices, so eac
 connection of the worker starts one pass (:func:`~broker_jobs.ops.unroutable.reroute`)
 in a thread of its own; the worker consumes meanwhile. A node of a cluster can
 restart without the worker losing its connection, so the worker also looks every
-:data:`LOOK_EVERY` seconds, and makes a pass when the queue holds another number of
-messages than its last pass kept. A look costs one short connection and a passive
-declare.
+:data:`LOOK_EVERY` seconds (a passive declare on a channel of its own connection:
+no connection opened, nothing in the broker's log) and makes a pass when the queue
+holds another number of messages than its last pass kept there.
 
 A pass takes at most :data:`PASS_LIMIT` messages: jobs whose task has no queue are
 moved to the back at each pass, and a long queue of them must not cost a worker
@@ -22,14 +22,17 @@ looks); a lost connection (DEBUG: the worker's own link says so).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
+
+import aio_pika.abc
+import aio_pika.exceptions
 
 from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
 from broker_jobs.ops.unroutable import Rerouted, reroute
 from broker_jobs.plural import plural
 from broker_jobs.urls import BrokerURLs
-from broker_jobs.worker.link import BrokerLink
 from topology.names import Names
 
 log = logging.getLogger(__name__)
@@ -38,39 +41,52 @@ log = logging.getLogger(__name__)
 PASS_LIMIT = 1000
 #: Seconds between a worker's looks at the queue while it is connected.
 LOOK_EVERY = 60.0
+#: What a look meets when the worker's connection fails under it.
+LOOK_FAILED: tuple[type[Exception], ...] = (
+    aio_pika.exceptions.AMQPError,
+    ConnectionError,
+    TimeoutError,
+    RuntimeError,  # a channel asked of a connection closing meanwhile
+)
 
 
 class Rerouting:
-    """The passes of one worker: :meth:`start` after each connection, :meth:`close`
-    when the worker stops."""
+    """The passes of one worker: :meth:`connected` at each connection,
+    :meth:`look_forever` meanwhile, :meth:`close` when the worker stops."""
 
     def __init__(self, names: Names, worker_id: str) -> None:
         self._names = names
         self._worker_id = worker_id
         self._pass: asyncio.Task[None] | None = None
         self._closing = False
-        #: What the last pass kept: a look makes a pass only when there is more.
+        #: The worker's live connection and its nodes, for the looks.
+        self._connection: aio_pika.abc.AbstractConnection | None = None
+        self._urls: BrokerURLs | None = None
+        #: What the last pass kept: a look makes a pass only when that changed.
         self._kept_last = 0
         self._refusal_said = False
 
-    def start(self, urls: BrokerURLs, *, look: bool = False) -> None:
-        """Start a pass over the queue on the first of ``urls`` that answers, unless
-        one still runs (what arrived meanwhile waits for the next look). ``look``:
-        only if the queue holds another number of messages than the last pass kept."""
-        if self._closing or (self._pass is not None and not self._pass.done()):
-            return
-        if look and self._refusal_said:  # a refused user: only at its connections
-            return
-        unless = self._kept_last if look else None
-        self._pass = asyncio.create_task(self._run(urls, unless), name="reroute unroutable jobs")
+    def connected(self, connection: aio_pika.abc.AbstractConnection, urls: BrokerURLs) -> None:
+        """The worker consumes on ``connection`` (its node first in ``urls``): a pass."""
+        self._connection, self._urls = connection, urls
+        self._start(urls)
 
-    async def look_while_connected(self, link: BrokerLink) -> None:
-        """Every :data:`LOOK_EVERY` seconds while ``link`` is up, a look (see
-        :meth:`start`); until cancelled."""
+    async def look_forever(self) -> None:
+        """A look every :data:`LOOK_EVERY` seconds, until cancelled."""
         while True:
             await asyncio.sleep(LOOK_EVERY)
-            if link.is_up:
-                self.start(link.urls.starting_at(link.url), look=True)
+            await self.look()
+
+    async def look(self) -> None:
+        """The queue's depth; a pass when it is not what the last pass kept there.
+        Nothing while the worker has no connection (its next one makes a pass), or
+        after a refusal (only its connections try again)."""
+        connection, urls = self._connection, self._urls
+        if connection is None or connection.is_closed or urls is None or self._refusal_said:
+            return
+        depth = await self._depth(connection)
+        if depth is not None and depth not in {0, self._kept_last}:
+            self._start(urls)
 
     async def close(self) -> None:
         """End a running pass before its next message, and wait for it."""
@@ -78,7 +94,34 @@ class Rerouting:
         if self._pass is not None:
             await asyncio.shield(self._pass)
 
-    async def _run(self, urls: BrokerURLs, unless_depth: int | None) -> None:
+    def _start(self, urls: BrokerURLs) -> None:
+        """A pass on the first of ``urls`` that answers, unless one still runs (what
+        arrived meanwhile waits for the next look)."""
+        if self._closing or (self._pass is not None and not self._pass.done()):
+            return
+        self._pass = asyncio.create_task(self._run(urls), name="reroute unroutable jobs")
+
+    async def _depth(self, connection: aio_pika.abc.AbstractConnection) -> int | None:
+        """The queue's depth (0 when it does not exist), on a channel of its own: a
+        passive declare of a missing queue closes its channel. None: the connection
+        failed meanwhile (the worker's link says so)."""
+        try:
+            channel = await connection.channel()
+        except LOOK_FAILED:
+            return None
+        try:
+            queue = await channel.declare_queue(self._names.unroutable_queue, passive=True)
+        except aio_pika.exceptions.ChannelNotFoundEntity:
+            return 0
+        except LOOK_FAILED:
+            return None
+        finally:
+            if not channel.is_closed:
+                with contextlib.suppress(*LOOK_FAILED):
+                    await channel.close()
+        return queue.declaration_result.message_count or 0
+
+    async def _run(self, urls: BrokerURLs) -> None:
         read = 0
 
         def going_on() -> bool:
@@ -87,7 +130,7 @@ class Rerouting:
             return not self._closing and read <= PASS_LIMIT
 
         try:
-            rerouted = await asyncio.to_thread(self._reroute, urls, going_on, unless_depth)
+            rerouted = await asyncio.to_thread(self._reroute, urls, going_on)
         except BrokerConnectionError as error:
             log.debug("sending on the jobs of %s stopped: %s", self._names.unroutable_queue, error)
         except BrokerJobsError as error:
@@ -97,20 +140,14 @@ class Rerouting:
                 "sending on the jobs of %s failed", self._names.unroutable_queue, exc_info=True
             )
         else:
-            if rerouted.made:
-                self._say(rerouted)
-            else:  # empty, or what the last pass kept
-                self._kept_last = rerouted.depth
+            self._say(rerouted)
 
-    def _reroute(
-        self, urls: BrokerURLs, going_on: Callable[[], bool], unless_depth: int | None
-    ) -> Rerouted:
+    def _reroute(self, urls: BrokerURLs, going_on: Callable[[], bool]) -> Rerouted:
         return reroute(
             urls,
             self._names,
             connection_name=f"broker-jobs worker {self._worker_id} (reroute)",
             going_on=going_on,
-            unless_depth=unless_depth,
         )
 
     def _refused(self, error: BrokerJobsError) -> None:
