@@ -4,6 +4,7 @@ from broker_jobs.app import App, TaskSpec
 from broker_jobs.due import InvalidDelayError
 from broker_jobs.envelope import Job, WireMessage, decode, encode
 from broker_jobs.errors import (
+    AccessRefusedError,
     BrokerConnectionError,
     BrokerJobsError,
     BrokerUnreachableError,
@@ -64,6 +65,7 @@ __all__ = [
     "decode",
     "encode",
     # errors
+    "AccessRefusedError",
     "BrokerConnectionError",
     "BrokerJobsError",
     "BrokerUnreachableError",

@@ -18,6 +18,7 @@ translated at the boundary into these, so callers catch one tree:
     ├── BrokerConnectionError     the broker cannot be reached or the connection broke
     │   ├── BrokerUnreachableError  no node answered (or each refused us); says why
     │   └── ReconnectTimeoutError a worker found no broker for --reconnect-timeout
+    ├── AccessRefusedError        the user may not do that (403): its permissions
     └── TopologyError             the broker's objects are missing or conflict
         ├── TopologyMissingError  an exchange or queue that must exist does not
         ├── ConsumerCancelledError  the broker cancelled a worker's consumer
@@ -217,6 +218,11 @@ class ReconnectTimeoutError(BrokerConnectionError):
 
     #: EX_TEMPFAIL (sysexits.h): a temporary failure; restarting may help.
     exit_code = 75
+
+
+class AccessRefusedError(BrokerJobsError):
+    """The broker refused an operation to the user (``403 ACCESS_REFUSED``): it lacks
+    a permission. The message says which operation needs what."""
 
 
 class HandlerStuckError(BrokerJobsError):

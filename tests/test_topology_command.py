@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner, Result
 from pydantic import BaseModel
 
-from broker_jobs import App, Job, Publisher
+from broker_jobs import AccessRefusedError, App, Job, Publisher
 from broker_jobs.cli import main
 from broker_jobs.ops.unroutable import reroute
 from broker_jobs.store import MemoryStore
@@ -766,6 +766,8 @@ def test_a_worker_granted_without_the_unroutable_queue_says_so_once_and_consumes
     assert [r.levelno for r in refused] == [logging.WARNING]
     assert "403 ACCESS_REFUSED" in refused[0].getMessage()
     assert "broker-jobs topology permissions --role worker" in refused[0].getMessage()
+    with pytest.raises(AccessRefusedError, match="403 ACCESS_REFUSED"):
+        reroute(url, names)  # the library's error, as the operator's command meets it
 
 
 def test_beat_permissions_allow_leading_and_emitting(

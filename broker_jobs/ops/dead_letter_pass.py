@@ -35,7 +35,12 @@ from dataclasses import dataclass
 import pika.adapters.blocking_connection
 import pika.exceptions
 
-from broker_jobs.errors import BrokerConnectionError, BrokerJobsError, TopologyMissingError
+from broker_jobs.errors import (
+    AccessRefusedError,
+    BrokerConnectionError,
+    BrokerJobsError,
+    TopologyMissingError,
+)
 from broker_jobs.ops.dead_letter_message import DeadLetter, moved_message, read_dead_letter
 from broker_jobs.publish.pika_link import PikaLink
 from broker_jobs.urls import mask_text
@@ -46,6 +51,8 @@ Channel = pika.adapters.blocking_connection.BlockingChannel
 Visit = Callable[[DeadLetter, PikaLink], bool]
 #: AMQP reply code for a queue or exchange that does not exist.
 NOT_FOUND = 404
+#: AMQP reply code for an operation the user's permissions do not allow.
+ACCESS_REFUSED = 403
 
 
 def one_pass(
@@ -153,7 +160,8 @@ def translated(permissions: str = DEAD_LETTER_PERMISSIONS) -> Iterator[None]:
     except pika.exceptions.ChannelClosedByBroker as error:
         if error.reply_code == NOT_FOUND:
             raise TopologyMissingError(error.reply_text) from None
-        raise BrokerJobsError(
+        refused = AccessRefusedError if error.reply_code == ACCESS_REFUSED else BrokerJobsError
+        raise refused(
             f"the broker refused: {error.reply_code} {mask_text(error.reply_text)}. {permissions}"
         ) from None
     except pika.exceptions.AMQPError as error:

@@ -16,7 +16,8 @@ minutes at each connection. The lines: what was sent on (INFO); jobs kept for a
 task without a queue (a WARNING when that count changes, so one line per change,
 not one per connection); a refusal (a WARNING, once: the worker's user may not
 read the queue, and the worker tries again only when it connects again, not at its
-looks); a lost connection (DEBUG: the worker's own link says so).
+looks); another failure (a WARNING, once while it fails alike); a lost connection
+(DEBUG: the worker's own link says so).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections.abc import Callable
 import aio_pika.abc
 import aio_pika.exceptions
 
-from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
+from broker_jobs.errors import AccessRefusedError, BrokerConnectionError, BrokerJobsError
 from broker_jobs.ops.unroutable import Rerouted, reroute
 from broker_jobs.plural import plural
 from broker_jobs.urls import BrokerURLs
@@ -65,6 +66,7 @@ class Rerouting:
         #: What the last pass kept: a look makes a pass only when that changed.
         self._kept_last = 0
         self._refusal_said = False
+        self._failure_said: str | None = None
 
     def connected(self, connection: aio_pika.abc.AbstractConnection, urls: BrokerURLs) -> None:
         """The worker consumes on ``connection`` (its node first in ``urls``): a pass."""
@@ -133,13 +135,12 @@ class Rerouting:
             rerouted = await asyncio.to_thread(self._reroute, urls, going_on)
         except BrokerConnectionError as error:
             log.debug("sending on the jobs of %s stopped: %s", self._names.unroutable_queue, error)
-        except BrokerJobsError as error:
+        except AccessRefusedError as error:
             self._refused(error)
-        except Exception:  # a pass must never take the worker down: it tries again later
-            log.warning(
-                "sending on the jobs of %s failed", self._names.unroutable_queue, exc_info=True
-            )
+        except Exception as error:  # a pass must never take the worker down
+            self._failed(error)
         else:
+            self._failure_said = None
             self._say(rerouted)
 
     def _reroute(self, urls: BrokerURLs, going_on: Callable[[], bool]) -> Rerouted:
@@ -150,7 +151,20 @@ class Rerouting:
             going_on=going_on,
         )
 
-    def _refused(self, error: BrokerJobsError) -> None:
+    def _failed(self, error: Exception) -> None:
+        """Said once while it fails alike (a broker still starting, say); the next
+        look or connection tries again."""
+        said = f"{type(error).__name__}: {error}"
+        if said != self._failure_said:
+            self._failure_said = said
+            log.warning(
+                "sending on the jobs of %s failed (tried again at the next look): %s",
+                self._names.unroutable_queue,
+                said,
+                exc_info=not isinstance(error, BrokerJobsError),
+            )
+
+    def _refused(self, error: AccessRefusedError) -> None:
         """Said once: the worker's user may not read the queue (its permissions)."""
         if not self._refusal_said:
             self._refusal_said = True
