@@ -25,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 import aio_pika.abc
 import aio_pika.exceptions
@@ -37,11 +39,14 @@ from broker_jobs.urls import BrokerURLs
 from topology.names import Names
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: The most messages one pass of a worker reads.
 PASS_LIMIT = 1000
 #: Seconds between a worker's looks at the queue while it is connected.
 LOOK_EVERY = 60.0
+#: The longest a stopping worker waits for a pass to end.
+CLOSE_WAIT = 5.0
 #: What a look meets when the worker's connection fails under it.
 LOOK_FAILED: tuple[type[Exception], ...] = (
     aio_pika.exceptions.AMQPError,
@@ -91,10 +96,23 @@ class Rerouting:
             self._start(urls)
 
     async def close(self) -> None:
-        """End a running pass before its next message, and wait for it."""
+        """End a running pass before its next message, and wait for it, at most
+        :data:`CLOSE_WAIT` seconds: a pass whose broker stopped answering (a network
+        black hole) blocks in pika until its heartbeat gives up, and the worker's
+        stop must not wait for that. Its thread is a daemon; what it leaves is safe
+        (an unacked message goes back to the queue, a job both sent on and still
+        there runs once)."""
         self._closing = True
-        if self._pass is not None:
-            await asyncio.shield(self._pass)
+        if self._pass is None or self._pass.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._pass), CLOSE_WAIT)
+        except TimeoutError:
+            log.info(
+                "leaving a pass over %s unfinished: the broker does not answer (nothing is"
+                " lost: the next pass takes up what it left)",
+                self._names.unroutable_queue,
+            )
 
     def _start(self, urls: BrokerURLs) -> None:
         """A pass on the first of ``urls`` that answers, unless one still runs (what
@@ -132,7 +150,7 @@ class Rerouting:
             return not self._closing and read <= PASS_LIMIT
 
         try:
-            rerouted = await asyncio.to_thread(self._reroute, urls, going_on)
+            rerouted = await in_daemon_thread(lambda: self._reroute(urls, going_on))
         except BrokerConnectionError as error:
             log.debug("sending on the jobs of %s stopped: %s", self._names.unroutable_queue, error)
         except AccessRefusedError as error:
@@ -200,3 +218,29 @@ class Rerouting:
                 keys,
                 self._names.namespace,
             )
+
+
+async def in_daemon_thread(call: Callable[[], T]) -> T:
+    """``call()`` in a daemon thread of its own: unlike ``asyncio.to_thread`` (the
+    loop's executor, whose threads the interpreter joins at exit), a call blocked on
+    a silent broker cannot keep the process from exiting."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not done.done():  # not cancelled meanwhile
+            outcome()
+
+    def run() -> None:
+        try:
+            result = call()
+        except BaseException as error:  # handed to the awaiting task
+            failed = error
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, lambda: done.set_exception(failed))
+        else:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle, lambda: done.set_result(result))
+
+    threading.Thread(target=run, name="broker-jobs reroute", daemon=True).start()
+    return await done
