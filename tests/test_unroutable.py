@@ -383,6 +383,8 @@ def test_reroute_needs_a_namespace_and_finds_nothing_where_no_queue_is(broker: B
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["moved"] == 0
+    said = CliRunner().invoke(main, ["jobs", "reroute", "--url", broker.url, "--namespace", fresh])
+    assert said.stdout == f"nothing waits in {fresh}.unroutable\n"
 
 
 def test_a_worker_sends_on_the_delayed_jobs_it_finds_unroutable_when_it_connects(

@@ -47,7 +47,9 @@ def reroute_command(
 
 def summary_lines(rerouted: Rerouted) -> list[str]:
     """What a pass did, for people: a line for what was sent on, one per task key
-    still without a queue."""
+    still without a queue; one line when the queue was empty (or does not exist)."""
+    if not rerouted.depth:
+        return [f"nothing waits in {rerouted.queue}"]
     moved = sum(rerouted.moved.values())
     lines = [f"sent on {plural(moved, 'job')} from {rerouted.queue} to their task queues"]
     lines += [f"  {count} to {key}" for key, count in sorted(rerouted.moved.items())]
