@@ -27,6 +27,7 @@ docs/benchmarks.md with a plot per figure, and prints one JSON object last.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -91,7 +92,10 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--rate", type=float, default=DEFAULT_RATE, help="latency jobs/s (200)")
     parser.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, help="latency s (5)")
     parser.add_argument(
-        "--output", type=Path, default=REPO / "docs" / "benchmarks.md", help="the page"
+        "--output",
+        type=Path,
+        help="the page (default: docs/benchmarks.md for a full run at the defaults,"
+        " bench/out/benchmarks.md for any other)",
     )
     parser.add_argument("--quick", action="store_true", help="smoke run: small and 2 rounds")
     parser.add_argument(
@@ -122,11 +126,27 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         rss_jobs=rss_jobs,
         rate=args.rate,
         seconds=seconds,
-        output=args.output,
+        output=args.output or default_output(args, only, peers),
         quick=args.quick,
         command=" ".join(["python -m bench.compare", *shown]),
         peers=tuple(name for name in PEER_NAMES if name in {raw.NAME, *peers}),
     )
+
+
+def default_output(args: argparse.Namespace, only: Sequence[str], peers: Sequence[str]) -> Path:
+    """docs/benchmarks.md is the full run's page (issue 27 judges it): only a run of
+    every workload, peer and queue type at the default size writes it by default. A
+    partial or quick run (``--only latency``...) goes to bench/out/, which git
+    ignores, so that it cannot replace the page by accident."""
+    full = (
+        set(only) == set(WORKLOADS)
+        and set(peers) >= set(PEER_NAMES) - {raw.NAME}
+        and args.queue_type == "both"
+        and not args.quick
+        and args.jobs in {None, DEFAULT_JOBS}
+        and args.rounds in {None, DEFAULT_ROUNDS}
+    )
+    return REPO / ("docs" if full else "bench/out") / "benchmarks.md"
 
 
 #: The peers' family names, in a round's order before its rotation.
