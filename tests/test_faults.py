@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aio_pika
+import pika
 import pytest
 from pydantic import BaseModel
 
@@ -42,7 +43,7 @@ from scheduler import load_schedules
 from scheduler.emitter import Emitter
 from tests.support import AnyPublisher, Broker, drain_at_least, wait_until
 from topology import declare
-from topology.delay import DELAY_LEVELS
+from topology.delay import DELAY_LEVELS, delay_routing_key
 
 pytestmark = [pytest.mark.broker, pytest.mark.fault]
 
@@ -370,6 +371,35 @@ def test_delayed_jobs_survive_a_broker_restart_in_the_middle_of_their_delays(
     assert not missing, f"{missing} delayed jobs missing; {where_jobs_wait(broker, app)}"
     twice = [job_id for job_id, count in arrived.items() if count > 1]
     assert len(twice) <= len(wanted) // 20, f"{len(twice)} of {len(wanted)} arrived twice"
+
+
+@pytest.mark.also_on_rabbitmq_4  # whose quorum queues drop a message at its 20th delivery
+def test_a_pass_over_the_unroutable_queue_takes_no_job_while_the_broker_confirms_nothing(
+    broker: Broker, node: RabbitNode, app: App
+) -> None:
+    """Each job a pass takes and cannot send on goes back to the queue and counts as a
+    delivery (a quorum queue of RabbitMQ 4.0 drops it at its 20th): while the broker
+    confirms nothing (a memory alarm), a pass takes none, whatever the number of
+    workers' looks."""
+    names = app.names
+    with broker.connection("test unroutable alarm") as connection:
+        declare(connection, app.topology())
+        channel = connection.channel()
+        key = delay_routing_key(0, "order.ship")  # as a restart can leave it there
+        channel.basic_publish(names.unroutable_exchange, key, b"{}", pika.BasicProperties())
+        unroutable = names.unroutable_queue
+        wait_until(
+            lambda: channel.queue_declare(unroutable, passive=True).method.message_count,
+            within=10,
+            what="the job in the unroutable queue",
+        )
+    with memory_alarm(node), pytest.raises(BrokerConnectionError, match="none was taken"):
+        reroute(broker.url, names, confirm_timeout=1)
+    with broker.connection("test unroutable alarm") as connection:
+        method, properties, _ = connection.channel().basic_get(names.unroutable_queue)
+    assert method is not None
+    assert (properties.headers or {}).get("x-delivery-count", 0) == 0  # never taken
+    assert reroute(broker.url, names).moved == {"order.ship": 1}  # once publishing works
 
 
 def test_a_worker_whose_publishes_the_broker_blocks_holds_them_says_so_once_and_loses_none(

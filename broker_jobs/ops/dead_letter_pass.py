@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import pika.adapters.blocking_connection
 import pika.exceptions
 
+from broker_jobs.envelope import WireMessage
 from broker_jobs.errors import (
     AccessRefusedError,
     BrokerConnectionError,
@@ -42,7 +43,7 @@ from broker_jobs.errors import (
     TopologyMissingError,
 )
 from broker_jobs.ops.dead_letter_message import DeadLetter, moved_message, read_dead_letter
-from broker_jobs.publish.pika_link import PikaLink
+from broker_jobs.publish.pika_link import Delivery, PikaLink
 from broker_jobs.urls import mask_text
 
 Channel = pika.adapters.blocking_connection.BlockingChannel
@@ -114,15 +115,16 @@ class _Mover:
         # The default exchange routes to this queue alone, whatever else the
         # dead-letter exchange may be bound to.
         routing_key = key if self.exchange else self.queue
-        delivery = self.link.publish(self.exchange, routing_key, moved_message(letter))
-        settled = self.link.wait(lambda: delivery.settled, self.timeout)
-        self.link.forget_settled()
-        if not settled:
-            why = self.link.describe_closed() if not self.link.is_open else "no confirm in time"
-            raise BrokerConnectionError(
-                f"moving a message to the back of {self.queue}: {why}; none is lost,"
-                " but one may now be in the queue twice, and the unacked ones out of order"
-            )
+        delivery = settled_publish(
+            self.link,
+            self.exchange,
+            routing_key,
+            moved_message(letter),
+            self.timeout,
+            doing=f"moving a message to the back of {self.queue}",
+            meanwhile="none is lost, but one may now be in the queue twice, and the"
+            " unacked ones out of order",
+        )
         if not delivery.acked or delivery.returned:
             raise BrokerJobsError(
                 f"the broker refused to put a message back at the end of {self.queue}"
@@ -130,6 +132,29 @@ class _Mover:
                 " queue exists and is not full, and try again"
             )
         self.channel.basic_ack(tag)
+
+
+def settled_publish(
+    link: PikaLink,
+    exchange: str,
+    routing_key: str,
+    message: WireMessage,
+    timeout: float,
+    *,
+    doing: str,
+    meanwhile: str,
+) -> Delivery:
+    """Publish ``message`` on ``link`` and wait for the broker's answer (an ack, a
+    nack, a return then an ack). None within ``timeout``, or a link that closed:
+    :class:`BrokerConnectionError` saying what the pass was ``doing`` and what is
+    left ``meanwhile``."""
+    delivery = link.publish(exchange, routing_key, message)
+    settled = link.wait(lambda: delivery.settled, timeout)
+    link.forget_settled()
+    if not settled:
+        why = link.describe_closed() if not link.is_open else "no confirm in time"
+        raise BrokerConnectionError(f"{doing}: {why}; {meanwhile}")
+    return delivery
 
 
 def depth_of(channel: Channel, queue: str) -> int:

@@ -16,8 +16,9 @@ minutes at each connection. The lines: what was sent on (INFO); jobs kept for a
 task without a queue (a WARNING when that count changes, so one line per change,
 not one per connection); a refusal (a WARNING, once: the worker's user may not
 read the queue, and the worker tries again only when it connects again, not at its
-looks); another failure (a WARNING, once while it fails alike); a lost connection
-(DEBUG: the worker's own link says so).
+looks); another failure (a WARNING when they start, an INFO when a pass works again:
+:class:`~broker_jobs.observe.failure_streak.FailureStreak`); a lost connection, or a
+broker that confirms no publish now (DEBUG: the worker's link and its publishes say so).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from typing import TypeVar
 import aio_pika.abc
 import aio_pika.exceptions
 
-from broker_jobs.errors import AccessRefusedError, BrokerConnectionError, BrokerJobsError
+from broker_jobs.errors import AccessRefusedError, BrokerConnectionError
+from broker_jobs.observe.failure_streak import FailureStreak
 from broker_jobs.ops.unroutable import Rerouted, reroute
 from broker_jobs.plural import plural
 from broker_jobs.urls import BrokerURLs
@@ -71,7 +73,8 @@ class Rerouting:
         #: What the last pass kept: a look makes a pass only when that changed.
         self._kept_last = 0
         self._refusal_said = False
-        self._failure_said: str | None = None
+        #: Another failure (a broker still starting, say): said once, and its end.
+        self._failures = FailureStreak(log)
 
     def connected(self, connection: aio_pika.abc.AbstractConnection, urls: BrokerURLs) -> None:
         """The worker consumes on ``connection`` (its node first in ``urls``): a pass."""
@@ -156,9 +159,17 @@ class Rerouting:
         except AccessRefusedError as error:
             self._refused(error)
         except Exception as error:  # a pass must never take the worker down
-            self._failed(error)
+            log.debug("the pass over %s failed", self._names.unroutable_queue, exc_info=True)
+            self._failures.failed(
+                "sending on the jobs of %s failed (tried again at the next look): %s: %s",
+                self._names.unroutable_queue,
+                type(error).__name__,
+                error,
+            )
         else:
-            self._failure_said = None
+            self._failures.worked(
+                "sending on the jobs of %s works again", self._names.unroutable_queue
+            )
             self._say(rerouted)
 
     def _reroute(self, urls: BrokerURLs, going_on: Callable[[], bool]) -> Rerouted:
@@ -168,19 +179,6 @@ class Rerouting:
             connection_name=f"broker-jobs worker {self._worker_id} (reroute)",
             going_on=going_on,
         )
-
-    def _failed(self, error: Exception) -> None:
-        """Said once while it fails alike (a broker still starting, say); the next
-        look or connection tries again."""
-        said = f"{type(error).__name__}: {error}"
-        if said != self._failure_said:
-            self._failure_said = said
-            log.warning(
-                "sending on the jobs of %s failed (tried again at the next look): %s",
-                self._names.unroutable_queue,
-                said,
-                exc_info=not isinstance(error, BrokerJobsError),
-            )
 
     def _refused(self, error: AccessRefusedError) -> None:
         """Said once: the worker's user may not read the queue (its permissions)."""
