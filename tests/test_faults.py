@@ -34,6 +34,7 @@ from broker_jobs import (
     RetryPolicy,
 )
 from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
+from broker_jobs.ops.dead_letters import DeadLetterQueues
 from broker_jobs.ops.unroutable import reroute
 from broker_jobs.publish.prepare import JobFactory
 from broker_jobs.store.memory import MemoryStore
@@ -393,13 +394,49 @@ def test_a_pass_over_the_unroutable_queue_takes_no_job_while_the_broker_confirms
             within=10,
             what="the job in the unroutable queue",
         )
-    with memory_alarm(node), pytest.raises(BrokerConnectionError, match="none was taken"):
+    with memory_alarm(node), pytest.raises(BrokerConnectionError, match="no message was taken"):
         reroute(broker.url, names, confirm_timeout=1)
     with broker.connection("test unroutable alarm") as connection:
         method, properties, _ = connection.channel().basic_get(names.unroutable_queue)
     assert method is not None
     assert (properties.headers or {}).get("x-delivery-count", 0) == 0  # never taken
     assert reroute(broker.url, names).moved == {"order.ship": 1}  # once publishing works
+
+
+@pytest.mark.also_on_rabbitmq_4  # whose quorum queues drop a message at its 20th delivery
+def test_reading_dead_letters_takes_none_while_the_broker_confirms_nothing(
+    broker: Broker, node: RabbitNode, app: App
+) -> None:
+    """A dead-letter pass moves each letter to the back (a copy, then an ack); a letter
+    taken while the broker confirms nothing goes back to the queue as a delivery, so an
+    operator listing the dead letters through a memory alarm would drop one at the
+    queue's delivery limit. Listed three times under the alarm, none is taken."""
+    names = app.names
+    dead = names.dead_letter_queue("order.ship")
+    with broker.connection("test dlq alarm") as connection:
+        declare(connection, app.topology())
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for number in range(2):
+            channel.basic_publish("", dead, b'{"number": %d}' % number, pika.BasicProperties())
+    with memory_alarm(node):
+        for _ in range(3):
+            with (
+                DeadLetterQueues(broker.url, names, ["order.ship"], confirm_timeout=1) as dlq,
+                pytest.raises(BrokerConnectionError, match="no message was taken"),
+            ):
+                dlq.list()
+    with broker.connection("test dlq alarm") as connection:
+        channel = connection.channel()
+        counts = []
+        for _ in range(2):
+            method, properties, _ = channel.basic_get(dead)
+            assert method is not None
+            counts.append((properties.headers or {}).get("x-delivery-count", 0))
+        channel.close()  # both back, at the front, in their order
+    assert counts == [0, 0]  # never taken
+    with DeadLetterQueues(broker.url, names, ["order.ship"]) as dlq:
+        assert len(dlq.list()) == 2  # once publishing works
 
 
 def test_a_worker_whose_publishes_the_broker_blocks_holds_them_says_so_once_and_loses_none(

@@ -24,6 +24,13 @@ killed midway leaves at most one dead letter twice in the queue (its copy
 confirmed, the original not acked yet: the connection's end returns the original,
 out of its place). Nothing is lost, and a dead letter in the queue twice is
 harmless: a replay of both runs the job once (``broker_jobs.ops.dead_letters``).
+
+**A pass takes no message while the broker confirms nothing.** A message taken
+while the broker blocks publishes (a memory or disk alarm, a node still starting)
+goes back to the queue when the pass fails, and that counts as a delivery too: an
+operator reading the dead letters again and again through an alarm would drop one
+at the limit. So before its first ``basic.get`` a pass publishes two probes that no
+queue takes (:func:`probe_publishing`) and goes on only once the broker answered.
 """
 
 from __future__ import annotations
@@ -54,6 +61,10 @@ Visit = Callable[[DeadLetter, PikaLink], bool]
 NOT_FOUND = 404
 #: AMQP reply code for an operation the user's permissions do not allow.
 ACCESS_REFUSED = 403
+#: The probes' routing key. Through the default exchange it names a queue that cannot
+#: exist (a client may not declare a name that begins with ``amq.``); through the
+#: work exchange it matches no binding (``@`` is in no task name).
+PROBE_KEY = "amq.broker-jobs@probe"
 
 
 def one_pass(
@@ -66,6 +77,7 @@ def one_pass(
     visit: Visit,
     going_on: Callable[[], bool] = lambda: True,
     back_through: str = "",
+    probe_through: str = "",
 ) -> None:
     """Every message of ``task``'s dead-letter ``queue``, as deep as it was at the start:
     ``visit`` True acks it (taken); False moves it to the back (kept), so after the
@@ -76,12 +88,17 @@ def one_pass(
     then, an exchange that routes to ``queue`` alone whatever the key (a fanout), so
     that a kept message keeps its key (through the default exchange, its key would
     be the queue's name). ``going_on`` False ends the pass before the next message
-    (a stopping worker's)."""
+    (a stopping worker's). The probes (:func:`probe_publishing`) go through
+    ``probe_through``, an exchange the pass may publish to that does not route
+    :data:`PROBE_KEY` to ``queue``."""
     mover = _Mover(link, channel, queue, timeout, back_through)
     try:
         # Only the depth at the start: what arrives meanwhile (the copies among
         # it) waits for the next pass.
-        for _ in range(depth_of(channel, queue)):
+        depth = depth_of(channel, queue)
+        if depth:
+            probe_publishing(link, probe_through, timeout, before=f"reading {queue}")
+        for _ in range(depth):
             if not going_on():
                 break
             method, properties, body = channel.basic_get(queue, auto_ack=False)
@@ -132,6 +149,28 @@ class _Mover:
                 " queue exists and is not full, and try again"
             )
         self.channel.basic_ack(tag)
+
+
+def probe_publishing(link: PikaLink, exchange: str, timeout: float, *, before: str) -> None:
+    """Two publishes that no queue takes (``exchange``, :data:`PROBE_KEY`), each
+    answered with a return and an ack when the broker takes publishes. Two, because a
+    broker under an alarm reads the first publish of a connection, then blocks it
+    (measured: one probe was answered under a memory alarm, and the job sent after it
+    was not). Raises :class:`BrokerConnectionError` when no answer comes in time: the
+    pass then takes nothing (measured: ``x-delivery-count`` goes up by one at each
+    channel close and each requeue, on 3.10 and 4.0, and a quorum queue of RabbitMQ
+    4.0 drops a message at its 20th)."""
+    for _ in range(2):
+        settled_publish(
+            link,
+            exchange,
+            PROBE_KEY,
+            WireMessage(body=b"", message_id=None, type=None, content_type=None),
+            timeout,
+            doing=f"probing the broker before {before}",
+            meanwhile="no message was taken (the broker confirms no publish now: a memory"
+            " or disk alarm?)",
+        )
 
 
 def settled_publish(

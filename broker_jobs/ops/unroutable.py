@@ -37,7 +37,6 @@ import pika
 import pika.exceptions
 
 from broker_jobs.amqp.connecting import connect_first_blocking
-from broker_jobs.envelope import WireMessage
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.ops.dead_letter_message import DeadLetter, rerouted_message
 from broker_jobs.ops.dead_letter_pass import (
@@ -62,8 +61,6 @@ REROUTE_PERMISSIONS = (
     " <ns>.unroutable and write permission on the work exchange (broker-jobs topology"
     " permissions --role worker)"
 )
-#: The probe's routing key: ``@`` is in no task name, so no binding matches it.
-PROBE_KEY = "@probe"
 #: The key :attr:`Rerouted.kept` counts a message under that is not a delayed job.
 NOT_A_LADDER_KEY = ""
 
@@ -104,9 +101,9 @@ def reroute(
     namespace without the queue (declared before it existed) has nothing to send on.
     ``going_on`` False ends the pass before its next message. Raises
     :class:`BrokerConnectionError` for a lost broker, or one that confirms no publish
-    (:func:`_publishing_works`), :class:`AccessRefusedError` for a refusal
-    (permissions), :class:`BrokerJobsError` for another; a pass cut short loses
-    nothing."""
+    (:func:`~broker_jobs.ops.dead_letter_pass.probe_publishing`),
+    :class:`AccessRefusedError` for a refusal (permissions), :class:`BrokerJobsError`
+    for another; a pass cut short loses nothing."""
     rerouted = Rerouted(names.unroutable_queue)
     urls = BrokerURLs.parse(urls)
     with translated(REROUTE_PERMISSIONS):
@@ -123,7 +120,6 @@ def reroute(
                 connection_name=f"{connection_name} (publish)",
             )
             try:
-                _publishing_works(link, names, confirm_timeout)
                 one_pass(
                     connection.channel(),
                     task=None,  # each message's routing key: the ladder's
@@ -133,6 +129,8 @@ def reroute(
                     visit=_Sender(names, rerouted, confirm_timeout).visit,
                     going_on=going_on,
                     back_through=names.unroutable_exchange,  # a fanout: keeps the key
+                    # Not through the fanout, which would route a probe to the queue.
+                    probe_through=names.work_exchange,
                 )
             finally:
                 link.close()
@@ -140,30 +138,6 @@ def reroute(
             if connection.is_open:
                 connection.close()
     return rerouted
-
-
-def _publishing_works(link: PikaLink, names: Names, timeout: float) -> None:
-    """A probe before the pass takes a job: a publish that no queue takes (the work
-    exchange, :data:`PROBE_KEY`), answered with a return and an ack when the broker
-    takes publishes. A job taken while the broker confirms nothing (a memory or
-    disk alarm, a node still starting) goes back to the queue when the pass fails,
-    and each such return counts as a delivery: a quorum queue of RabbitMQ 4.0 drops
-    a message at its 20th (measured: ``x-delivery-count`` goes up by one at each
-    channel close and each requeue, on 3.10 and 4.0). Two probes: a broker under an
-    alarm reads the first publish of a connection, then blocks it (measured: one
-    probe was answered under a memory alarm, and the job sent after it was not).
-    Raises :class:`BrokerConnectionError` when no answer comes in time."""
-    for _ in range(2):
-        settled_publish(
-            link,
-            names.work_exchange,
-            PROBE_KEY,
-            WireMessage(body=b"", message_id=None, type=None, content_type=None),
-            timeout,
-            doing=f"probing the broker before sending on the jobs of {names.unroutable_queue}",
-            meanwhile="none was taken (the broker confirms no publish now: a memory or"
-            " disk alarm?)",
-        )
 
 
 def _waiting(connection: pika.BlockingConnection, queue: str) -> int:
