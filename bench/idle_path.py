@@ -1,13 +1,19 @@
 """``python -m bench.idle_path``: where an idle worker's publish-to-start time goes.
 
-A worker (in this process, on a ``WatchedLoop``, memory store, ``--concurrency 8``,
-a sync no-op handler) takes one confirmed job every ``--interval`` seconds from a
-publisher in another process. Each step of the fast path is stamped on the monotonic
-clock the two processes share: the publish call, the delivery handed to the fast
-path, decoded, the claim's start and end, the job posted to the handler threads, a
-thread running it, the handler's start. Figures: the median of each step over the
-jobs after ``--warmup``, in µs. The steps are instrumented by wrapping the fast
-path's methods for the run (a diagnostic: the wrappers cost a few µs themselves).
+A worker (in this process, on a ``WatchedLoop`` and reading whole frames, as
+``broker-jobs worker`` runs it; memory store, ``--concurrency 8``, a sync no-op
+handler) takes one confirmed job every ``--interval`` seconds from a publisher in
+another process. Each step of the fast path is stamped on the monotonic clock the two
+processes share: the publish call, the last bytes read from the connection before the
+delivery (``StreamReader.feed_data``), the delivery handed to the fast path, decoded,
+the claim's start and end, the job posted to the handler threads, a thread running
+it, the handler's start. Figures: the median of each step over the jobs after
+``--warmup``, in µs. The steps are instrumented by wrapping the fast path's methods
+for the run (a diagnostic: the wrappers cost a few µs themselves).
+
+Before stop 59 the worker here read its frames through aiormq's own path (``broker-jobs
+worker`` reads whole frames: :mod:`broker_jobs.worker.frame_reading`), so the earlier
+figures of docs/worker.md from this command measured a slower read than a worker's.
 
     python -m bench.idle_path                      # 300 jobs, one every 10 ms
     python -m bench.idle_path --jobs 100 --warmup 10   # a smoke run
@@ -17,6 +23,7 @@ The last line of the output is one JSON object with every figure.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import multiprocessing
 import secrets
@@ -43,13 +50,14 @@ from broker_jobs import App, Publisher, QueueOptions
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.testing.rabbit_node import RabbitNode
 from broker_jobs.watched_loop import WatchedLoop
-from broker_jobs.worker import Worker, WorkerSettings, fast_path
+from broker_jobs.worker import Worker, WorkerSettings, fast_path, frame_reading
 
 TASK = "bench.idle"
 
 #: The steps, in order: (from, to) stamps.
 STEPS = (
-    ("publish", "deliver"),
+    ("publish", "read"),
+    ("read", "deliver"),
     ("deliver", "decoded"),
     ("decoded", "claiming"),
     ("claiming", "claimed"),
@@ -114,10 +122,18 @@ def stamped_fast_path(stamps: Stamps) -> Iterator[None]:
     """The fast path's steps stamped for the run, restored after."""
     path = fast_path.FastPath
     originals = {name: getattr(path, name) for name in ("deliver", "_fast", "_start", "_run")}
+    feed_data = asyncio.StreamReader.feed_data
+    read_at = [0.0]
+
+    def fed(self: asyncio.StreamReader, data: bytes) -> None:
+        read_at[0] = time.monotonic()  # the last read before a delivery is its own
+        feed_data(self, data)
 
     def deliver(self: Any, delivered: Any, task: str, acks: Any) -> None:
         at = time.monotonic()  # before the body is parsed for the job's number
-        stamps.mark("deliver", Idle.model_validate_json(delivered.body).n, at)
+        n = Idle.model_validate_json(delivered.body).n
+        stamps.mark("read", n, read_at[0])
+        stamps.mark("deliver", n, at)
         originals["deliver"](self, delivered, task, acks)
 
     def fast(self: Any, delivered: Any, task: str, acks: Any) -> Any:
@@ -140,9 +156,11 @@ def stamped_fast_path(stamps: Stamps) -> Iterator[None]:
     }  # fmt: skip
     for name, function in replaced.items():
         setattr(path, name, function)
+    asyncio.StreamReader.feed_data = fed  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
+        asyncio.StreamReader.feed_data = feed_data  # type: ignore[method-assign]
         for name, function in originals.items():
             setattr(path, name, function)
 
@@ -177,13 +195,16 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
         jobs=options.jobs,
         interval=f"{options.interval:g} s",
         warmup=options.warmup,
-        worker="in this process, WatchedLoop, memory store, concurrency 8, sync no-op",
+        worker="in this process, WatchedLoop, whole frames, memory store, concurrency 8,"
+        " sync no-op",
     )
     print_config("Where an idle worker's publish-to-start time goes", config, 10)
     worker = Worker(url, app, StampedStore(stamps), WorkerSettings(concurrency=8))
     loop = WatchedLoop()
     # A daemon thread: a worker that does not stop cannot hold the process at its exit.
-    serving = threading.Thread(target=loop.run_until_complete, args=(worker.run(),), daemon=True)
+    serving = threading.Thread(
+        target=loop.run_until_complete, args=(_reading_whole_frames(worker),), daemon=True
+    )
     try:
         with stamped_fast_path(stamps):
             serving.start()
@@ -206,6 +227,13 @@ def bench(options: Options, url: str, node: RabbitNode | None) -> dict[str, Any]
     for step, value in figures.items():
         print(f"  {step:<22} {value:7.0f}")
     return {"config": config, "median_us": figures}
+
+
+async def _reading_whole_frames(worker: Worker) -> Any:
+    """``worker.run()`` reading whole frames in one step, as ``broker-jobs worker``
+    runs it (:mod:`broker_jobs.worker.frame_reading`; entered on the running loop)."""
+    with frame_reading.reading_whole_frames():
+        return await worker.run()
 
 
 def _started(stamps: Stamps) -> list[int]:
