@@ -35,6 +35,8 @@ from broker_jobs import (
 )
 from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
 from broker_jobs.ops.dead_letters import DeadLetterQueues
+from broker_jobs.ops.publishing_check import Publishing
+from broker_jobs.ops.status import collect
 from broker_jobs.ops.unroutable import reroute
 from broker_jobs.publish.prepare import JobFactory
 from broker_jobs.store.memory import MemoryStore
@@ -437,6 +439,24 @@ def test_reading_dead_letters_takes_none_while_the_broker_confirms_nothing(
     assert counts == [0, 0]  # never taken
     with DeadLetterQueues(broker.url, names, ["order.ship"]) as dlq:
         assert len(dlq.list()) == 2  # once publishing works
+
+
+@pytest.mark.also_on_rabbitmq_4
+def test_status_says_the_broker_blocks_publishing_and_why(
+    broker: Broker, node: RabbitNode, app: App
+) -> None:
+    """Passive declares read the queues as usual under a memory alarm; the report says
+    the broker confirms no publish, with the reason of its ``connection.blocked``."""
+    with broker.connection("test status alarm") as connection:
+        declare(connection, app.topology())
+    tasks = ["order.ship"]
+    healthy = collect(broker.url, app.names, tasks, MemoryStore(), ask_publishing=True)
+    assert healthy.publishing == Publishing(accepted=True)
+    with memory_alarm(node):
+        report = collect(broker.url, app.names, tasks, MemoryStore(), ask_publishing=True)
+    assert report.tasks[0].queue.exists  # the queues read as before
+    assert report.publishing == Publishing(accepted=False, blocked_reason="low on memory")
+    assert report.document()["publishing"]["accepted"] is False
 
 
 def test_a_worker_whose_publishes_the_broker_blocks_holds_them_says_so_once_and_loses_none(

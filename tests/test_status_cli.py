@@ -176,6 +176,7 @@ def test_status_counts_what_the_broker_and_the_ledger_hold(
     assert document["ladder"] == {"messages": 1, "levels": DELAY_LEVELS, "missing": []}
     assert document["unroutable"]["messages"] == 2
     assert document["missing"] == []
+    assert document["publishing"] == {"accepted": True, "blocked_reason": None, "why": None}
 
     ledger_mail = mail["ledger"]
     assert ledger_mail["counts"] == {
@@ -218,6 +219,7 @@ def test_status_counts_what_the_broker_and_the_ledger_hold(
         line.startswith(f"unroutable: 2 job(s) in {names.unroutable_queue}") for line in lines
     )
     assert not any(line.startswith("missing:") for line in lines)
+    assert "publishing: accepted (the broker confirmed two test publishes)" in lines
     assert "other.task" not in people.stdout
     [hint] = [line for line in lines if line.startswith("dead letters not in the ledger's")]
     assert f"({MAIL}: 1)" in hint

@@ -12,6 +12,7 @@ from broker_jobs.cli.output import console, echo_json, fail, json_option, table
 from broker_jobs.cli.tasks import chosen_tasks, task_options
 from broker_jobs.errors import BrokerJobsError
 from broker_jobs.ops.dead_letter_ledger import unindexed_note
+from broker_jobs.ops.publishing_check import Publishing
 from broker_jobs.ops.readable import span
 from broker_jobs.ops.status import (
     QueueState,
@@ -62,7 +63,9 @@ def status_command(  # noqa: PLR0917 - click passes every option positionally
     declares; a hint names dead letters missing from the ledger's index); running
     and the other states, the last hour's executions, the oldest waiting job and the
     p50/p99 durations from the ledger. AMQP cannot count
-    delivered but unacknowledged messages: "running" is the ledger's count.
+    delivered but unacknowledged messages: "running" is the ledger's count. A last
+    line says whether the broker takes publishes now (two test publishes that no
+    queue takes): BLOCKED under a memory or disk alarm, with the broker's reason.
 
     \b
     Examples:
@@ -72,7 +75,9 @@ def status_command(  # noqa: PLR0917 - click passes every option positionally
     try:
         chosen = chosen_tasks(app_option, namespace, tasks, "to show")
         with open_store(store_url, must_exist=True) as store:
-            report = collect(url, chosen.names, chosen.tasks, store, lanes=chosen.lanes)
+            report = collect(
+                url, chosen.names, chosen.tasks, store, lanes=chosen.lanes, ask_publishing=True
+            )
     except (BrokerJobsError, InvalidNameError) as error:
         fail(str(error))
     if as_json:
@@ -92,6 +97,8 @@ def _echo(report: StatusReport, store_url: str, app_path: str | None) -> None:
     console().print(grid)
     click.echo(_ladder_line(report))
     click.echo(_unroutable_line(report.unroutable, report.namespace))
+    if report.publishing is not None:
+        click.echo(_publishing_line(report.publishing))
     click.echo("running: the ledger's running jobs (AMQP cannot count unacked deliveries)")
     if report.missing:
         click.echo(f"missing: {_missing(report)}; {missing_hint(app_path)}")
@@ -150,6 +157,20 @@ def _unroutable_line(queue: QueueState, namespace: str) -> str:
         else ""
     )
     return f"unroutable: {queue.messages} job(s) in {queue.name}{note}"
+
+
+def _publishing_line(publishing: Publishing) -> str:
+    if publishing.accepted:
+        return "publishing: accepted (the broker confirmed two test publishes)"
+    if publishing.accepted is None:
+        return f"publishing: not known: {publishing.why}"
+    why = f" ({publishing.blocked_reason})" if publishing.blocked_reason else ""
+    return (
+        f"publishing: BLOCKED by the broker{why}: no publish is confirmed, so publishers"
+        " wait, workers hold their retries and dead letters, and dlq commands take nothing."
+        " A memory or disk alarm: `rabbitmq-diagnostics alarms` on its nodes; it clears once"
+        " memory or disk is freed"
+    )
 
 
 def _missing(report: StatusReport) -> str:

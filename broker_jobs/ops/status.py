@@ -22,6 +22,7 @@ raised: a status is most wanted when something is wrong.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -33,9 +34,10 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from broker_jobs.amqp.connecting import connect_first_blocking
 from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
+from broker_jobs.ops.publishing_check import Publishing, check_publishing
 from broker_jobs.store.base import Status, Store, TaskSummary, utc
 from broker_jobs.store.controls import TaskPause
-from broker_jobs.urls import AnyBrokerURLs, mask_text
+from broker_jobs.urls import AnyBrokerURLs, BrokerURLs, mask_text
 from topology.delay import DELAY_LEVELS
 from topology.lanes import MAX_SHARDS, Lane
 from topology.names import Names
@@ -166,6 +168,9 @@ class StatusReport:
     unroutable: QueueState
     #: Why the broker's figures are unknown (:func:`ledger_only`); None: they are read.
     broker_down: str | None = None
+    #: Whether the broker takes publishes now (``collect(..., ask_publishing=True)``);
+    #: None: not asked.
+    publishing: Publishing | None = None
 
     @property
     def missing(self) -> tuple[str, ...]:
@@ -189,6 +194,7 @@ class StatusReport:
             "unroutable": self.unroutable.document(),
             "missing": list(self.missing),
             "broker_unreachable": self.broker_down,
+            "publishing": None if self.publishing is None else self.publishing.document(),
         }
 
 
@@ -203,8 +209,12 @@ def collect(
     now: datetime | None = None,
     summaries: Mapping[str, TaskSummary] | None = None,
     lanes: Mapping[str, Sequence[str]] | FoundLanes | None = None,
+    ask_publishing: bool = False,
 ) -> StatusReport:
-    """Connect to the first node of ``urls`` that answers, :func:`gather`, disconnect.
+    """Connect to the first node of ``urls`` that answers, :func:`gather`, disconnect;
+    with ``ask_publishing``, then ask that node whether it takes publishes
+    (:func:`~broker_jobs.ops.publishing_check.check_publishing`: up to 2 s more while
+    it does not).
 
     Raises :class:`~broker_jobs.errors.BrokerUnreachableError` when no node answers,
     :class:`~broker_jobs.store.StoreError` when the ledger cannot be read."""
@@ -212,7 +222,7 @@ def collect(
         urls, timeout=timeout, connection_name=connection_name
     )
     try:
-        return gather(
+        report = gather(
             connection,
             names,
             tasks,
@@ -225,6 +235,10 @@ def collect(
     finally:
         if connection.is_open:
             connection.close()
+    if not ask_publishing:
+        return report
+    publishing = check_publishing(BrokerURLs.parse(urls).starting_at(node), connect_timeout=timeout)
+    return dataclasses.replace(report, publishing=publishing)
 
 
 def gather(
