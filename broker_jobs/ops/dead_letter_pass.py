@@ -169,7 +169,7 @@ def probe_publishing(link: PikaLink, exchange: str, timeout: float, *, before: s
             timeout,
             doing=f"probing the broker before {before}",
             meanwhile="no message was taken (the broker confirms no publish now: a memory"
-            " or disk alarm?)",
+            " or disk alarm? `broker-jobs status` shows it)",
         )
 
 
