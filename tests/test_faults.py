@@ -20,6 +20,7 @@ import aio_pika
 import pika
 import pytest
 from pydantic import BaseModel
+from starlette.testclient import TestClient
 
 from broker_jobs import (
     App,
@@ -33,6 +34,7 @@ from broker_jobs import (
     PublisherBusyError,
     RetryPolicy,
 )
+from broker_jobs.dashboard import DashboardSettings, create_app
 from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
 from broker_jobs.ops.dead_letters import DeadLetterQueues
 from broker_jobs.ops.publishing_check import Publishing
@@ -41,6 +43,7 @@ from broker_jobs.ops.unroutable import reroute
 from broker_jobs.publish.prepare import JobFactory
 from broker_jobs.store.memory import MemoryStore
 from broker_jobs.testing.rabbit_node import RabbitNode
+from broker_jobs.urls import BrokerURLs
 from broker_jobs.worker import Worker, WorkerSettings, publish_outage
 from scheduler import load_schedules
 from scheduler.emitter import Emitter
@@ -401,6 +404,7 @@ def test_a_pass_over_the_unroutable_queue_takes_no_job_while_the_broker_confirms
     with broker.connection("test unroutable alarm") as connection:
         method, properties, _ = connection.channel().basic_get(names.unroutable_queue)
     assert method is not None
+    assert properties is not None
     assert (properties.headers or {}).get("x-delivery-count", 0) == 0  # never taken
     assert reroute(broker.url, names).moved == {"order.ship": 1}  # once publishing works
 
@@ -434,6 +438,7 @@ def test_reading_dead_letters_takes_none_while_the_broker_confirms_nothing(
         for _ in range(2):
             method, properties, _ = channel.basic_get(dead)
             assert method is not None
+            assert properties is not None
             counts.append((properties.headers or {}).get("x-delivery-count", 0))
         channel.close()  # both back, at the front, in their order
     assert counts == [0, 0]  # never taken
@@ -457,6 +462,32 @@ def test_status_says_the_broker_blocks_publishing_and_why(
     assert report.tasks[0].queue.exists  # the queues read as before
     assert report.publishing == Publishing(accepted=False, blocked_reason="low on memory")
     assert report.document()["publishing"]["accepted"] is False
+
+
+def test_the_dashboard_shows_a_banner_while_the_broker_blocks_publishing(
+    broker: Broker, node: RabbitNode, app: App
+) -> None:
+    """Its pages never wait for the check (~4 s under an alarm): the overview starts it
+    in the background, and the pages after it finished show what it found."""
+    with broker.connection("test dashboard alarm") as connection:
+        declare(connection, app.topology())
+    settings = DashboardSettings(
+        store=MemoryStore(),
+        urls=BrokerURLs.parse(broker.url),
+        names=app.names,
+        tasks=("order.ship",),
+        app=app,
+        allowed_hosts=("testserver",),  # TestClient's Host
+    )
+    with memory_alarm(node), TestClient(create_app(settings)) as client:
+        assert 'id="publishing-blocked"' not in client.get("/").text  # not known yet
+        wait_until(lambda: settings.publishing.checked_at, within=30, what="the check")
+        page = client.get("/jobs").text  # any page
+        assert 'id="publishing-blocked"' in page
+        assert "The broker blocks publishing (low on memory)" in page
+        document = client.get("/api/overview").json()
+    assert document["publishing"]["accepted"] is False
+    assert document["publishing"]["blocked_reason"] == "low on memory"
 
 
 def test_a_worker_whose_publishes_the_broker_blocks_holds_them_says_so_once_and_loses_none(

@@ -3,6 +3,7 @@ here blocks (the store, pika): the routes call them in a worker thread."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -116,6 +117,8 @@ def overview(settings: DashboardSettings, tasks: tuple[str, ...] | None = None) 
         report = ledger_only(settings.names, chosen, settings.store, why, summaries=summaries)
     else:
         settings.broker.down = None
+        settings.publishing.refresh_if_stale()  # never waited for: the next pages show it
+        report = dataclasses.replace(report, publishing=settings.publishing.last)
     leader = settings.store.leader(settings.names.namespace)
     return Overview(report, leader, ledger_taken_at, last_hour_buckets(settings, ledger_taken_at))
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from broker_jobs.app import App
 from broker_jobs.dashboard.history_buckets import HistoryBuckets
+from broker_jobs.dashboard.publishing_seen import PublishingSeen
 from broker_jobs.dashboard.summaries import LedgerSummaries
 from broker_jobs.errors import ConfigurationError
 from broker_jobs.ops.status import FoundLanes
@@ -62,6 +63,8 @@ class DashboardSettings:
     history: HistoryBuckets = field(init=False, repr=False, compare=False)
     #: Without the app, the tasks' queues found on the broker (once per task).
     found_lanes: FoundLanes = field(init=False, repr=False, compare=False)
+    #: Whether the broker takes publishes, as last checked (every page's banner).
+    publishing: PublishingSeen = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_binding(self.host, allow_actions=self.allow_actions, token=self.token)
@@ -69,6 +72,7 @@ class DashboardSettings:
         object.__setattr__(self, "broker", BrokerSeen())
         object.__setattr__(self, "history", HistoryBuckets(self.store))
         object.__setattr__(self, "found_lanes", FoundLanes())
+        object.__setattr__(self, "publishing", PublishingSeen(self.urls))
 
     @property
     def lanes(self) -> dict[str, tuple[str, ...]] | FoundLanes:
