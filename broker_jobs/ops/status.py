@@ -213,7 +213,7 @@ def collect(
 ) -> StatusReport:
     """Connect to the first node of ``urls`` that answers, :func:`gather`, disconnect;
     with ``ask_publishing``, then ask that node whether it takes publishes
-    (:func:`~broker_jobs.ops.publishing_check.check_publishing`: up to 2 s more while
+    (:func:`~broker_jobs.ops.publishing_check.check_publishing`: ~4 s more while
     it does not).
 
     Raises :class:`~broker_jobs.errors.BrokerUnreachableError` when no node answers,
@@ -237,7 +237,12 @@ def collect(
             connection.close()
     if not ask_publishing:
         return report
-    publishing = check_publishing(BrokerURLs.parse(urls).starting_at(node), connect_timeout=timeout)
+    try:
+        publishing = check_publishing(
+            BrokerURLs.parse(urls).starting_at(node), connect_timeout=timeout
+        )
+    except BrokerJobsError as error:  # lost since the report: it stands, this is unknown
+        publishing = Publishing(accepted=None, why=mask_text(str(error)))
     return dataclasses.replace(report, publishing=publishing)
 
 
