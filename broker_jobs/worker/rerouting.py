@@ -95,6 +95,8 @@ class Rerouting:
         if connection is None or connection.is_closed or urls is None or self._refusal_said:
             return
         depth = await self._depth(connection)
+        if self._refusal_said:  # a pass refused while this look read the depth
+            return
         if depth is not None and depth not in {0, self._kept_last}:
             self._start(urls)
 
