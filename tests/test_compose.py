@@ -602,6 +602,29 @@ UNIT_TESTS: list[dict[str, Any]] = [
             ),
         ],
     },
+    {  # the broker blocking publishes for 2 minutes; a blip of one minute does not fire
+        "interval": "1m",
+        "input_series": [
+            {
+                "series": "broker_jobs_broker_publishing_blocked"
+                f'{{namespace="demo",{EXPORTER_LABELS}}}',
+                "values": "1x10",
+            },
+            {
+                "series": "broker_jobs_broker_publishing_blocked"
+                f'{{namespace="other",{EXPORTER_LABELS}}}',
+                "values": "0 1 0x8",
+            },
+        ],
+        "alert_rule_test": [
+            alert("BrokerJobsPublishingBlocked", "1m"),
+            alert(
+                "BrokerJobsPublishingBlocked",
+                "3m",
+                {"severity": "critical", "namespace": "demo", **EXPORTER},
+            ),
+        ],
+    },
     {  # the exporter's polls failing; a target down
         "interval": "1m",
         "input_series": [

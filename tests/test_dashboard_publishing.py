@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 
 from broker_jobs.dashboard.publishing_seen import PublishingSeen
-from broker_jobs.errors import BrokerConnectionError
 from broker_jobs.ops.publishing_check import Publishing
 from broker_jobs.urls import BrokerURLs
 from tests.support import wait_until
@@ -74,5 +73,10 @@ def test_a_broker_that_cannot_be_asked_leaves_no_banner() -> None:
     checks.reply(seen, Publishing(accepted=False, blocked_reason="low on memory"))
     now[0] += 10
     seen.refresh_if_stale()
-    checks.reply(seen, BrokerConnectionError("no node answered"))
-    assert (seen.last, seen.blocked) == (None, None)  # the unreachable banner says it
+    unknown = Publishing(accepted=None, why="no node answered")
+    checks.reply(seen, unknown)
+    assert (seen.last, seen.blocked) == (unknown, None)  # the unreachable banner says it
+    now[0] += 10
+    seen.refresh_if_stale()
+    checks.reply(seen, RuntimeError("a bug in the check"))
+    assert (seen.last, seen.blocked) == (None, None)  # logged; no stale banner

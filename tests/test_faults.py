@@ -19,6 +19,7 @@ from typing import Any
 import aio_pika
 import pika
 import pytest
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 from starlette.testclient import TestClient
 
@@ -37,6 +38,7 @@ from broker_jobs import (
 from broker_jobs.dashboard import DashboardSettings, create_app
 from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
 from broker_jobs.ops.dead_letters import DeadLetterQueues
+from broker_jobs.ops.exporter import Exporter
 from broker_jobs.ops.publishing_check import Publishing
 from broker_jobs.ops.status import collect
 from broker_jobs.ops.unroutable import reroute
@@ -488,6 +490,32 @@ def test_the_dashboard_shows_a_banner_while_the_broker_blocks_publishing(
         document = client.get("/api/overview").json()
     assert document["publishing"]["accepted"] is False
     assert document["publishing"]["blocked_reason"] == "low on memory"
+
+
+@pytest.mark.also_on_rabbitmq_4
+def test_the_exporter_serves_whether_the_broker_blocks_publishing(
+    broker: Broker, node: RabbitNode, app: App
+) -> None:
+    """``broker_jobs_broker_publishing_blocked`` 1 through a memory alarm, 0 before and
+    after it."""
+    with broker.connection("test exporter alarm") as connection:
+        declare(connection, app.topology())
+    registry = CollectorRegistry()
+    exporter = Exporter(broker.url, app.names, ["order.ship"], registry)
+    labels = {"namespace": app.namespace}
+
+    def blocked() -> float | None:
+        assert exporter.poll()
+        return registry.get_sample_value("broker_jobs_broker_publishing_blocked", labels)
+
+    try:
+        assert blocked() == 0
+        with memory_alarm(node):
+            assert blocked() == 1
+            assert blocked() == 1  # still blocked: said without another probe
+        wait_until(lambda: blocked() == 0, within=30, what="the gauge back at 0")
+    finally:
+        exporter.close()
 
 
 def test_a_worker_whose_publishes_the_broker_blocks_holds_them_says_so_once_and_loses_none(

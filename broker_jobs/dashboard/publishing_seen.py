@@ -18,7 +18,6 @@ from collections.abc import Callable
 from datetime import datetime
 
 from broker_jobs.clock import utc_now
-from broker_jobs.errors import BrokerJobsError
 from broker_jobs.ops.publishing_check import Publishing, check_publishing
 from broker_jobs.urls import BrokerURLs
 
@@ -29,9 +28,9 @@ MAX_AGE = 10.0
 
 
 class PublishingSeen:
-    """The last finished check (:attr:`last`, None before one finished or when the
-    broker could not be reached: the unreachable broker's banner says that) and when
-    it finished (:attr:`checked_at`)."""
+    """The last finished check (:attr:`last`, None before one finished; ``accepted``
+    None when the broker could not be asked: the unreachable broker's banner says
+    that) and when it finished (:attr:`checked_at`)."""
 
     def __init__(
         self,
@@ -74,9 +73,7 @@ class PublishingSeen:
     def _run(self) -> None:
         found: Publishing | None = None
         try:
-            found = self._check(self._urls)
-        except BrokerJobsError as error:  # unreachable: the pages' own banner says it
-            log.debug("the publishing check could not ask the broker: %s", error)
+            found = self._check(self._urls)  # an unreachable broker: accepted None
         except Exception:  # a bug: said, and the banner shows nothing rather than stale
             log.exception("the publishing check failed")
         with self._lock:

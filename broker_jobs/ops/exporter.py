@@ -36,6 +36,7 @@ from broker_jobs.errors import BrokerConnectionError
 from broker_jobs.observe.heartbeat import Heartbeat, Pulse, process_record
 from broker_jobs.ops.depth_sampling import DepthSampler
 from broker_jobs.ops.processes import liveness_counts, process_views
+from broker_jobs.ops.publishing_check import Publishing, PublishingWatch
 from broker_jobs.ops.status import (
     CONNECT_TIMEOUT,
     FoundLanes,
@@ -113,6 +114,11 @@ class Exporter:
         )
         self._processes: Counter[tuple[str, str]] = Counter()
         self._depths = DepthSampler()
+        #: Whether the broker takes publishes, asked at each poll on a link of its own.
+        self._publishing_watch = PublishingWatch(
+            urls, connection_name=f"{connection_name} (publishing check)"
+        )
+        self._publishing: Publishing | None = None
         registry.register(self)
 
     # -- polling (the poll thread) --------------------------------------------------
@@ -126,6 +132,8 @@ class Exporter:
             return False
         finally:
             self._polled_at = self._clock()
+        # Asked before the poll's figures are served: they change together.
+        self._publishing = self._ask_publishing()
         self._report, self._up, self._failure = report, True, None
         if self._store_url is not None:
             self._depths.sample(self._ledger(), report)
@@ -159,6 +167,17 @@ class Exporter:
             self._heartbeat.write(Pulse(state=ProcessState.STOPPED))
         self._drop_connection()
         self._drop_store()
+        self._publishing_watch.close()
+
+    def _ask_publishing(self) -> Publishing | None:
+        """Whether the broker takes publishes; None (no series) if the check itself
+        broke, which must not fail the poll: its link is opened afresh next time."""
+        try:
+            return self._publishing_watch.check()
+        except Exception:
+            log.debug("exporter: the publishing check failed", exc_info=True)
+            self._publishing_watch.close()
+            return None
 
     def _gather(self) -> StatusReport:
         store = self._ledger()
@@ -252,6 +271,7 @@ class Exporter:
         report = self._report
         if report is not None:
             yield from _broker_figures(report)
+            yield _publishing_figure(report.namespace, self._publishing)
             if self._store_url is not None:
                 yield from _ledger_figures(report)
                 yield _process_figures(report.namespace, self._processes)
@@ -287,6 +307,18 @@ def _broker_figures(report: StatusReport) -> Iterator[Metric]:
     )
     _add(unroutable, [ns], report.unroutable, report.unroutable.messages)
     yield from (ready, consumers, dead, ladder, unroutable)
+
+
+def _publishing_figure(namespace: str, publishing: Publishing | None) -> Metric:
+    blocked = GaugeMetricFamily(
+        "broker_jobs_broker_publishing_blocked",
+        "1 while the broker confirms no publish (a memory or disk alarm), else 0; no"
+        " series while that is not known",
+        labels=["namespace"],
+    )
+    if publishing is not None and publishing.accepted is not None:
+        blocked.add_metric([namespace], 0 if publishing.accepted else 1)
+    return blocked
 
 
 def _ledger_figures(report: StatusReport) -> Iterator[Metric]:

@@ -21,10 +21,10 @@ from typing import Any
 
 import pika.exceptions
 
-from broker_jobs.errors import BrokerConnectionError
+from broker_jobs.errors import BrokerConnectionError, BrokerJobsError
 from broker_jobs.ops.dead_letter_pass import ACCESS_REFUSED, probe_publishing
 from broker_jobs.publish.pika_link import PikaLink
-from broker_jobs.urls import AnyBrokerURLs, BrokerURLs
+from broker_jobs.urls import AnyBrokerURLs, BrokerURLs, mask_text
 
 #: Seconds to wait for the probes' confirms: a broker that takes publishes answers in
 #: milliseconds; one under an alarm never does, and ``status`` waits this long.
@@ -54,19 +54,77 @@ def check_publishing(
     connect_timeout: float = CONNECT_TIMEOUT,
     connection_name: str = "broker-jobs status (publishing check)",
 ) -> Publishing:
-    """Ask the first node of ``urls`` that answers whether it takes publishes (see the
-    module's docstring). Never raises for the broker's answer; a node that cannot be
-    reached raises :class:`BrokerConnectionError`, as connecting does."""
-    link = PikaLink.connect_first(
-        BrokerURLs.parse(urls), connect_timeout=connect_timeout, connection_name=connection_name
+    """Ask the first node of ``urls`` that answers whether it takes publishes, on a
+    connection opened for it (see the module's docstring). Never raises: a node that
+    cannot be reached is ``accepted`` None, with why."""
+    watch = PublishingWatch(
+        urls,
+        confirm_timeout=confirm_timeout,
+        connect_timeout=connect_timeout,
+        connection_name=connection_name,
     )
     try:
-        probe_publishing(link, "", confirm_timeout, before="reporting the broker's state")
-    except BrokerConnectionError as error:
-        return _failed(link, error)
+        return watch.check()
     finally:
-        link.close()
-    return Publishing(accepted=True)
+        watch.close()
+
+
+class PublishingWatch:
+    """:func:`check_publishing` again and again on one connection, kept open between
+    checks (the exporter's polls), so that the broker's log does not show a connection
+    opened and closed at each. A connection the broker blocked stays blocked until the
+    alarm clears (RabbitMQ reads nothing from it, and sends ``connection.unblocked``
+    then): a check meanwhile reports it blocked without another probe. A connection
+    lost or refused is opened afresh at the next check. Not thread-safe."""
+
+    def __init__(
+        self,
+        urls: AnyBrokerURLs,
+        *,
+        confirm_timeout: float = CONFIRM_TIMEOUT,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        connection_name: str = "broker-jobs (publishing check)",
+    ) -> None:
+        self._urls = BrokerURLs.parse(urls)
+        self._confirm_timeout = confirm_timeout
+        self._connect_timeout = connect_timeout
+        self._connection_name = connection_name
+        self._link: PikaLink | None = None
+
+    def check(self) -> Publishing:
+        """What the broker does with two probes now (see :class:`Publishing`)."""
+        try:
+            link = self._open_link()
+        except BrokerJobsError as error:
+            return Publishing(accepted=None, why=mask_text(str(error)))
+        link.refresh_if_idle(0.0)  # what arrived since the last check: unblocked, confirms
+        if link.blocked_reason is not None:  # still blocked: a probe would wait in vain
+            return Publishing(accepted=False, blocked_reason=link.blocked_reason)
+        try:
+            probe_publishing(link, "", self._confirm_timeout, before="reporting the broker's state")
+        except BrokerConnectionError as error:
+            found = _failed(link, error)
+            if found.accepted is None:  # a lost or refused link: anew next time
+                self.close()
+            return found
+        return Publishing(accepted=True)
+
+    def close(self) -> None:
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
+
+    def _open_link(self) -> PikaLink:
+        link = self._link
+        if link is None or not link.is_open:
+            after = None if link is None else link.url  # after a loss, the others first
+            self._link = link = PikaLink.connect_first(
+                self._urls,
+                after=after,
+                connect_timeout=self._connect_timeout,
+                connection_name=self._connection_name,
+            )
+        return link
 
 
 def _failed(link: PikaLink, error: BrokerConnectionError) -> Publishing:
@@ -80,6 +138,6 @@ def _failed(link: PikaLink, error: BrokerConnectionError) -> Publishing:
             why="this user may not publish to the default exchange (write on amq.default),"
             " so whether the broker takes publishes is not known",
         )
-    if link.blocked_reason is not None or link.is_open:  # no answer on an open link
+    if link.is_open:  # no answer in time on a link still open: blocked
         return Publishing(accepted=False, blocked_reason=link.blocked_reason)
-    return Publishing(accepted=None, why=str(error))
+    return Publishing(accepted=None, why=mask_text(str(error)))

@@ -237,12 +237,8 @@ def collect(
             connection.close()
     if not ask_publishing:
         return report
-    try:
-        publishing = check_publishing(
-            BrokerURLs.parse(urls).starting_at(node), connect_timeout=timeout
-        )
-    except BrokerJobsError as error:  # lost since the report: it stands, this is unknown
-        publishing = Publishing(accepted=None, why=mask_text(str(error)))
+    # A node lost since the report: the report stands, and this is "not known".
+    publishing = check_publishing(BrokerURLs.parse(urls).starting_at(node), connect_timeout=timeout)
     return dataclasses.replace(report, publishing=publishing)
 
 
