@@ -11,6 +11,7 @@ what the last finished check found, and when it found it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -37,12 +38,14 @@ class PublishingSeen:
         urls: BrokerURLs,
         *,
         max_age: float = MAX_AGE,
-        check: Callable[[BrokerURLs], Publishing] = check_publishing,
+        check: Callable[[BrokerURLs], Publishing] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._urls = urls
         self._max_age = max_age
-        self._check = check
+        self._check = check or functools.partial(
+            check_publishing, connection_name="broker-jobs dashboard (publishing check)"
+        )
         self._clock = clock
         self._lock = threading.Lock()
         self._started: float | None = None
