@@ -3,7 +3,7 @@ shows a banner while it does not (a memory or disk alarm).
 
 Asking takes a connection and two publishes
 (:func:`~broker_jobs.ops.publishing_check.check_publishing`): milliseconds, but
-~4 s while the broker blocks publishing. A page never waits for it. The overview
+~2 s while the broker blocks publishing. A page never waits for it. The overview
 and task pages, which refresh every few seconds while open, start a check in a
 thread of its own once the last one is :data:`MAX_AGE` seconds old. The banner shows
 what the last finished check found, and when it found it.

@@ -213,7 +213,7 @@ def collect(
 ) -> StatusReport:
     """Connect to the first node of ``urls`` that answers, :func:`gather`, disconnect;
     with ``ask_publishing``, then ask that node whether it takes publishes
-    (:func:`~broker_jobs.ops.publishing_check.check_publishing`: ~4 s more while
+    (:func:`~broker_jobs.ops.publishing_check.check_publishing`: ~2 s more while
     it does not).
 
     Raises :class:`~broker_jobs.errors.BrokerUnreachableError` when no node answers,

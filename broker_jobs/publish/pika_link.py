@@ -186,7 +186,10 @@ class PikaLink:
         connection = self._connection
         if not (connection.is_closed or connection.is_closing):
             connection.close()
-        deadline = time.monotonic() + CLOSE_TIMEOUT
+        # A connection the broker blocks (connection.blocked: an alarm) is read from no
+        # more, so its close-ok cannot come: the socket is dropped without the wait.
+        wait = 0.0 if self._state.blocked_reason is not None else CLOSE_TIMEOUT
+        deadline = time.monotonic() + wait
         while not connection.is_closed and time.monotonic() < deadline:
             self._turn(deadline - time.monotonic())
         if not connection.is_closed:
