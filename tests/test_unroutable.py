@@ -10,6 +10,7 @@ apply`` reports and leaves alone (RabbitMQ cannot change exchange arguments).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -448,3 +449,31 @@ def test_a_connected_worker_looks_again_and_sends_on_what_arrived_since(
     assert builds.ran == ["misrouted"]
     assert outcomes["succeeded"] == 1
     assert depth(connection, names.unroutable_queue) == 0
+
+
+def test_a_stopping_worker_lets_a_look_it_cancelled_finish_its_cleanup(
+    broker: Broker, ladder: Names, make_app: Callable[[], App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look cancelled by the worker's stop may still be closing its channel (a
+    broker round trip). The worker waits for it, briefly, before its loop ends: left
+    pending, the task was destroyed with an ERROR at the process's exit (seen under
+    load: "Task was destroyed but it is pending!")."""
+    monkeypatch.setattr(rerouting, "LOOK_EVERY", 0.05)
+    looking, cleaned_up = threading.Event(), threading.Event()
+
+    async def depth_with_a_slow_cleanup(_self: rerouting.Rerouting, _connection: object) -> int:
+        try:
+            looking.set()
+            await asyncio.sleep(3600)  # cancelled by the worker's stop
+        finally:
+            await asyncio.sleep(0.5)  # as a channel's close waits for the broker
+            cleaned_up.set()
+        return 0
+
+    monkeypatch.setattr(rerouting.Rerouting, "_depth", depth_with_a_slow_cleanup)
+    running = Builds(make_app()).worker(broker)
+    try:
+        assert looking.wait(30), "the worker never looked"
+    finally:
+        running.stop()
+    assert cleaned_up.is_set(), "the worker's loop ended with the look still cleaning up"

@@ -80,6 +80,10 @@ BURST_FIRST_DELIVERY = 1.5
 PRUNE_EVERY, PRUNE_RETRY = 3600.0, 300.0
 #: Seconds between looks at whether the other jobs settled, before a replacement.
 REPLACE_POLL = 0.05
+#: Seconds a stopping worker waits for its cancelled chores to end: a look at
+#: ``<ns>.unroutable`` may be closing its channel; a broker that stopped answering
+#: must not hold the stop.
+CHORES_WAIT = 2.0
 
 
 class Drained(SessionEnded):
@@ -271,6 +275,9 @@ class Worker:
             failure = sys.exception()  # the error it exits with, for its last heartbeat
             for chore in chores:
                 chore.cancel()
+            # A cancelled chore may still be cleaning up (a look closing its channel: a
+            # round trip): let it, briefly, so that none is left pending as the loop ends.
+            await asyncio.wait(chores, timeout=CHORES_WAIT)
             await self._rerouting.close()
             following.cancel()
             await controls.stopped()
