@@ -93,21 +93,30 @@ class PublishingWatch:
 
     def check(self) -> Publishing:
         """What the broker does with two probes now (see :class:`Publishing`)."""
+        kept = self._link is not None
+        found, lost = self._check_once()
+        if lost and kept:  # the kept link was closed while idle (missed heartbeats)
+            found, _ = self._check_once()
+        return found
+
+    def _check_once(self) -> tuple[Publishing, bool]:
+        """The finding, and whether the link was lost on the way."""
         try:
             link = self._open_link()
         except BrokerJobsError as error:
-            return Publishing(accepted=None, why=mask_text(str(error)))
+            return Publishing(accepted=None, why=mask_text(str(error))), False
         link.refresh_if_idle(0.0)  # what arrived since the last check: unblocked, confirms
         if link.blocked_reason is not None:  # still blocked: a probe would wait in vain
-            return Publishing(accepted=False, blocked_reason=link.blocked_reason)
+            return Publishing(accepted=False, blocked_reason=link.blocked_reason), False
         try:
             probe_publishing(link, "", self._confirm_timeout, before="reporting the broker's state")
         except BrokerConnectionError as error:
             found = _failed(link, error)
-            if found.accepted is None:  # a lost or refused link: anew next time
-                self.close()
-            return found
-        return Publishing(accepted=True)
+            if found.accepted is not None:
+                return found, False
+            self.close()  # lost or refused: anew next time
+            return found, not _refused(link)
+        return Publishing(accepted=True), False
 
     def close(self) -> None:
         link, self._link = self._link, None
@@ -117,7 +126,10 @@ class PublishingWatch:
     def _open_link(self) -> PikaLink:
         link = self._link
         if link is None or not link.is_open:
-            after = None if link is None else link.url  # after a loss, the others first
+            after = None
+            if link is not None:  # lost: its loop is closed, the other nodes tried first
+                self.close()
+                after = link.url
             self._link = link = PikaLink.connect_first(
                 self._urls,
                 after=after,
@@ -127,12 +139,17 @@ class PublishingWatch:
         return link
 
 
-def _failed(link: PikaLink, error: BrokerConnectionError) -> Publishing:
+def _refused(link: PikaLink) -> bool:
+    """Whether the broker refused the link's publishes (the user's permissions)."""
     closed = link.closed_reason
-    if (
+    return (
         isinstance(closed, pika.exceptions.ChannelClosedByBroker)
         and closed.reply_code == ACCESS_REFUSED
-    ):
+    )
+
+
+def _failed(link: PikaLink, error: BrokerConnectionError) -> Publishing:
+    if _refused(link):
         return Publishing(
             accepted=None,
             why="this user may not publish to the default exchange (write on amq.default),"
