@@ -10,6 +10,9 @@ restart without the worker losing its connection, so the worker also looks every
 no connection opened, nothing in the broker's log) and makes a pass when the queue
 holds another number of messages than its last pass kept there.
 
+A pass at a connection is made only when the queue holds a message (its depth read
+on the worker's connection), so the usual empty queue costs no connection.
+
 A pass takes at most :data:`PASS_LIMIT` messages: jobs whose task has no queue are
 moved to the back at each pass, and a long queue of them must not cost a worker
 minutes at each connection. The lines: what was sent on (INFO); jobs kept for a
@@ -77,9 +80,11 @@ class Rerouting:
         self._failures = FailureStreak(log)
 
     def connected(self, connection: aio_pika.abc.AbstractConnection, urls: BrokerURLs) -> None:
-        """The worker consumes on ``connection`` (its node first in ``urls``): a pass."""
+        """The worker consumes on ``connection`` (its node first in ``urls``): a pass,
+        if the queue holds anything (read on ``connection``: an empty queue, the usual
+        case, costs no connection of the pass's own)."""
         self._connection, self._urls = connection, urls
-        self._start(urls)
+        self._start(urls, look_first=True)
 
     async def look_forever(self) -> None:
         """A look every :data:`LOOK_EVERY` seconds, until cancelled."""
@@ -118,13 +123,20 @@ class Rerouting:
                 " lost: the next pass takes up what it left)",
                 self._names.unroutable_queue,
             )
+            # Its task, not its thread: cancelled, so that it is not left pending as
+            # the worker's loop ends.
+            self._pass.cancel()
+            await asyncio.wait({self._pass}, timeout=CLOSE_WAIT)
 
-    def _start(self, urls: BrokerURLs) -> None:
+    def _start(self, urls: BrokerURLs, *, look_first: bool = False) -> None:
         """A pass on the first of ``urls`` that answers, unless one still runs (what
-        arrived meanwhile waits for the next look)."""
+        arrived meanwhile waits for the next look); ``look_first``: only if the queue
+        holds anything."""
         if self._closing or (self._pass is not None and not self._pass.done()):
             return
-        self._pass = asyncio.create_task(self._run(urls), name="reroute unroutable jobs")
+        self._pass = asyncio.create_task(
+            self._run(urls, look_first=look_first), name="reroute unroutable jobs"
+        )
 
     async def _depth(self, connection: aio_pika.abc.AbstractConnection) -> int | None:
         """The queue's depth (0 when it does not exist), on a channel of its own: a
@@ -146,7 +158,9 @@ class Rerouting:
                     await channel.close()
         return queue.declaration_result.message_count or 0
 
-    async def _run(self, urls: BrokerURLs) -> None:
+    async def _run(self, urls: BrokerURLs, *, look_first: bool) -> None:
+        if look_first and not await self._holds_any():
+            return
         read = 0
 
         def going_on() -> bool:
@@ -173,6 +187,15 @@ class Rerouting:
                 "sending on the jobs of %s works again", self._names.unroutable_queue
             )
             self._say(rerouted)
+
+    async def _holds_any(self) -> bool:
+        """Whether the queue holds a message, read on the worker's connection; False
+        when that failed (the worker's next connection looks again)."""
+        connection = self._connection
+        depth = None if connection is None else await self._depth(connection)
+        if depth == 0:
+            self._kept_last = 0  # emptied since (an operator's reroute, a purge)
+        return bool(depth)
 
     def _reroute(self, urls: BrokerURLs, going_on: Callable[[], bool]) -> Rerouted:
         return reroute(
